@@ -1,0 +1,34 @@
+"""tidiff: JAX-style function transforms for Taichi code."""
+from ._cache import CacheInfo as CacheInfo
+from ._cache import cache_info as cache_info
+from ._errors import TransformError as TransformError
+from ._function import Function as Function
+from ._function import function as function
+from ._source import source as source
+from ._transforms import grad as grad
+from ._transforms import hessian as hessian
+from ._transforms import hvp as hvp
+from ._transforms import jacfwd as jacfwd
+from ._transforms import jacobian as jacobian
+from ._transforms import jacrev as jacrev
+from ._transforms import jvp as jvp
+from ._transforms import value_and_grad as value_and_grad
+from ._transforms import vjp as vjp
+
+__all__ = [
+    "CacheInfo",
+    "Function",
+    "TransformError",
+    "cache_info",
+    "function",
+    "grad",
+    "hessian",
+    "hvp",
+    "jacfwd",
+    "jacobian",
+    "jacrev",
+    "jvp",
+    "source",
+    "value_and_grad",
+    "vjp",
+]

@@ -1,0 +1,100 @@
+"""Source of the ``@ti.func`` bodies that transforms generate from a tangent function.
+
+Every derivative body is built from one tangent (jvp) function of its parent:
+a Jacobian pushes one basis tangent per input component and assembles the
+results. LLVM shares the repeated primal work between the pushes once the
+calls are inlined, so the generated code stays as fast as hand-written
+derivatives. Results are returned as flat tuples; see ``_tree``.
+
+Values of rank above 2 (a Jacobian of a matrix by a matrix) are carried as
+flat vectors in row-major order, since Taichi matrices have at most 2 dims.
+"""
+import itertools
+
+import numpy as np
+
+from ._signature import ArgSpec
+
+# NOTE: [Flat values] A spec with more than two dims is stored as a flat
+# ti.Vector in row-major order, in kernels and in generated bodies alike;
+# `entry` and `literal` below are the only places that know this.
+
+
+def _taichi_scalar(dtype):
+    return f"ti.{np.dtype(dtype).name.replace('float', 'f').replace('int', 'i')}"
+
+
+def entry(expr, shape, index):
+    """Source for element ``index`` of a value of logical ``shape`` held in ``expr``."""
+    if len(shape) == 0:
+        return expr
+    if len(shape) == 1:
+        return f"{expr}[{index[0]}]"
+    if len(shape) == 2:
+        return f"{expr}[{index[0]}, {index[1]}]"
+    return f"{expr}[{int(np.ravel_multi_index(index, shape))}]"
+
+
+def literal(entries, shape, dtype):
+    """Source of a value of ``shape`` whose element ``index`` is ``entries[index]``."""
+    scalar = _taichi_scalar(dtype)
+    indices = list(itertools.product(*[range(n) for n in shape]))
+    if len(shape) == 0:
+        return f"ti.cast({entries[()]}, {scalar})"
+    if len(shape) == 2:
+        rows = ", ".join(
+            "[" + ", ".join(entries[(i, j)] for j in range(shape[1])) + "]" for i in range(shape[0])
+        )
+        return f"ti.Matrix([{rows}], dt={scalar})"
+    return f"ti.Vector([{', '.join(entries[i] for i in indices)}], dt={scalar})"
+
+
+def basis(spec, hot):
+    """Source of a tangent for ``spec``: one at flat position ``hot``, zeros elsewhere (hot=None: zero)."""
+    indices = list(itertools.product(*[range(n) for n in spec.shape]))
+    entries = {idx: ("1.0" if k == hot else "0.0") for k, idx in enumerate(indices)}
+    return literal(entries, spec.shape, spec.dtype)
+
+
+def jacobian_spec(out, arg, name):
+    return ArgSpec(name, out.shape + arg.shape, out.dtype)
+
+
+class BodyWriter:
+    """Accumulates the lines of one generated ``@ti.func``."""
+
+    def __init__(self, name, params):
+        self.name = name
+        self.lines = ["@ti.func", f"def {name}({', '.join(params)}):"]
+
+    def line(self, text):
+        self.lines.append("    " + text)
+
+    def source(self, results):
+        self.line("return " + (results[0] if len(results) == 1 else "(" + ", ".join(results) + ",)"))
+        return "\n".join(self.lines) + "\n"
+
+
+def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out):
+    """Push one basis tangent per component of each differentiated argument.
+
+    Returns, per output, per argnum, the source of the assembled Jacobian
+    block (shape ``out.shape + arg.shape``).
+    """
+    blocks = {}
+    for a in argnums:
+        spec = in_specs[a]
+        for p in range(spec.size):
+            tangents = [basis(in_specs[b], p if b == a else None) for b in argnums]
+            writer.line(f"t_{a}_{p} = {jvp_name}({', '.join(params + tangents)})")
+    for o, out in enumerate(out_specs):
+        for a in argnums:
+            spec = in_specs[a]
+            entries = {}
+            arg_indices = list(itertools.product(*[range(n) for n in spec.shape]))
+            for p, aidx in enumerate(arg_indices):
+                dout = f"t_{a}_{p}[1]" if single_out else f"t_{a}_{p}[1][{o}]"
+                for oidx in itertools.product(*[range(n) for n in out.shape]):
+                    entries[oidx + aidx] = entry(dout, out.shape, oidx)
+            blocks[o, a] = literal(entries, out.shape + spec.shape, out.dtype)
+    return blocks

@@ -1,0 +1,178 @@
+"""Pointwise functions: a ``@ti.func`` body mapped over a batch (API.md 1a).
+
+The three engines of any function with a body live here: evaluation is one
+:class:`~tidiff._batch.BatchKernel` launch; reverse mode is Taichi's
+``kernel.grad`` of that launch (``_reverse``); forward mode is the same
+launch over the body's tangent transform (``_tangent``).
+"""
+import numpy as np
+import taichi as ti
+
+from ._arrays import ArgBatch, unbroadcast
+from ._batch import BatchKernel, flatten_batch, probe_outputs
+from ._bodies import BodyWriter
+from ._codegen import compile_source
+from ._function import Function
+from ._reverse import ReverseEngine
+from ._signature import ArgSpec, input_specs, output_specs, parameter_names
+from ._tree import flat_tree
+
+
+def identifier(name):
+    """A Python identifier made from a readable name such as ``grad(f)``."""
+    out = "".join(c if c.isalnum() else "_" for c in name)
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out.strip("_") or "f"
+
+
+def _cached(fn, table, key, make):
+    cache = fn.__dict__.setdefault(table, {})
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def batch_kernel(fn, specs, counter):
+    """The cached kernel evaluating ``fn``'s body over a batch, for these input specs."""
+    key = tuple(specs)
+
+    def make():
+        out_specs, tree = fn.signature(list(key))
+        return BatchKernel(fn.body_for(list(key)), key, out_specs, isinstance(tree, tuple), identifier(fn.name))
+
+    bk = _cached(fn, "_batch_kernels", key, make)
+    counter.add(bk.kernel)
+    return bk
+
+
+def evaluate_body(fn, specs, batch, counter):
+    bk = batch_kernel(fn, specs, counter)
+    n, inputs = flatten_batch(batch.arrays, specs, batch.batch_shape)
+    return [o.reshape(batch.batch_shape + s.shape) for o, s in zip(bk(n, inputs), bk.out_specs)]
+
+
+def vjp_of_body(fn, specs, batch, cotangents, counter):
+    """Reverse mode over the body's batch kernel (see ``_reverse``)."""
+    bk = batch_kernel(fn, specs, counter)
+    engine = _cached(fn, "_reverse_engines", tuple(specs), lambda: ReverseEngine(bk))
+    n, inputs = flatten_batch(batch.arrays, specs, batch.batch_shape)
+    cts = [
+        None if c is None else np.broadcast_to(c, batch.batch_shape + s.shape).reshape((n,) + s.shape)
+        for c, s in zip(cotangents, bk.out_specs)
+    ]
+    outs, grads = engine.vjp(n, inputs, cts)
+    result = []
+    for g, a, s in zip(grads, batch.arrays, specs):
+        if g is None:
+            result.append(None)
+        elif g.shape[0] == 1 and n != 1:  # passed once (stride 0): the adjoint already summed it
+            result.append(unbroadcast(g.reshape(s.shape), a.shape))
+        else:
+            result.append(unbroadcast(g.reshape(batch.batch_shape + s.shape), a.shape))
+    return [o.reshape(batch.batch_shape + s.shape) for o, s in zip(outs, bk.out_specs)], result
+
+
+def jvp_of_body(fn, specs, batch, tangents, counter):
+    """Forward mode: the body's tangent transform over the batch, in one launch."""
+    tfn = tangent_function(fn, tuple(specs))
+    extra = []
+    for t, a, s in zip(tangents, batch.arrays, specs):
+        if s.is_float:
+            extra.append(np.zeros(s.shape, s.dtype) if t is None else np.asarray(t, s.dtype))
+    arrays = list(batch.arrays) + extra
+    shapes = [a.shape[: a.ndim - len(s.shape)] for a, s in zip(arrays, tfn.in_specs)]
+    full = ArgBatch(arrays, tuple(np.broadcast_shapes(*shapes)))
+    flat = evaluate_body(tfn, tfn.in_specs, full, counter)
+    half = len(flat) // 2
+    return flat[:half], flat[half:]
+
+
+def tangent_function(fn, specs):
+    """The (cached) :class:`TangentFunction` of ``fn`` for these input specs."""
+    return _cached(fn, "_tangent_functions", tuple(specs), lambda: TangentFunction(fn, specs))
+
+
+class BodyFunction(Function):
+    """A function with a ``@ti.func`` body: the engines run that body over a batch."""
+
+    def _evaluate(self, batch, counter):
+        return evaluate_body(self, batch.specs, batch, counter)
+
+    def _vjp(self, batch, cotangents, counter):
+        return vjp_of_body(self, batch.specs, batch, cotangents, counter)
+
+    def _jvp(self, batch, tangents, counter):
+        return jvp_of_body(self, batch.specs, batch, tangents, counter)
+
+
+class FuncFunction(BodyFunction):
+    """A ``@ti.func`` as a batched, differentiable function (API.md 1a)."""
+
+    def __init__(self, tifunc, signature=None, name=None):
+        pyfunc = getattr(tifunc, "__wrapped__", None) or tifunc.func.func
+        super().__init__(name or pyfunc.__name__)
+        self.tifunc = tifunc
+        self._names = parameter_names(pyfunc)
+        specs = input_specs(pyfunc, signature)
+        self._declared = specs if all(s is not None for s in specs) else None
+        self._out_annotation = output_specs(pyfunc)
+        self._signatures = {}
+
+    def declared_specs(self):
+        return self._declared
+
+    def param_names(self):
+        return self._names
+
+    def signature(self, in_specs):
+        key = tuple(in_specs)
+        if key not in self._signatures:
+            ann = self._out_annotation
+            if isinstance(ann, ArgSpec):
+                self._signatures[key] = ([ann], 0)
+            elif isinstance(ann, list) and all(s.shape != () for s in ann):
+                self._signatures[key] = (ann, flat_tree(len(ann), False))
+            else:  # no annotation, or a tuple one with scalars (which Taichi 1.7.4 cannot compile)
+                out_specs, is_tuple, kernel = probe_outputs(self.tifunc, list(key), identifier(self.name))
+                self._counter.add(kernel)
+                self._signatures[key] = (out_specs, flat_tree(len(out_specs), not is_tuple))
+        return self._signatures[key]
+
+    def body_for(self, in_specs):
+        return self.tifunc
+
+
+class TangentFunction(BodyFunction):
+    """``(primals, tangents of the float args) -> (outs..., tangent outs...)``, flat."""
+
+    def __init__(self, parent, specs):
+        super().__init__(f"jvp({parent.name})", listed=False)
+        from ._tangent import jvp_func
+
+        self.parent_specs = list(specs)
+        self.parent_out, tree = parent.signature(list(specs))
+        self.in_specs = list(specs) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in specs if s.is_float]
+        jvp_body = jvp_func(parent.body_for(list(specs)), tuple(s.is_float for s in specs))
+        params = [f"p{k}" for k in range(len(self.in_specs))]  # user names may clash with d-names
+        w = BodyWriter(identifier(self.name), params)
+        w.line(f"r = {identifier(parent.name)}_jvp({', '.join(params)})")
+        if isinstance(tree, tuple):
+            m = len(self.parent_out)
+            results = [f"r[0][{j}]" for j in range(m)] + [f"r[1][{j}]" for j in range(m)]
+        else:
+            results = ["r[0]", "r[1]"]
+        self.source = w.source(results)
+        namespace = {"ti": ti, f"{identifier(parent.name)}_jvp": jvp_body}
+        self._body = compile_source(self.source, w.name, namespace, "jvp")
+        self.jvp_body = jvp_body
+
+    def declared_specs(self):
+        return self.in_specs
+
+    def signature(self, in_specs):
+        outs = list(self.parent_out) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in self.parent_out]
+        return outs, tuple(range(len(outs)))
+
+    def body_for(self, in_specs):
+        return self._body
