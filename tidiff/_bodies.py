@@ -70,8 +70,9 @@ class BodyWriter:
     def line(self, text):
         self.lines.append("    " + text)
 
-    def source(self, results):
-        self.line("return " + (results[0] if len(results) == 1 else "(" + ", ".join(results) + ",)"))
+    def source(self, results, single):
+        """The finished source; a single result is returned bare, else as a flat tuple."""
+        self.line("return " + (results[0] if single else "(" + ", ".join(results) + ",)"))
         return "\n".join(self.lines) + "\n"
 
 

@@ -53,15 +53,33 @@ def evaluate_body(fn, specs, batch, counter):
 
 
 def vjp_of_body(fn, specs, batch, cotangents, counter):
-    """Reverse mode over the body's batch kernel (see ``_reverse``)."""
+    """Reverse mode over the body's batch kernel (see ``_reverse``).
+
+    Taichi's reverse mode has no adjoint for a few constructs (``ti.tan``,
+    ``while`` loops); for those bodies the vjp contracts the per-element
+    Jacobian from forward mode instead (NOTE: [Reverse fallback]).
+    """
     bk = batch_kernel(fn, specs, counter)
+    if tuple(specs) in fn.__dict__.get("_no_reverse", ()):
+        return vjp_by_forward(fn, specs, batch, cotangents, counter)
     engine = _cached(fn, "_reverse_engines", tuple(specs), lambda: ReverseEngine(bk))
     n, inputs = flatten_batch(batch.arrays, specs, batch.batch_shape)
     cts = [
         None if c is None else np.broadcast_to(c, batch.batch_shape + s.shape).reshape((n,) + s.shape)
         for c, s in zip(cotangents, bk.out_specs)
     ]
-    outs, grads = engine.vjp(n, inputs, cts)
+    if n == 0:  # an empty batch: nothing to launch, zero cotangents
+        outs = [np.empty(batch.batch_shape + s.shape, s.dtype) for s in bk.out_specs]
+        return outs, [np.zeros(a.shape, s.dtype) if s.is_float else None for a, s in zip(batch.arrays, specs)]
+    try:
+        outs, grads = engine.vjp(n, inputs, cts)
+    except RuntimeError as e:
+        if "auto_diff" not in str(e):
+            raise
+        # NOTE: [Reverse fallback] Taichi said "Not supported" while building the
+        # adjoint: remember it and use exact forward mode for this body.
+        fn.__dict__.setdefault("_no_reverse", set()).add(tuple(specs))
+        return vjp_by_forward(fn, specs, batch, cotangents, counter)
     result = []
     for g, a, s in zip(grads, batch.arrays, specs):
         if g is None:
@@ -71,6 +89,29 @@ def vjp_of_body(fn, specs, batch, cotangents, counter):
         else:
             result.append(unbroadcast(g.reshape(batch.batch_shape + s.shape), a.shape))
     return [o.reshape(batch.batch_shape + s.shape) for o, s in zip(outs, bk.out_specs)], result
+
+
+def vjp_by_forward(fn, specs, batch, cotangents, counter):
+    """``J^T c`` from the per-element Jacobian computed in forward mode (one launch)."""
+    from ._transforms import jacfwd
+
+    floats = tuple(k for k, s in enumerate(specs) if s.is_float)
+    out_specs, tree = fn.signature(specs)
+    jac = jacfwd(fn, floats)
+    blocks = jac._evaluate(batch, counter)  # flat: per output, per float argument
+    outs = evaluate_body(fn, specs, batch, counter)
+    grads = [None] * len(specs)
+    for k, a in enumerate(floats):
+        total = np.zeros(batch.batch_shape + specs[a].shape, specs[a].dtype)
+        for o, (c, spec) in enumerate(zip(cotangents, out_specs)):
+            if c is None:
+                continue
+            block = blocks[o * len(floats) + k]  # batch + O + A
+            c = np.broadcast_to(c, batch.batch_shape + spec.shape)
+            axes = tuple(range(len(batch.batch_shape), len(batch.batch_shape) + len(spec.shape)))
+            total = total + np.sum(block * c.reshape(c.shape + (1,) * len(specs[a].shape)), axis=axes)
+        grads[a] = unbroadcast(total, batch.arrays[a].shape)
+    return outs, grads
 
 
 def jvp_of_body(fn, specs, batch, tangents, counter):
@@ -162,7 +203,7 @@ class TangentFunction(BodyFunction):
             results = [f"r[0][{j}]" for j in range(m)] + [f"r[1][{j}]" for j in range(m)]
         else:
             results = ["r[0]", "r[1]"]
-        self.source = w.source(results)
+        self.source = w.source(results, single=False)
         namespace = {"ti": ti, f"{identifier(parent.name)}_jvp": jvp_body}
         self._body = compile_source(self.source, w.name, namespace, "jvp")
         self.jvp_body = jvp_body

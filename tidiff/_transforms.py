@@ -152,7 +152,7 @@ class Transformed(BodyFunction):
         parent_body = self.parent.body_for(specs)
         if parent_body is None:
             return None
-        argnums, items, _, _ = self.layout(specs)
+        argnums, items, _, own_tree = self.layout(specs)
         out_specs, tree = self.parent.signature(specs)
         single = not isinstance(tree, tuple)
         jvp_name = identifier(self.parent.name) + "_jvp"
@@ -165,7 +165,7 @@ class Transformed(BodyFunction):
             blocks[it[1], it[2]] if it[0] == "jac" else (first if single else f"{first}[{it[1]}]")
             for it in items
         ]
-        self.source = writer.source(results)
+        self.source = writer.source(results, single=not isinstance(own_tree, tuple))
         namespace = {"ti": ti, jvp_name: jvp_func(parent_body, active)}
         return compile_source(self.source, writer.name, namespace, self.kind)
 

@@ -1,0 +1,45 @@
+"""Compile once: repeated calls with new values or batch sizes compile nothing."""
+import numpy as np
+
+import taichi as ti
+import tidiff as td
+
+
+@ti.func
+def energy(x: ti.math.vec3, k: ti.f64) -> ti.f64:
+    return 0.5 * k * x.norm_sqr() + ti.exp(-x[2])
+
+
+def _info(fn):
+    return td.cache_info()[fn.name]
+
+
+def test_new_values_and_batch_sizes_compile_nothing():
+    rng = np.random.default_rng(0)
+    for transform in (td.grad, td.jacfwd, td.jacrev, td.hessian):
+        f = transform(energy)
+        f(rng.standard_normal((4, 3)), 1.0)
+        first = _info(f).compiles
+        assert first > 0
+        for shape in [(7, 3), (100, 3), (2, 5, 3), (3,), (1000, 3)]:
+            f(rng.standard_normal(shape), rng.standard_normal())
+        info = _info(f)
+        assert info.compiles == first, (transform.__name__, info)
+        assert info.calls == 6 and info.hits == 5
+
+
+def test_transforms_are_memoized():
+    assert td.grad(energy) is td.grad(energy)
+    assert td.jacrev(energy, argnums=(0, 1)) is td.jacrev(energy, argnums=(0, 1))
+    assert td.grad(energy, argnums=1) is not td.grad(energy)
+
+
+def test_jvp_and_vjp_calls_compile_once():
+    rng = np.random.default_rng(1)
+    for n in (3, 9, 27):
+        x = rng.standard_normal((n, 3))
+        td.jvp(energy, (x, 2.0), (np.ones_like(x), 0.0))
+        td.vjp(energy, x, 2.0)[1](np.ones(n))
+    info = td.cache_info()
+    assert info["jvp(energy)"].hits == 2
+    assert info["vjp(energy)"].calls == 6 and info["vjp(energy)"].hits == 4

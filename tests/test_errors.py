@@ -1,0 +1,97 @@
+"""Bad input is refused at the call, naming the argument, and leaves no state behind."""
+import numpy as np
+import pytest
+
+import taichi as ti
+import tidiff as td
+
+from op_table import ROW_BY_NAME
+
+vector = ROW_BY_NAME["vector"].func
+norms = ROW_BY_NAME["norms"].func
+
+
+@ti.func
+def scaled(x: ti.math.vec3, n: ti.i32) -> ti.f64:
+    return x.sum() * n
+
+
+def test_wrong_core_shape_names_argument_and_expected_shape():
+    with pytest.raises(ValueError, match=r"'x'.*\(3,\).*\(5, 4\)"):
+        td.function(vector)(np.ones((5, 4)), 1.0)
+    with pytest.raises(ValueError, match=r"'x'.*\(3,\)"):
+        td.grad(vector)(np.ones(2), 1.0)
+
+
+def test_batch_dims_that_do_not_broadcast():
+    with pytest.raises(ValueError, match="broadcast"):
+        td.function(vector)(np.ones((4, 3)), np.ones(5))
+
+
+def test_wrong_argument_count_and_dtype():
+    with pytest.raises(TypeError, match="expected 2 arguments"):
+        td.function(vector)(np.ones(3))
+    with pytest.raises(TypeError, match="'n' expects integer"):
+        td.function(scaled)(np.ones(3), 2.5)
+    with pytest.raises(TypeError, match="real numbers"):
+        td.function(vector)(np.array(["a", "b", "c"]), 1.0)
+    with pytest.raises(TypeError, match="real numbers"):
+        td.function(vector)(np.ones(3, complex), 1.0)
+
+
+def test_grad_of_vector_output_suggests_jacobian():
+    with pytest.raises(TypeError, match="scalar output.*td.jacobian"):
+        td.grad(norms)(np.ones(3))
+
+
+def test_integer_argument_is_not_differentiable():
+    with pytest.raises(TypeError, match=r"'n'.*integers"):
+        td.grad(scaled, argnums=1)(np.ones(3), 2)
+    with pytest.raises(TypeError, match=r"'n'.*integers"):
+        td.jacfwd(scaled, argnums=(0, 1))(np.ones(3), 2)
+    # differentiating the float argument of the same function works
+    np.testing.assert_allclose(td.grad(scaled)(np.ones(3), 2), [2.0, 2.0, 2.0])
+
+
+def test_bad_argnums():
+    with pytest.raises(TypeError, match="argnums"):
+        td.grad(vector, argnums="x")
+    with pytest.raises(ValueError, match="out of range"):
+        td.grad(vector, argnums=5)(np.ones(3), 1.0)
+
+
+def test_jvp_tangent_shape_must_match_primal():
+    with pytest.raises(ValueError, match=r"tangents\[0\].*\(4, 3\)"):
+        td.jvp(vector, (np.ones((4, 3)), 1.0), (np.ones(3), 0.0))
+    with pytest.raises(TypeError, match="tuple"):
+        td.jvp(vector, np.ones(3), np.ones(3))
+
+
+def test_vjp_cotangent_shape_must_match_output():
+    _, vjp_fn = td.vjp(vector, np.ones((4, 3)), 1.0)
+    with pytest.raises(ValueError, match=r"cotangent.*\(4,\)"):
+        vjp_fn(np.ones(3))
+
+
+def test_not_taichi_code():
+    with pytest.raises(TypeError, match="@ti.func"):
+        td.grad(42)
+    with pytest.raises(TypeError, match="inputs"):
+        td.function(lambda: None)
+
+
+def test_failed_call_leaves_no_state_behind():
+    """A refused call changes nothing: the next good call gives the same answer as before."""
+    x = np.random.default_rng(0).standard_normal((3, 3))
+    good = td.grad(vector)(x, 2.0)
+    with pytest.raises(ValueError):
+        td.grad(vector)(np.ones((3, 4)), 2.0)
+    np.testing.assert_array_equal(td.grad(vector)(x, 2.0), good)
+
+
+def test_nan_and_inf_flow_through():
+    x = np.array([[np.nan, 1.0, 2.0], [np.inf, 0.0, 0.0]])
+    out = td.function(vector)(x, 1.0)
+    assert np.isnan(out[0]) and np.isnan(out[1])  # inf * inf + sin(inf)
+    g = td.grad(vector)(x, 1.0)
+    assert np.isnan(g[0, 0]) and g.shape == (2, 3)

@@ -1,0 +1,94 @@
+"""Record a program's kernel launches and replay their adjoints backwards.
+
+This is what ``ti.ad.Tape`` does, minus what tidiff cannot afford: Tape
+clears every gradient in the process and seeds the loss with ones, where
+tidiff clears only its own twins and seeds each output with a cotangent.
+A :class:`Recorder` stands in ``runtime.target_tape`` while the program
+runs, so Taichi hands it every launch, before the launch; it refuses a
+kernel tidiff did not rebuild (it would run on the user's own fields).
+
+Replaying ``kernel.grad(*args)`` in reverse is exact under Taichi's global
+data access rules: the adjoint of an overwrite zeroes the overwritten
+field's gradient (so 1.7.4 zeroes an output's ``.grad`` after a pass that
+stores to it: cotangents are set again before every replay).
+"""
+import contextlib
+
+import numpy as np
+from taichi.lang import impl
+from taichi.lang.field import Field
+from taichi.lang.kernel_impl import Kernel
+
+#: Taichi's helpers that overwrite a field with data from outside (a constant, an
+#: external array), by the position of the field argument. Their adjoint is
+#: "the field no longer depends on anything": zero its gradient. Taichi cannot
+#: build it (``fill_field`` mixes loop and non-loop statements).
+_OVERWRITES = {"fill_field": 0, "field_fill_python_scope": 0, "ext_arr_to_tensor": 1, "ext_arr_to_matrix": 1}
+
+
+def is_taichi_helper(kernel):
+    """A kernel of Taichi's own (``fill``, ``from_numpy``, ...), safe on twins."""
+    return (getattr(kernel.func, "__module__", "") or "").startswith("taichi.")
+
+
+class LaunchGuard:
+    """Lets through only kernels tidiff owns and Taichi's own helpers."""
+
+    def __init__(self, owned, program_name):
+        self._owned = {id(kernel) for kernel in owned}
+        self._program_name = program_name
+
+    def check(self, kernel):
+        if not isinstance(kernel, Kernel) or id(kernel) in self._owned or is_taichi_helper(kernel):
+            return
+        raise TypeError(
+            f"FieldProgram({self._program_name}): the program launched kernel "
+            f"'{kernel.func.__name__}', which tidiff did not rebuild over its own fields "
+            "(it would read and write the user's fields). Refer to kernels and fields "
+            "by global or closure names: attributes (sim.step, self.x), containers and "
+            "@ti.data_oriented methods are not followed."
+        )
+
+
+class Recorder:
+    """The object Taichi calls ``target_tape``: records ``(kernel, args)`` per launch."""
+
+    grad_checker = None  # read by Taichi's Python-scope field writes
+
+    def __init__(self, guard):
+        self._guard = guard
+        self.calls = []
+
+    def insert(self, kernel, args):
+        self._guard.check(kernel)
+        self.calls.append((kernel, args))
+
+    def replay_adjoints(self):
+        """Run the adjoint of every recorded launch, last first."""
+        for kernel, args in reversed(self.calls):
+            name = kernel.func.__name__ if isinstance(kernel, Kernel) and is_taichi_helper(kernel) else None
+            if name in _OVERWRITES:
+                written = args[_OVERWRITES[name]]
+                if isinstance(written, Field) and written.grad is not None:
+                    written.grad.fill(0)
+            elif hasattr(kernel, "grad") and not any(_is_external_array(arg) for arg in args):
+                kernel.grad(*args)  # readers of external arrays (to_numpy) have no adjoint
+
+
+def _is_external_array(arg):
+    """A NumPy array or a torch/paddle tensor: memory Taichi has no gradient for."""
+    module = type(arg).__module__.split(".")[0]
+    return isinstance(arg, np.ndarray) or module in ("torch", "paddle")
+
+
+@contextlib.contextmanager
+def recording(guard):
+    """Install a fresh :class:`Recorder` as Taichi's tape for the duration."""
+    runtime = impl.get_runtime()
+    previous = runtime.target_tape
+    recorder = Recorder(guard)
+    runtime.target_tape = recorder
+    try:
+        yield recorder
+    finally:
+        runtime.target_tape = previous

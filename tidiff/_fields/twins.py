@@ -1,0 +1,100 @@
+"""Tidiff-owned copies of the user's fields, with gradients and duals.
+
+A field declared without ``needs_grad`` can never get a usable ``.grad``
+once its tree is materialized (DESIGN, "Facts about Taichi 1.7.4"), and the
+user's fields must never change. So every field a program touches gets a
+*twin* of the same kind, dtype, shape and offset, with ``.grad`` and
+``.dual`` when its dtype is real, all placed in one ``ti.FieldsBuilder`` tree
+that :meth:`Twins.destroy` can free.
+
+Data moves only through ``from_numpy``/``to_numpy``/``fill(0)``, whose kernels
+Taichi compiles once per field and array dtype: a call compiles nothing new.
+"""
+import numpy as np
+import taichi as ti
+from taichi.lang.matrix import MatrixField
+from taichi.lang.util import to_numpy_type
+
+
+def element_shape(field):
+    """``()`` for a scalar field, ``(n,)`` for a vector field, ``(n, m)`` for a matrix field."""
+    if not isinstance(field, MatrixField):
+        return ()
+    return (field.n,) if field.ndim == 1 else (field.n, field.m)
+
+
+def full_shape(field):
+    """The shape of the NumPy array that holds ``field``: its shape, then its element shape."""
+    return tuple(field.shape) + element_shape(field)
+
+
+def numpy_dtype(field):
+    """The NumPy dtype of the field's elements."""
+    return np.dtype(to_numpy_type(field.dtype))
+
+
+def is_real(field):
+    """Whether the field's dtype is a float, i.e. it can carry gradients and duals."""
+    return np.issubdtype(numpy_dtype(field), np.floating)
+
+
+def _new_like(field, differentiable):
+    """An unplaced field of the same kind and dtype as ``field``."""
+    flags = dict(needs_grad=differentiable, needs_dual=differentiable)
+    if not isinstance(field, MatrixField):
+        return ti.field(field.dtype, **flags)
+    if field.ndim == 1:
+        return ti.Vector.field(field.n, field.dtype, **flags)
+    return ti.Matrix.field(field.n, field.m, field.dtype, **flags)
+
+
+class Twins:
+    """The twin of each field, plus a 0-D float64 field of our own for ``FwdMode``'s ``param``."""
+
+    def __init__(self, fields):
+        builder = ti.FieldsBuilder()
+        self._twins = {}
+        for field in fields:
+            twin = _new_like(field, is_real(field))
+            offset = list(field.snode.ptr.offset) or None
+            members = (twin, twin.grad, twin.dual) if is_real(field) else (twin,)
+            for member in members:
+                builder.dense(ti.axes(*range(len(field.shape))), tuple(field.shape)).place(member, offset=offset)
+            self._twins[id(field)] = twin
+        self.seed = ti.field(ti.f64, needs_dual=True)
+        builder.dense(ti.axes(), ()).place(self.seed, self.seed.dual)
+        self._tree = builder.finalize(raise_warning=False)
+        self.originals = {id(field): field for field in fields}
+
+    def __getitem__(self, field):
+        return self._twins[id(field)]
+
+    def as_mapping(self):
+        """``id(user field) -> twin``, for :mod:`.rebind`."""
+        return dict(self._twins)
+
+    def real(self):
+        """Twins that have gradients and duals."""
+        return [self._twins[key] for key, field in self.originals.items() if is_real(field)]
+
+    def destroy(self):
+        """Free the twins' memory; the program cannot run afterwards."""
+        self._tree.destroy()
+
+
+def load(twin, array):
+    """Write a NumPy array (already of the twin's shape and dtype) into a twin or its grad/dual."""
+    # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+    twin.from_numpy(array if array.flags.c_contiguous else array.copy(order="C"))
+
+
+def read(twin):
+    """A twin (or its grad/dual) as a NumPy array of the user-facing shape."""
+    if isinstance(twin, MatrixField) and twin.ndim == 2:
+        return twin.to_numpy(keep_dims=True)
+    return twin.to_numpy()
+
+
+def zero(twin):
+    """Zero a twin (or its grad/dual); always ``fill(0)`` so Taichi compiles one kernel per field."""
+    twin.fill(0)

@@ -1,0 +1,62 @@
+"""Which local variables can carry a nonzero tangent (a forward activity analysis)."""
+import ast
+
+
+def root_names(target):
+    """Variables an assignment target writes: ``v`` for ``v``, ``v[i]``, ``v.x``, ``(v, w)``."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Subscript, ast.Attribute)):
+        return root_names(target.value)
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for elt in target.elts for n in root_names(elt)]
+    if isinstance(target, ast.Starred):
+        return root_names(target.value)
+    return []
+
+
+def loaded_names(node):
+    """Variables an expression reads."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def assignments(body):
+    """(written variables, expression they come from) for every assignment, and loop targets."""
+    writes, loop_vars = [], set()
+    for node in (n for stmt in body for n in ast.walk(stmt)):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                writes.append((root_names(target), node.value))
+        elif isinstance(node, ast.AugAssign):
+            writes.append((root_names(node.target), ast.Tuple([node.target, node.value], ast.Load())))
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            writes.append((root_names(node.target), node.value))
+        elif isinstance(node, (ast.For, ast.comprehension)):
+            loop_vars.update(root_names(node.target))
+    return writes, loop_vars
+
+
+def local_names(tree):
+    """Parameters and every variable the function assigns."""
+    writes, loop_vars = assignments(tree.body)
+    params = {a.arg for a in tree.args.args}
+    return params | loop_vars | {n for names, _ in writes for n in names}
+
+
+def active_variables(tree, active_params):
+    """Variables that depend on an active parameter through assignments (to a fixpoint).
+
+    Loop counters never do: ``for`` in Taichi runs over ranges of integers.
+    """
+    writes, loop_vars = assignments(tree.body)
+    active = set(active_params)
+    changed = True
+    while changed:
+        changed = False
+        for names, value in writes:
+            if loaded_names(value) & active:
+                for name in names:
+                    if name not in active and name not in loop_vars:
+                        active.add(name)
+                        changed = True
+    return active

@@ -1,0 +1,37 @@
+"""Readable, collision-free names for generated code: the tangent of ``x`` is ``dx``."""
+import ast
+
+
+def names_in(node):
+    """Every identifier a function's AST mentions (variables, parameters, globals)."""
+    found = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            found.add(sub.id)
+        elif isinstance(sub, ast.arg):
+            found.add(sub.arg)
+    return found
+
+
+class Namer:
+    """Hands out names no other name in the function uses, remembering tangents."""
+
+    def __init__(self, taken):
+        self.taken = set(taken)
+        self.tangents = {}
+
+    def fresh(self, hint):
+        """``hint`` itself when free, else ``hint_1``, ``hint_2``, ..."""
+        hint = hint if hint.isidentifier() else "t"
+        name, n = hint, 0
+        while name in self.taken:
+            n += 1
+            name = f"{hint}_{n}"
+        self.taken.add(name)
+        return name
+
+    def tangent(self, name):
+        """The tangent variable of ``name``: ``dname`` unless that is taken."""
+        if name not in self.tangents:
+            self.tangents[name] = self.fresh("d" + name)
+        return self.tangents[name]

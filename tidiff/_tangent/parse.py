@@ -1,0 +1,63 @@
+"""Source of a ``@ti.func`` -> its AST, where it came from, and the names it can see."""
+import ast
+import builtins
+import inspect
+import textwrap
+from dataclasses import dataclass
+
+
+@dataclass
+class Parsed:
+    """A function ready to transform: AST, location for errors, name resolution."""
+
+    tree: ast.FunctionDef
+    filename: str
+    first_line: int
+    namespace: dict
+
+    def lineno(self, node):
+        """Line of ``node`` in the original file."""
+        return self.first_line + getattr(node, "lineno", 1) - 1
+
+
+def python_function(f):
+    """The plain Python function behind a ``@ti.func`` (or a generated one)."""
+    if not getattr(f, "_is_taichi_function", False) or not hasattr(f, "__wrapped__"):
+        raise TypeError(
+            f"jvp_func(f): f must be a @ti.func, got {f!r}; decorate it with @ti.func"
+        )
+    if getattr(f, "_is_real_function", False):
+        raise TypeError("jvp_func(f): real functions (@ti.real_func) are not supported")
+    return f.__wrapped__
+
+
+def parse(f):
+    """Parse ``f``'s source and collect its globals and closure variables."""
+    fn = python_function(f)
+    lines, first_line = inspect.getsourcelines(fn)
+    module = ast.parse(textwrap.dedent("".join(lines)))
+    tree = next(node for node in module.body if isinstance(node, ast.FunctionDef))
+    tree.decorator_list = []
+    namespace = dict(fn.__globals__)
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            namespace[name] = cell.cell_contents
+        except ValueError:  # an unfilled cell: the name is not bound yet
+            pass
+    return Parsed(tree, inspect.getsourcefile(fn) or fn.__code__.co_filename, first_line, namespace)
+
+
+MISSING = object()
+
+
+def resolve(node, namespace):
+    """The object a dotted name (``ti.math.sin``, ``h``, ``abs``) stands for, or MISSING."""
+    if isinstance(node, ast.Name):
+        if node.id in namespace:
+            return namespace[node.id]
+        return getattr(builtins, node.id, MISSING)
+    if isinstance(node, ast.Attribute):
+        base = resolve(node.value, namespace)
+        return MISSING if base is MISSING else getattr(base, node.attr, MISSING)
+    return MISSING
+

@@ -1,0 +1,252 @@
+"""One small derivative rule per Taichi op, in a plain dict registry.
+
+A rule maps a :class:`Call` (primal operands and their tangents, as
+:class:`~.sym.Sym`) to the tangent of the result, or ``None`` for a zero
+tangent. Keys are the callee objects themselves (``ti.sin``, ``abs``,
+``ti.math.vec3``), ``ast`` operator classes (``ast.Mult``) and
+``("method", name)`` for methods (``v.dot(w)``), so every spelling that
+resolves to the same object shares one rule.
+
+``defjvp(op, *jvps)`` follows JAX: one function ``jvp(g, *args)`` per
+operand, giving that operand's contribution for tangent ``g``; zero tangents
+are skipped and the rest summed.
+"""
+import ast
+from dataclasses import dataclass, field
+
+import taichi as ti
+from taichi.lang.matrix import MatrixType, VectorType
+from taichi.types import primitive_types
+
+from .sym import Sym, ti as T, zero_like
+
+RULES = {}
+"""op key -> rule(call) -> tangent Sym or None."""
+
+CUSTOM_JVPS = {}
+"""callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
+
+
+@dataclass
+class Call:
+    """One application of an op, as a rule sees it."""
+
+    fn: Sym
+    args: list
+    tangents: list
+    keywords: dict = field(default_factory=dict)
+    static_args: list = field(default_factory=list)
+
+    def zeros(self):
+        """Tangents with every zero spelled out, for rules that are not a sum of terms."""
+        return [zero_like(a) if t is None else t for a, t in zip(self.args, self.tangents)]
+
+
+def defjvp(keys, *jvps):
+    """Register a rule summing ``jvp(g, *args)`` over operands with a nonzero tangent."""
+    def rule(call):
+        terms = [jvp(t, *call.args) for jvp, t in zip(jvps, call.tangents)
+                 if jvp is not None and t is not None]
+        if not terms:
+            return None
+        total = terms[0]
+        for term in terms[1:]:
+            positive = _without_minus(term.node)
+            total = total + term if positive is None else total - Sym(positive)
+        return total
+    _register(keys, rule)
+
+
+def _without_minus(node):
+    """``a * b`` for ``-a * b`` (a leading minus), else None: sums then read ``x - a * b``."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return node.operand
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
+        left = _without_minus(node.left)
+        return None if left is None else ast.BinOp(left, node.op, node.right)
+    return None
+
+
+def defrule(keys):
+    """Register a decorated ``rule(call)`` as is."""
+    def register(rule):
+        _register(keys, rule)
+        return rule
+    return register
+
+
+def defzero(keys):
+    """Register ops whose derivative is zero (floor, casts to int): called as written."""
+    _register(keys, zero)
+
+
+def zero(call):
+    """The rule of ops with zero derivative; the transform copies their calls verbatim."""
+    return None
+
+
+def deflinear(keys):
+    """Register ops linear in all their operands: the tangent is the op on the tangents."""
+    _register(keys, _linear)
+
+
+def _linear(call):
+    if all(t is None for t in call.tangents):
+        return None
+    return call.fn(*call.zeros(), **call.keywords)
+
+
+def _register(keys, rule):
+    for key in keys if isinstance(keys, (list, tuple)) else (keys,):
+        RULES[key] = rule
+
+
+def method(*names):
+    """Registry keys for methods called on Taichi values (``v.dot(w)``)."""
+    return [("method", n) for n in names]
+
+
+def lookup(callee):
+    """The rule for ``callee``, including families (vector types, dtype casts), or None."""
+    try:
+        if callee in RULES:
+            return RULES[callee]
+    except TypeError:  # unhashable callee
+        return None
+    if isinstance(callee, (VectorType, MatrixType)):
+        return _linear
+    if is_dtype(callee):
+        return defined_cast(callee)
+    return None
+
+
+def is_dtype(value):
+    return isinstance(value, type(ti.f64)) or value in (int, float)
+
+
+def is_integral(dtype):
+    return dtype is int or any(dtype == t for t in primitive_types.integer_types if t not in (int, bool))
+
+
+def defined_cast(dtype):
+    """Casting ``ti.f64(x)`` is linear; casting to an integer type has zero derivative."""
+    return zero if is_integral(dtype) else _linear
+
+
+@ti.func
+def stop_gradient(x):
+    """``x`` itself, with zero tangent: blocks differentiation through it."""
+    return x
+
+
+# --- operators -------------------------------------------------------------
+defjvp(ast.Add, lambda g, x, y: g, lambda g, x, y: g)
+defjvp(ast.Sub, lambda g, x, y: g, lambda g, x, y: -g)
+defjvp(ast.Mult, lambda g, x, y: g * y, lambda g, x, y: x * g)
+defjvp(ast.Div, lambda g, x, y: g / y, lambda g, x, y: -g * x / (y * y))
+defjvp(ast.MatMult, lambda g, x, y: g @ y, lambda g, x, y: x @ g)
+defjvp([ast.Pow, pow, ti.pow],
+       lambda g, x, y: y * x ** (y - 1) * g,
+       lambda g, x, y: g * x ** y * T.log(x))
+defjvp(ast.Mod, lambda g, x, y: g, lambda g, x, y: -g * T.floor(x / y))
+defzero(ast.FloorDiv)
+defjvp(ast.USub, lambda g, x: -g)
+defjvp(ast.UAdd, lambda g, x: g)
+
+# --- elementary functions (ti.math.sin is ti.sin, and so on) ---------------
+defjvp(ti.sin, lambda g, x: g * T.cos(x))
+defjvp(ti.cos, lambda g, x: -g * T.sin(x))
+defjvp(ti.tan, lambda g, x: g / T.cos(x) ** 2)
+defjvp(ti.asin, lambda g, x: g / T.sqrt(1 - x * x))
+defjvp(ti.acos, lambda g, x: -g / T.sqrt(1 - x * x))
+defjvp(ti.atan2, lambda g, y, x: g * x / (x * x + y * y), lambda g, y, x: -g * y / (x * x + y * y))
+defjvp(ti.tanh, lambda g, x: g * (1 - T.tanh(x) ** 2))
+defjvp(ti.exp, lambda g, x: g * T.exp(x))
+defjvp(ti.log, lambda g, x: g / x)
+defjvp(ti.sqrt, lambda g, x: g / (2 * T.sqrt(x)))
+defjvp(ti.rsqrt, lambda g, x: -0.5 * g * T.rsqrt(x) / x)
+defjvp([abs, ti.abs], lambda g, x: g * T.math.sign(x))
+defzero([ti.floor, ti.ceil, ti.round, ti.math.sign, ti.math.step, ti.math.isnan,
+         ti.math.isinf, ti.zero, int, stop_gradient])
+deflinear([float, ti.Vector, ti.Matrix])
+
+
+@defrule([min, ti.min])
+def _min(call):
+    if all(t is None for t in call.tangents):
+        return None
+    (x, y), (dx, dy) = call.args, call.zeros()
+    return T.select(x <= y, dx, dy)
+
+
+@defrule([max, ti.max])
+def _max(call):
+    if all(t is None for t in call.tangents):
+        return None
+    (x, y), (dx, dy) = call.args, call.zeros()
+    return T.select(x >= y, dx, dy)
+
+
+@defrule(ti.select)
+def _select(call):
+    if all(t is None for t in call.tangents[1:]):
+        return None
+    _, da, db = call.zeros()
+    return T.select(call.args[0], da, db)
+
+
+@defrule(ti.cast)
+def _cast(call):
+    dtype = call.static_args[1]
+    if call.tangents[0] is None or dtype is None or is_integral(dtype):
+        return None
+    return T.cast(call.tangents[0], call.args[1])
+
+
+@defrule(ti.math.clamp)
+def _clamp(call):
+    if all(t is None for t in call.tangents):
+        return None
+    (x, lo, hi), (dx, dlo, dhi) = call.args, call.zeros()
+    # Taichi computes min(hi, max(lo, x)); pick the same branch it does, ties included
+    return T.select(hi <= T.max(lo, x), dhi, T.select(lo >= x, dlo, dx))
+
+
+defjvp(ti.math.mix,
+       lambda g, x, y, a: g * (1 - a),
+       lambda g, x, y, a: g * a,
+       lambda g, x, y, a: g * (y - x))
+
+
+@defrule(ti.math.smoothstep)
+def _smoothstep(call):
+    e0, e1, x = call.args
+    de0, de1, dx = call.tangents
+    t = T.math.clamp((x - e0) / (e1 - e0), 0.0, 1.0)
+    # dt = (dx - de0 - t * (de1 - de0)) / (e1 - e0), term by term
+    terms = [term for term in (dx, None if de0 is None else de0 * (t - 1),
+                               None if de1 is None else -de1 * t) if term is not None]
+    if not terms:
+        return None
+    return 6 * t * (1 - t) / (e1 - e0) * sum(terms[1:], terms[0])
+
+
+# --- vectors and matrices: methods and their ti.math spellings -------------
+defjvp(method("dot") + [ti.math.dot], lambda g, x, y: g.dot(y), lambda g, x, y: x.dot(g))
+defjvp(method("cross") + [ti.math.cross], lambda g, x, y: g.cross(y), lambda g, x, y: x.cross(g))
+defjvp(method("outer_product"), lambda g, x, y: g.outer_product(y), lambda g, x, y: x.outer_product(g))
+defjvp(method("norm", "length") + [ti.math.length], lambda g, x, *eps: x.dot(g) / x.norm(*eps))
+defjvp(method("norm_sqr"), lambda g, x: 2 * x.dot(g))
+defjvp(method("normalized") + [ti.math.normalize],
+       lambda g, x, *eps: (g - x.normalized(*eps) * x.normalized(*eps).dot(g)) / x.norm(*eps))
+defjvp(method("determinant") + [ti.math.determinant],
+       lambda g, x: x.determinant() * (x.inverse() @ g).trace())
+defjvp(method("inverse") + [ti.math.inverse], lambda g, x: -(x.inverse() @ g @ x.inverse()))
+defjvp(ti.math.distance,
+       lambda g, x, y: (x - y).dot(g) / (x - y).norm(),
+       lambda g, x, y: -(x - y).dot(g) / (x - y).norm())
+defjvp(method("transpose"), lambda g, x: g.transpose())
+defjvp(method("trace"), lambda g, x: g.trace())
+defjvp(method("sum"), lambda g, x: g.sum())
+defjvp(method("max"), lambda g, x: T.select(x.eq(x.max()), g, T.zero(g)).sum())
+defjvp(method("min"), lambda g, x: T.select(x.eq(x.min()), g, T.zero(g)).sum())

@@ -1,0 +1,515 @@
+"""Statements and control flow of a function -> primal statements paired with tangent ones.
+
+Every differentiable subexpression is lifted into a named temporary with its
+tangent beside it (``sin_y = ti.sin(y)`` then ``dsin_y = dy * ti.cos(y)``), so
+each generated line is one op, readable, and nothing is computed twice.
+Expressions without an active variable are copied verbatim: conditions, loop
+ranges, integer arithmetic and ``ti.static`` stay exactly as written.
+"""
+import ast
+import inspect
+
+import taichi as ti
+from taichi.lang._ndarray import Ndarray
+from taichi.lang.field import Field
+
+from .._errors import TransformError
+from .activity import active_variables, loaded_names, local_names, root_names
+from .naming import Namer, names_in
+from .parse import MISSING, python_function, resolve
+from .rules import CUSTOM_JVPS, Call, RULES, lookup, zero
+from .sym import TAICHI, Sym, zero_like
+
+_ZERO_ATTRIBUTES = {"n", "m", "shape", "dtype", "ndim"}
+_OP_NAMES = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow",
+             ast.MatMult: "matmul", ast.Mod: "mod", ast.FloorDiv: "floordiv",
+             ast.USub: "neg", ast.UAdd: "pos"}
+
+
+def load(node):
+    """A copy of an assignment target usable as an expression."""
+    node = _copy(node)
+    for sub in ast.walk(node):
+        if hasattr(sub, "ctx"):
+            sub.ctx = ast.Load()
+    return node
+
+
+def store(node):
+    """A copy of a target expression usable on the left of ``=``."""
+    node = _copy(node)
+    node.ctx = ast.Store()
+    return node
+
+
+def _copy(node):
+    return ast.parse(ast.unparse(node), mode="eval").body
+
+
+def retarget(target, name):
+    """``v[i]`` with its root variable replaced: ``dv[i]``."""
+    node = _copy(target)
+    inner = node
+    while isinstance(inner, (ast.Subscript, ast.Attribute)) and not isinstance(inner.value, ast.Name):
+        inner = inner.value
+    if isinstance(inner, ast.Name):
+        return ast.Name(name, ast.Load())
+    inner.value = ast.Name(name, ast.Load())
+    return node
+
+
+def is_atomic(node):
+    """Cheap, pure expressions that may be repeated: names, constants, ``v[i]``, ``v.x``."""
+    if isinstance(node, (ast.Name, ast.Constant)):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return isinstance(node.operand, ast.Constant)
+    if isinstance(node, ast.Attribute):
+        return is_atomic(node.value)
+    if isinstance(node, ast.Subscript):
+        return is_atomic(node.value) and not _has_call(node.slice)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(is_atomic(e) for e in node.elts)
+    return False
+
+
+def _has_call(node, namespace=None):
+    """Calls other than ``ti.static(...)`` may be impure (``ti.random()``) or costly."""
+    return any(isinstance(n, ast.Call) and resolve(n.func, namespace or {}) is not ti.static
+               for n in ast.walk(node))
+
+
+def _assign(target, value):
+    target = ast.Name(target, ast.Store()) if isinstance(target, str) else store(target)
+    return ast.Assign([target], value)
+
+
+def _name(identifier):
+    return ast.Name(identifier, ast.Load())
+
+
+def _is_taichi_func(obj):
+    return getattr(obj, "_is_taichi_function", False) and hasattr(obj, "__wrapped__")
+
+
+class Transformer:
+    """Builds the tangent function of one parsed ``@ti.func`` for one activity pattern."""
+
+    def __init__(self, parsed, active, jvp_of):
+        self.parsed = parsed
+        self.tree = parsed.tree
+        self.params = [a.arg for a in self.tree.args.args]
+        self.active_params = [p for p, a in zip(self.params, active) if a]
+        self.locals = local_names(self.tree)
+        self.active = active_variables(self.tree, self.active_params)
+        self.namer = Namer(names_in(self.tree))
+        self.jvp_of = jvp_of
+        self.helpers = {}
+        self.block = []
+        referenced_ti = parsed.namespace.get("ti", None)
+        uses_other_ti = "ti" in self.namer.taken and getattr(referenced_ti, "__name__", "") != "taichi"
+        self.taichi_name = self.namer.fresh("taichi") if uses_other_ti else "ti"
+
+    # --- errors --------------------------------------------------------------
+    def error(self, node, construct, hint=None):
+        return TransformError(construct, self.parsed.filename, self.parsed.lineno(node), hint)
+
+    # --- the function --------------------------------------------------------
+    def run(self):
+        """The tangent ``FunctionDef``: primal params, then one tangent per active param."""
+        args = self.tree.args
+        if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
+            raise self.error(self.tree, "a parameter list with *args, **kwargs or keyword-only parameters")
+        self._check_fields()
+        tangent_args = [ast.arg(self.namer.tangent(a.arg), a.annotation)
+                        for a in args.args if a.arg in self.active_params]
+        name = self.namer.fresh(self.tree.name + "_jvp")
+        for param in self.params:
+            if param in self.active and param not in self.active_params:
+                self.emit(_assign(self.namer.tangent(param), zero_like(_name(param)).node))
+        body = self.tree.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        for stmt in body:
+            self.statement(stmt)
+        decorator = ast.Attribute(_name(TAICHI), "func", ast.Load())
+        fn = ast.FunctionDef(name, ast.arguments([], args.args + tangent_args, None, [], [], None, []),
+                             self.block or [ast.Pass()], [decorator], None)
+        _Rename({TAICHI: self.taichi_name}).visit(fn)
+        return ast.fix_missing_locations(fn)
+
+    def _check_fields(self):
+        """Global fields and ndarrays are program state, not function inputs: refuse them."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Subscript) and not self._is_local(node.value):
+                base = resolve(node.value, self.parsed.namespace)
+                if isinstance(base, (Field, Ndarray)):
+                    raise self.error(node, f"field access `{ast.unparse(node)}` inside a @ti.func",
+                                     "pass the values in as arguments, or wrap the function with td.custom_jvp")
+
+    def _is_local(self, node):
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return not isinstance(node, ast.Name) or node.id in self.locals
+
+    # --- statements ----------------------------------------------------------
+    def emit(self, stmt):
+        self.block.append(stmt)
+
+    def nested(self, stmts):
+        """Transform a block (a loop or branch body) into a fresh statement list."""
+        outer, self.block = self.block, []
+        for stmt in stmts:
+            self.statement(stmt)
+        inner, self.block = self.block or [ast.Pass()], outer
+        return inner
+
+    def statement(self, node):
+        handler = getattr(self, "stmt_" + type(node).__name__, None)
+        if handler is None:
+            raise self.error(node, f"a `{type(node).__name__}` statement")
+        handler(node)
+
+    def stmt_Assign(self, node):
+        if not set(root_names(ast.Tuple(node.targets, ast.Store()))) & self.active:
+            return self.emit(node)
+        if len(node.targets) > 1:
+            value = self.lift(*self.expr(node.value), hint="value")
+            for target in node.targets:
+                self.assign(target, *value)
+            return
+        target = node.targets[0]
+        if isinstance(target, (ast.Tuple, ast.List)):
+            return self.unpack(target, node.value)
+        if isinstance(target, ast.Name) and self._nested_callee(node.value) is not None:
+            return self.call_function(node.value, self._nested_callee(node.value),
+                                      into=(target.id, self.namer.tangent(target.id)))
+        self.assign(target, *self.expr(node.value))
+
+    def assign(self, target, p, dp):
+        """``target = p`` with its tangent, ordered so both read the old values."""
+        root = root_names(target)[0]
+        if root not in self.active:
+            return self.emit(_assign(target, p))
+        dtarget = retarget(target, self.namer.tangent(root))
+        if dp is None:
+            self.emit(_assign(target, p))
+            self.emit(_assign(dtarget, zero_like(load(target)).node))
+        elif root in loaded_names(dp):
+            self.emit(_assign(dtarget, dp))
+            self.emit(_assign(target, p))
+        else:
+            self.emit(_assign(target, p))
+            self.emit(_assign(dtarget, dp))
+
+    def unpack(self, targets, value):
+        """``a, b = ...`` assigns one element at a time (Taichi cannot unpack nested tuples)."""
+        if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(targets.elts):
+            written = set(root_names(targets))
+            # a, b = b, a: read every right-hand side before writing any target
+            parts = [self.atom(elt) for elt in value.elts]
+            parts = [self.lift(p, dp, hint="value", force=bool(loaded_names(p) & written))
+                     for p, dp in parts]
+            for target, (p, dp) in zip(targets.elts, parts):
+                self.split(target, p, dp)
+        else:
+            self.split(targets, *self.lift(*self.expr(value), hint="value"))
+
+    def split(self, target, p, dp):
+        """Assign ``p`` (a tuple for a tuple target) by indexing, never nested unpacking."""
+        if not isinstance(target, (ast.Tuple, ast.List)):
+            return self.assign(target, p, dp)
+        for i, elt in enumerate(target.elts):
+            self.split(elt, ast.Subscript(p, ast.Constant(i), ast.Load()),
+                       None if dp is None else ast.Subscript(dp, ast.Constant(i), ast.Load()))
+
+    def stmt_AugAssign(self, node):
+        target = node.target
+        root = root_names(target)[0]
+        if root not in self.active:
+            return self.emit(node)
+        value, dvalue = self.atom(node.value)
+        dtarget = retarget(target, self.namer.tangent(root))
+        if isinstance(node.op, (ast.Add, ast.Sub)):
+            if dvalue is not None:
+                self.emit(ast.AugAssign(store(dtarget), node.op, dvalue))
+        else:
+            call = Call(None, [Sym(load(target)), Sym(value)], [Sym(load(dtarget)), None if dvalue is None else Sym(dvalue)])
+            dp = RULES[type(node.op)](call)
+            self.emit(_assign(dtarget, zero_like(load(target)).node if dp is None else dp.node))
+        self.emit(ast.AugAssign(store(target), node.op, value))
+
+    def stmt_AnnAssign(self, node):
+        root = root_names(node.target)[0]
+        if node.value is None or root not in self.active:
+            return self.emit(node)
+        p, dp = self.expr(node.value)
+        self.emit(ast.AnnAssign(store(node.target), node.annotation, p, node.simple))
+        dtarget = store(retarget(node.target, self.namer.tangent(root)))
+        self.emit(ast.AnnAssign(dtarget, node.annotation, dp if dp is not None else zero_like(load(node.target)).node, node.simple))
+
+    def stmt_If(self, node):
+        self.emit(ast.If(node.test, self.nested(node.body), self.nested(node.orelse) if node.orelse else []))
+
+    def stmt_For(self, node):
+        if self.is_active(node.iter):
+            raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
+                             "loop over indices instead: for i in ti.static(range(n))")
+        self.emit(ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else []))
+
+    def stmt_While(self, node):
+        self.emit(ast.While(node.test, self.nested(node.body), []))
+
+    def stmt_Return(self, node):
+        if node.value is None:
+            raise self.error(node, "a function without a return value")
+        p, dp = self.output(node.value)
+        self.emit(ast.Return(ast.Tuple([p, dp], ast.Load())))
+
+    def output(self, node):
+        """A returned value and its tangent, zeros spelled out, tuples kept as tuples."""
+        if isinstance(node, ast.Tuple):
+            parts = [self.output(e) for e in node.elts]
+            return (ast.Tuple([p for p, _ in parts], ast.Load()),
+                    ast.Tuple([dp for _, dp in parts], ast.Load()))
+        p, dp = self.expr(node)
+        if dp is None:
+            p, _ = self.lift(p, None, hint="out")
+            dp = zero_like(p).node
+        return p, dp
+
+    def stmt_Expr(self, node):
+        self.emit(node)
+
+    stmt_Pass = stmt_Break = stmt_Continue = stmt_Assert = stmt_Expr
+
+    # --- expressions ---------------------------------------------------------
+    def is_active(self, node):
+        return bool(loaded_names(node) & self.active)
+
+    def atom(self, node):
+        """An expression as (primal, tangent) that are cheap to repeat, lifting if needed."""
+        p, dp = self.expr(node)
+        return self.lift(p, dp, hint=_hint(node))
+
+    def lift(self, p, dp, hint="t", force=False):
+        """Bind ``p`` (and ``dp``) to fresh temporaries unless already atomic."""
+        if not force and (is_atomic(p) or (dp is None and not _has_call(p, self.parsed.namespace))):
+            return p, dp
+        name = self.namer.fresh(hint)
+        self.emit(_assign(name, p))
+        if dp is None:
+            return _name(name), None
+        dname = self.namer.tangent(name)
+        self.emit(_assign(dname, dp))
+        return _name(name), _name(dname)
+
+    def expr(self, node):
+        """(primal, tangent or None) for an expression, emitting lifted temporaries."""
+        if not self.is_active(node):
+            return node, None
+        handler = getattr(self, "expr_" + type(node).__name__, None)
+        if handler is None:
+            raise self.error(node, f"the expression `{ast.unparse(node)}`")
+        return handler(node)
+
+    def expr_Name(self, node):
+        return node, _name(self.namer.tangent(node.id))
+
+    def expr_BinOp(self, node):
+        (a, da), (b, db) = self.atom(node.left), self.atom(node.right)
+        return self.apply(RULES[type(node.op)], ast.BinOp(a, node.op, b), None, [a, b], [da, db])
+
+    def expr_UnaryOp(self, node):
+        if isinstance(node.op, (ast.Not, ast.Invert)):
+            return node, None
+        a, da = self.atom(node.operand)
+        return self.apply(RULES[type(node.op)], ast.UnaryOp(node.op, a), None, [a], [da])
+
+    def expr_Compare(self, node):
+        return node, None
+
+    expr_BoolOp = expr_Compare
+
+    def expr_IfExp(self, node):
+        (a, da), (b, db) = self.atom(node.body), self.atom(node.orelse)
+        p = ast.IfExp(node.test, a, b)
+        if da is None and db is None:
+            return p, None
+        da = zero_like(a).node if da is None else da
+        db = zero_like(b).node if db is None else db
+        return p, ast.IfExp(node.test, da, db)
+
+    def expr_Subscript(self, node):
+        base, dbase = self.atom(node.value)
+        p = ast.Subscript(base, node.slice, ast.Load())
+        return p, None if dbase is None else ast.Subscript(dbase, node.slice, ast.Load())
+
+    def expr_Attribute(self, node):
+        if not self._is_local(node):
+            raise self.error(node, f"the attribute `{ast.unparse(node)}`")
+        base, dbase = self.atom(node.value)
+        p = ast.Attribute(base, node.attr, ast.Load())
+        if dbase is None or node.attr in _ZERO_ATTRIBUTES:
+            return p, None
+        return p, ast.Attribute(dbase, node.attr, ast.Load())
+
+    def expr_Tuple(self, node):
+        parts = [self.atom(e) for e in node.elts]
+        p = type(node)([p for p, _ in parts], ast.Load())
+        if all(dp is None for _, dp in parts):
+            return p, None
+        return p, type(node)([zero_like(p).node if dp is None else dp for p, dp in parts], ast.Load())
+
+    expr_List = expr_Tuple
+
+    def apply(self, rule, p, fn, args, tangents, keywords=(), static_args=()):
+        """Run a rule on atoms; returns (primal, tangent node or None)."""
+        call = Call(fn, [Sym(a) for a in args], [None if t is None else Sym(t) for t in tangents],
+                    {k.arg: Sym(k.value) for k in keywords}, list(static_args))
+        dp = rule(call)
+        return p, None if dp is None else dp.node
+
+    # --- calls ---------------------------------------------------------------
+    def expr_Call(self, node):
+        func = node.func
+        if self._is_local(func):
+            return self.call_method(node)
+        callee = resolve(func, self.parsed.namespace)
+        if callee is MISSING:
+            raise self.error(node, f"a call to unknown name `{ast.unparse(func)}`")
+        if len(node.args) > 2 and _hashable(callee) and lookup(callee) in (RULES[min], RULES[max]):
+            node = self._pairwise(node)
+        if _hashable(callee) and callee in CUSTOM_JVPS:
+            return self.call_function(node, callee, custom=CUSTOM_JVPS[callee])
+        rule = lookup(callee)
+        if rule is zero:
+            return node, None
+        if rule is not None:
+            for keyword in node.keywords:
+                if self.is_active(keyword.value):
+                    raise self.error(node, f"a differentiable keyword argument `{keyword.arg}=`")
+            parts = [self.atom(a) for a in node.args]
+            args = [p for p, _ in parts]
+            static_args = [self._static(a) for a in node.args]
+            return self.apply(rule, ast.Call(func, args, node.keywords), Sym(func), args,
+                              [dp for _, dp in parts], node.keywords, static_args)
+        if _is_taichi_func(callee):
+            return self.call_function(node, callee)
+        kind = "Taichi op" if getattr(callee, "__module__", "").startswith("taichi") else "non-Taichi function"
+        raise self.error(node, f"a call to {kind} `{ast.unparse(func)}` (no derivative rule)")
+
+    def _static(self, node):
+        """The compile-time value of a global argument (a dtype), or None."""
+        if self._is_local(node) or not isinstance(node, (ast.Name, ast.Attribute)):
+            return None
+        value = resolve(node, self.parsed.namespace)
+        return None if value is MISSING else value
+
+    def _pairwise(self, node):
+        """``min(a, b, c)`` -> ``min(min(a, b), c)``: rules are binary."""
+        folded = node.args[0]
+        for arg in node.args[1:]:
+            folded = ast.Call(node.func, [folded, arg], [])
+        return folded
+
+    def call_method(self, node):
+        func = node.func
+        if not isinstance(func, ast.Attribute):
+            raise self.error(node, f"a call to local value `{ast.unparse(func)}`")
+        receiver, dreceiver = self.atom(func.value)
+        parts = [self.atom(a) for a in node.args]
+        rule = RULES.get(("method", func.attr))
+        if rule is None:
+            raise self.error(node, f"the method `.{func.attr}()`")
+        method = ast.Attribute(receiver, func.attr, ast.Load())
+        args = [p for p, _ in parts]
+        return self.apply(rule, ast.Call(method, args, node.keywords), Sym(method),
+                          [receiver] + args, [dreceiver] + [dp for _, dp in parts], node.keywords)
+
+    def _nested_callee(self, node):
+        """The @ti.func a call goes to when it will be transformed recursively, else None."""
+        if not isinstance(node, ast.Call) or self._is_local(node.func):
+            return None
+        callee = resolve(node.func, self.parsed.namespace)
+        if _hashable(callee) and (callee in CUSTOM_JVPS or (lookup(callee) is None and _is_taichi_func(callee))):
+            return callee
+        return None
+
+    def call_function(self, node, callee, custom=None, into=None):
+        """``y, dy = h_jvp(x, dx)``: call the tangent function of a @ti.func (or a custom rule)."""
+        arg_nodes = self._positional(node, callee)
+        parts = [self.atom(a) for a in arg_nodes]
+        if custom is None:
+            mask = tuple(dp is not None for _, dp in parts)
+            tangents = [dp for _, dp in parts if dp is not None]
+            fn = self.jvp_of(callee, mask)
+        else:
+            fn = custom
+            tangents = [zero_like(p).node if dp is None else dp for p, dp in parts]
+        base = ast.unparse(node.func).split(".")[-1]
+        helper = self.helper(fn, base + "_jvp")
+        call = ast.Call(_name(helper), [p for p, _ in parts] + tangents, [])
+        if into is None:
+            out = self.namer.fresh(_hint(node))
+            into = (out, self.namer.tangent(out))
+        self.emit(ast.Assign([ast.Tuple([ast.Name(n, ast.Store()) for n in into], ast.Store())], call))
+        return _name(into[0]), _name(into[1])
+
+    def _positional(self, node, callee):
+        """Arguments in parameter order, keywords bound by the callee's signature."""
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise self.error(node, "a call with *args")
+        if not node.keywords:
+            return node.args
+        signature = inspect.signature(python_function(callee))
+        bound = signature.bind(*node.args, **{k.arg: k.value for k in node.keywords})
+        return list(bound.arguments.values())
+
+    def helper(self, obj, hint):
+        """A namespace name for a generated function, one per object."""
+        for name, existing in self.helpers.items():
+            if existing is obj:
+                return name
+        name = self.namer.fresh(hint)
+        self.helpers[name] = obj
+        return name
+
+
+def _hashable(obj):
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _hint(node):
+    """A readable temporary name for an expression: ``sin_y``, ``mul``, ``dot``."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Name):  # h(x, y): the name h itself is taken
+            base = func.id
+            suffix = node.args[0].id if len(node.args) == 1 and isinstance(node.args[0], ast.Name) else "out"
+            return f"{base}_{suffix}"
+        base = func.attr.lower() if isinstance(func, ast.Attribute) else "call"
+        if len(node.args) == 1 and isinstance(node.args[0], ast.Name):
+            return f"{base}_{node.args[0].id}"
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and not node.args:
+            return f"{base}_{func.value.id}"
+        return base
+    if isinstance(node, (ast.BinOp, ast.UnaryOp)):
+        return _OP_NAMES.get(type(node.op), "t")
+    return "t"
+
+
+class _Rename(ast.NodeTransformer):
+    """Rename placeholder names (the taichi module's name in rules)."""
+
+    def __init__(self, mapping):
+        self.mapping = mapping
+
+    def visit_Name(self, node):
+        if node.id in self.mapping:
+            node.id = self.mapping[node.id]
+        return node
