@@ -76,26 +76,83 @@ class BodyWriter:
         return "\n".join(self.lines) + "\n"
 
 
+# NOTE: [Unrolled or looped pushes] Taichi inlines every @ti.func call at
+# the Python level, so a Jacobian body that unrolls one call per input
+# component, transformed again for a Hessian, grows as n**2 copies and
+# compiles for minutes. Up to UNROLL components are pushed unrolled (LLVM
+# then shares the primal work between pushes); more are pushed in a runtime
+# loop that writes one column per iteration (one inlined copy).
+UNROLL = 4
+
+
+def _dynamic_index(shape, p):
+    """Index source for flat position ``p`` (a runtime name) of a value of ``shape`` (rank 1 or 2)."""
+    if len(shape) == 1:
+        return p
+    return f"{p} // {shape[1]}, {p} % {shape[1]}"
+
+
+def zero(shape, dtype):
+    """Source of a zero value of logical ``shape`` (flat past rank 2)."""
+    scalar = _taichi_scalar(dtype)
+    if len(shape) == 0:
+        return f"ti.cast(0.0, {scalar})"
+    if len(shape) == 2:
+        return f"ti.Matrix.zero({scalar}, {shape[0]}, {shape[1]})"
+    return f"ti.Vector.zero({scalar}, {int(np.prod(shape))})"
+
+
 def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out):
     """Push one basis tangent per component of each differentiated argument.
 
     Returns, per output, per argnum, the source of the assembled Jacobian
-    block (shape ``out.shape + arg.shape``).
+    block (shape ``out.shape + arg.shape``); see NOTE: [Unrolled or looped pushes].
     """
     blocks = {}
     for a in argnums:
         spec = in_specs[a]
-        for p in range(spec.size):
-            tangents = [basis(in_specs[b], p if b == a else None) for b in argnums]
-            writer.line(f"t_{a}_{p} = {jvp_name}({', '.join(params + tangents)})")
+        if spec.size <= UNROLL:
+            blocks.update(_unrolled(writer, jvp_name, params, in_specs, argnums, a, out_specs, single_out))
+        else:
+            blocks.update(_looped(writer, jvp_name, params, in_specs, argnums, a, out_specs, single_out))
+    return blocks
+
+
+def _unrolled(writer, jvp_name, params, in_specs, argnums, a, out_specs, single_out):
+    spec = in_specs[a]
+    for p in range(spec.size):
+        tangents = [basis(in_specs[b], p if b == a else None) for b in argnums]
+        writer.line(f"t_{a}_{p} = {jvp_name}({', '.join(params + tangents)})")
+    blocks = {}
+    arg_indices = list(itertools.product(*[range(n) for n in spec.shape]))
     for o, out in enumerate(out_specs):
-        for a in argnums:
-            spec = in_specs[a]
-            entries = {}
-            arg_indices = list(itertools.product(*[range(n) for n in spec.shape]))
-            for p, aidx in enumerate(arg_indices):
-                dout = f"t_{a}_{p}[1]" if single_out else f"t_{a}_{p}[1][{o}]"
-                for oidx in itertools.product(*[range(n) for n in out.shape]):
-                    entries[oidx + aidx] = entry(dout, out.shape, oidx)
-            blocks[o, a] = literal(entries, out.shape + spec.shape, out.dtype)
+        entries = {}
+        for p, aidx in enumerate(arg_indices):
+            dout = f"t_{a}_{p}[1]" if single_out else f"t_{a}_{p}[1][{o}]"
+            for oidx in itertools.product(*[range(n) for n in out.shape]):
+                entries[oidx + aidx] = entry(dout, out.shape, oidx)
+        blocks[o, a] = literal(entries, out.shape + spec.shape, out.dtype)
+    return blocks
+
+
+def _looped(writer, jvp_name, params, in_specs, argnums, a, out_specs, single_out):
+    spec = in_specs[a]
+    blocks = {}
+    for o, out in enumerate(out_specs):
+        blocks[o, a] = f"J_{o}_{a}"
+        writer.line(f"J_{o}_{a} = {zero(out.shape + spec.shape, out.dtype)}")
+    writer.line(f"for p in range({spec.size}):")
+    writer.line(f"    e = {zero(spec.shape, spec.dtype)}")
+    writer.line(f"    e[{_dynamic_index(spec.shape, 'p')}] = 1.0")
+    tangents = ["e" if b == a else basis(in_specs[b], None) for b in argnums]
+    writer.line(f"    t = {jvp_name}({', '.join(params + tangents)})")
+    for o, out in enumerate(out_specs):
+        dout = "t[1]" if single_out else f"t[1][{o}]"
+        for oidx in itertools.product(*[range(n) for n in out.shape]):
+            full = out.shape + spec.shape
+            if len(full) <= 2:
+                target = ", ".join([str(i) for i in oidx] + [_dynamic_index(spec.shape, "p")])
+            else:
+                target = f"{int(np.ravel_multi_index(oidx, out.shape)) if oidx else 0} * {spec.size} + p"
+            writer.line(f"    J_{o}_{a}[{target}] = {entry(dout, out.shape, oidx)}")
     return blocks

@@ -160,13 +160,15 @@ class Transformed(BodyFunction):
         params = [s.name for s in specs]
         writer = BodyWriter(identifier(self.name), params)
         blocks = jacobian_lines(writer, jvp_name, params, specs, argnums, out_specs, single)
-        first = f"t_{argnums[0]}_0[0]"
+        primal_name = identifier(self.parent.name)
+        if any(it[0] == "out" for it in items):
+            writer.line(f"value = {primal_name}({', '.join(params)})")
         results = [
-            blocks[it[1], it[2]] if it[0] == "jac" else (first if single else f"{first}[{it[1]}]")
+            blocks[it[1], it[2]] if it[0] == "jac" else ("value" if single else f"value[{it[1]}]")
             for it in items
         ]
         self.source = writer.source(results, single=not isinstance(own_tree, tuple))
-        namespace = {"ti": ti, jvp_name: jvp_func(parent_body, active)}
+        namespace = {"ti": ti, jvp_name: jvp_func(parent_body, active), primal_name: parent_body}
         return compile_source(self.source, writer.name, namespace, self.kind)
 
     # -- host --------------------------------------------------------------
