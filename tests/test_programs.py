@@ -1,0 +1,116 @@
+"""Kernels over fields through the public API (API.md 1b): transforms, Tape-like replay, errors."""
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+
+import tidiff as td
+
+x = ti.field(ti.f64, shape=16)
+w = ti.field(ti.f64, shape=())
+loss = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def energy():
+    for i in x:
+        loss[None] += w[None] * x[i] ** 2
+
+
+E = td.function(energy, inputs=[x, w], outputs=[loss])
+
+
+def test_contract_example():
+    out = E(np.ones(16), 2.0)
+    assert isinstance(out, np.ndarray) and out.shape == () and out == 32.0
+    gx, gw = td.grad(E, argnums=(0, 1))(np.ones(16), 2.0)
+    np.testing.assert_array_equal(gx, np.full(16, 4.0))
+    assert gw == 16.0
+    value, gx2 = td.value_and_grad(E)(np.ones(16), 2.0)
+    assert value == 32.0
+    np.testing.assert_array_equal(gx2, gx)
+
+
+def test_user_fields_untouched_and_no_needs_grad_required():
+    x.fill(7.0)
+    E(np.ones(16), 2.0)
+    td.grad(E)(np.ones(16), 2.0)
+    np.testing.assert_array_equal(x.to_numpy(), np.full(16, 7.0))
+    assert loss[None] == 0.0
+
+
+# a two-kernel step: state -> intermediate -> output, replayed in reverse as ti.ad.Tape does
+u = ti.field(ti.f64, shape=4)
+v = ti.Vector.field(2, ti.f64, shape=4)
+mid = ti.Vector.field(2, ti.f64, shape=4)
+out = ti.field(ti.f64, shape=4)
+
+
+@ti.kernel
+def stage_one():
+    for i in u:
+        mid[i] = ti.Vector([ti.sin(u[i]) * v[i][0], u[i] * v[i][1]])
+
+
+@ti.kernel
+def stage_two():
+    for i in mid:
+        out[i] += mid[i].norm_sqr() + ti.exp(mid[i][0])
+
+
+def step():
+    stage_one()
+    stage_two()
+
+
+S = td.function(step, inputs=[u, v], outputs=[out])
+
+
+def torch_step(u_, v_):
+    m = torch.stack([torch.sin(u_) * v_[:, 0], u_ * v_[:, 1]], dim=1)
+    return (m * m).sum(1) + torch.exp(m[:, 0])
+
+
+def test_multi_kernel_program_against_torch():
+    rng = np.random.default_rng(0)
+    u0, v0 = rng.standard_normal(4), rng.standard_normal((4, 2))
+    for mode in (td.jacfwd, td.jacrev, td.jacobian):
+        ju, jv = mode(S, argnums=(0, 1))(u0, v0)
+        eu, ev = torch.autograd.functional.jacobian(torch_step, (torch.tensor(u0), torch.tensor(v0)))
+        np.testing.assert_allclose(ju, eu.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(jv, ev.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_field_program_dot_product_test():
+    rng = np.random.default_rng(1)
+    u0, v0 = rng.standard_normal(4), rng.standard_normal((4, 2))
+    tu, tv = rng.standard_normal(4), rng.standard_normal((4, 2))
+    c = rng.standard_normal(4)
+    y, ty = td.jvp(S, (u0, v0), (tu, tv))
+    y2, vjp_fn = td.vjp(S, u0, v0)
+    gu, gv = vjp_fn(c)
+    np.testing.assert_array_equal(y, y2)
+    assert np.sum(tu * gu) + np.sum(tv * gv) == pytest.approx(np.sum(ty * c), rel=1e-12)
+
+
+def test_field_program_refuses_bad_input():
+    with pytest.raises(ValueError, match=r"\(16,\)"):
+        E(np.ones(15), 2.0)
+    with pytest.raises(ValueError, match="batch"):
+        E(np.ones((3, 16)), 2.0)
+    # nothing was left behind by the refused calls
+    assert E(np.ones(16), 2.0) == 32.0
+
+
+def test_wrap_time_errors():
+    with pytest.raises(TypeError, match="inputs"):
+        td.function(energy)
+    with pytest.raises(TypeError, match=r"inputs\[1\]"):
+        td.function(energy, inputs=[x, np.ones(3)], outputs=[loss])
+    with pytest.raises(ValueError):
+        td.function(energy, inputs=[x, x], outputs=[loss])
+
+
+def test_second_order_of_field_program_is_absent_and_says_so():
+    with pytest.raises(NotImplementedError, match="second order"):
+        td.hessian(E)(np.ones(16), 2.0)
