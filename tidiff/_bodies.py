@@ -102,57 +102,88 @@ def zero(shape, dtype):
     return f"ti.Vector.zero({scalar}, {int(np.prod(shape))})"
 
 
-def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out):
-    """Push one basis tangent per component of each differentiated argument.
+def _static_index(shape, p):
+    """Index source for flat position ``p`` (an int) of a value of ``shape``."""
+    return ", ".join(str(i) for i in np.unravel_index(p, shape)) if shape else ""
 
-    Returns, per output, per argnum, the source of the assembled Jacobian
-    block (shape ``out.shape + arg.shape``); see NOTE: [Unrolled or looped pushes].
+
+def push_each(writer, jvp_name, params, in_specs, argnums, a, store):
+    """Call the tangent function once per component ``p`` of argument ``a``.
+
+    ``store(t, p, index)`` gives the lines that consume one call's result
+    ``t``: ``p`` is the flat position (an int, or the loop variable ``"p"``)
+    and ``index`` its index source in the argument's shape. See
+    NOTE: [Unrolled or looped pushes].
     """
-    blocks = {}
-    for a in argnums:
-        spec = in_specs[a]
-        if spec.size <= UNROLL:
-            blocks.update(_unrolled(writer, jvp_name, params, in_specs, argnums, a, out_specs, single_out))
-        else:
-            blocks.update(_looped(writer, jvp_name, params, in_specs, argnums, a, out_specs, single_out))
-    return blocks
-
-
-def _unrolled(writer, jvp_name, params, in_specs, argnums, a, out_specs, single_out):
     spec = in_specs[a]
-    for p in range(spec.size):
-        tangents = [basis(in_specs[b], p if b == a else None) for b in argnums]
-        writer.line(f"t_{a}_{p} = {jvp_name}({', '.join(params + tangents)})")
-    blocks = {}
-    arg_indices = list(itertools.product(*[range(n) for n in spec.shape]))
-    for o, out in enumerate(out_specs):
-        entries = {}
-        for p, aidx in enumerate(arg_indices):
-            dout = f"t_{a}_{p}[1]" if single_out else f"t_{a}_{p}[1][{o}]"
-            for oidx in itertools.product(*[range(n) for n in out.shape]):
-                entries[oidx + aidx] = entry(dout, out.shape, oidx)
-        blocks[o, a] = literal(entries, out.shape + spec.shape, out.dtype)
-    return blocks
-
-
-def _looped(writer, jvp_name, params, in_specs, argnums, a, out_specs, single_out):
-    spec = in_specs[a]
-    blocks = {}
-    for o, out in enumerate(out_specs):
-        blocks[o, a] = f"J_{o}_{a}"
-        writer.line(f"J_{o}_{a} = {zero(out.shape + spec.shape, out.dtype)}")
+    if spec.size <= UNROLL:
+        for p in range(spec.size):
+            tangents = [basis(in_specs[b], p if b == a else None) for b in argnums]
+            writer.line(f"t_{a}_{p} = {jvp_name}({', '.join(params + tangents)})")
+            for line in store(f"t_{a}_{p}", str(p), _static_index(spec.shape, p)):
+                writer.line(line)
+        return
     writer.line(f"for p in range({spec.size}):")
     writer.line(f"    e = {zero(spec.shape, spec.dtype)}")
     writer.line(f"    e[{_dynamic_index(spec.shape, 'p')}] = 1.0")
     tangents = ["e" if b == a else basis(in_specs[b], None) for b in argnums]
     writer.line(f"    t = {jvp_name}({', '.join(params + tangents)})")
-    for o, out in enumerate(out_specs):
-        dout = "t[1]" if single_out else f"t[1][{o}]"
-        for oidx in itertools.product(*[range(n) for n in out.shape]):
-            full = out.shape + spec.shape
-            if len(full) <= 2:
-                target = ", ".join([str(i) for i in oidx] + [_dynamic_index(spec.shape, "p")])
-            else:
-                target = f"{int(np.ravel_multi_index(oidx, out.shape)) if oidx else 0} * {spec.size} + p"
-            writer.line(f"    J_{o}_{a}[{target}] = {entry(dout, out.shape, oidx)}")
+    for line in store("t", "p", _dynamic_index(spec.shape, "p")):
+        writer.line("    " + line)
+
+
+def _tangent_out(t, o, single_out):
+    return f"{t}[1]" if single_out else f"{t}[1][{o}]"
+
+
+def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out):
+    """Jacobian blocks, one per (output, argnum), of shape ``out.shape + arg.shape``.
+
+    Returns ``{(o, a): name}``; the names hold the blocks after the lines.
+    """
+    blocks = {}
+    for a in argnums:
+        spec = in_specs[a]
+        for o, out in enumerate(out_specs):
+            blocks[o, a] = f"J_{o}_{a}"
+            writer.line(f"J_{o}_{a} = {zero(out.shape + spec.shape, out.dtype)}")
+
+        def store(t, p, index):
+            lines = []
+            for o, out in enumerate(out_specs):
+                full = out.shape + spec.shape
+                for oidx in itertools.product(*[range(n) for n in out.shape]):
+                    if len(full) <= 2:
+                        target = ", ".join([str(i) for i in oidx] + ([index] if index else []))
+                    else:
+                        target = f"{int(np.ravel_multi_index(oidx, out.shape)) if oidx else 0} * {spec.size} + {p}"
+                    value = entry(_tangent_out(t, o, single_out), out.shape, oidx)
+                    lines.append(f"J_{o}_{a}[{target}] = {value}" if target else f"J_{o}_{a} = {value}")
+            return lines
+
+        push_each(writer, jvp_name, params, in_specs, argnums, a, store)
     return blocks
+
+
+def vjp_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out, cotangents):
+    """Per-element ``J^T c``: one cotangent per argnum, each in its argument's shape.
+
+    ``cotangents`` are the parameter names holding one cotangent per output.
+    Returns ``{a: name}``.
+    """
+    grads = {}
+    for a in argnums:
+        spec = in_specs[a]
+        grads[a] = f"g_{a}"
+        writer.line(f"g_{a} = {zero(spec.shape, spec.dtype)}")
+
+        def store(t, p, index):
+            terms = []
+            for o, (out, c) in enumerate(zip(out_specs, cotangents)):
+                dout = _tangent_out(t, o, single_out)
+                terms.append(f"{dout} * {c}" if out.shape == () else f"({dout} * {c}).sum()")
+            target = f"g_{a}[{index}]" if index else f"g_{a}"
+            return [f"{target} = {' + '.join(terms)}"]
+
+        push_each(writer, jvp_name, params, in_specs, argnums, a, store)
+    return grads
