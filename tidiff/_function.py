@@ -95,6 +95,21 @@ class Function:
         """``(outputs, output tangents)``; ``tangents`` one per input, None for zero."""
         raise NotImplementedError
 
+    def second_order_jvp(self, derived, batch, tangents, counter):
+        """The jvp of ``derived``, a transform of this function that has no body.
+
+        Functions with a body never get here: their transforms are
+        transformed as source. A field program answers for its transforms.
+        """
+        raise NotImplementedError(
+            f"{derived.name}: transforming this again needs second order of {self.name}, "
+            "which tidiff does not have for this kind of function"
+        )
+
+    def second_order_vjp(self, derived, batch, cotangents, counter):
+        """The vjp of ``derived``, a transform of this function that has no body (see second_order_jvp)."""
+        return self.second_order_jvp(derived, batch, None, counter)
+
     # -- calling -----------------------------------------------------------
     def specs_for(self, args):
         specs = self.declared_specs()

@@ -248,19 +248,14 @@ class Transformed(BodyFunction):
         return outs, blocks
 
     def _vjp(self, batch, cotangents, counter):
-        self._need_body(batch.specs)
+        if self.body_for(batch.specs) is None:
+            return self.parent.second_order_vjp(self, batch, cotangents, counter)
         return super()._vjp(batch, cotangents, counter)
 
     def _jvp(self, batch, tangents, counter):
-        self._need_body(batch.specs)
+        if self.body_for(batch.specs) is None:
+            return self.parent.second_order_jvp(self, batch, tangents, counter)
         return super()._jvp(batch, tangents, counter)
-
-    def _need_body(self, specs):
-        if self.body_for(specs) is None:
-            raise NotImplementedError(
-                f"{self.name}: transforming this again needs second order of a field program, "
-                "which tidiff does not have yet (it has it for @ti.func code)"
-            )
 
 
 def _transform(kind, f, argnums=0, has_aux=False):

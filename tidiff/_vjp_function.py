@@ -84,6 +84,16 @@ class VjpFunction(BodyFunction):
         namespace = {"ti": ti, jvp_name: jvp_func(parent_body, active)}
         return compile_source(self.source, writer.name, namespace, "vjp")
 
+    def _jvp(self, batch, tangents, counter):
+        if self.body_for(batch.specs) is None:
+            return self.parent.second_order_jvp(self, batch, tangents, counter)
+        return super()._jvp(batch, tangents, counter)
+
+    def _vjp(self, batch, cotangents, counter):
+        if self.body_for(batch.specs) is None:
+            return self.parent.second_order_vjp(self, batch, cotangents, counter)
+        return super()._vjp(batch, cotangents, counter)
+
     def _evaluate(self, batch, counter):
         if self.body_for(batch.specs) is not None:
             return super()._evaluate(batch, counter)
