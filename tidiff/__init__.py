@@ -1,10 +1,12 @@
 """tidiff: JAX-style function transforms for Taichi code."""
 from ._cache import CacheInfo as CacheInfo
 from ._cache import cache_info as cache_info
+from ._custom import custom_jvp as custom_jvp
 from ._errors import TransformError as TransformError
 from ._function import Function as Function
 from ._function import function as function
 from ._source import source as source
+from ._tangent import stop_gradient as stop_gradient
 from ._transforms import grad as grad
 from ._transforms import hessian as hessian
 from ._transforms import hvp as hvp
@@ -20,6 +22,7 @@ __all__ = [
     "Function",
     "TransformError",
     "cache_info",
+    "custom_jvp",
     "function",
     "grad",
     "hessian",
@@ -29,6 +32,7 @@ __all__ = [
     "jacrev",
     "jvp",
     "source",
+    "stop_gradient",
     "value_and_grad",
     "vjp",
 ]

@@ -102,12 +102,13 @@ def read_args(specs, args, call):
 
 def unbroadcast(array, shape):
     """Sum a batch-shaped cotangent back onto an argument of ``shape`` (NumPy broadcasting reversed)."""
+    array = np.asarray(array)
     if array.shape == tuple(shape):
         return array
     lead = array.ndim - len(shape)
     array = array.sum(axis=tuple(range(lead))) if lead else array
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and array.shape[i] != 1)
-    return array.sum(axis=axes, keepdims=True) if axes else array
+    return np.asarray(array.sum(axis=axes, keepdims=True)) if axes else np.asarray(array)
 
 
 def contiguous(array):

@@ -62,6 +62,26 @@ def _type_expr(spec):
     return f"ti.types.matrix({shape[0]}, {shape[1]}, {scalar})"
 
 
+def probe_in_kernel(body, in_specs):
+    """Result specs of ``body`` read while a kernel compiles: call it on zeros (dead code, removed).
+
+    A kernel cannot launch another, so inside one this replaces :func:`probe_outputs`.
+    """
+    recorder = _OutputRecorder()
+    recorder(body(*[_zero_expr(s) for s in in_specs]))
+    return recorder.specs, recorder.is_tuple
+
+
+def _zero_expr(spec):
+    dtype = getattr(ti, spec.dtype.name.replace("float", "f").replace("int", "i"))
+    shape = kernel_shape(spec)
+    if shape == ():
+        return ti.cast(0, dtype)
+    if len(shape) == 1:
+        return ti.Vector([0] * shape[0], dt=dtype)
+    return ti.Matrix([[0] * shape[1] for _ in range(shape[0])], dt=dtype)
+
+
 def probe_outputs(body, in_specs, name):
     """Learn the result specs of an unannotated body by compiling it once.
 

@@ -7,9 +7,10 @@ launch over the body's tangent transform (``_tangent``).
 """
 import numpy as np
 import taichi as ti
+from taichi.lang import impl
 
 from ._arrays import ArgBatch, unbroadcast
-from ._batch import BatchKernel, flatten_batch, probe_outputs
+from ._batch import BatchKernel, flatten_batch, probe_in_kernel, probe_outputs
 from ._bodies import BodyWriter
 from ._codegen import compile_source
 from ._function import Function
@@ -56,11 +57,17 @@ def vjp_of_body(fn, specs, batch, cotangents, counter):
     """Reverse mode over the body's batch kernel (see ``_reverse``).
 
     Taichi's reverse mode has no adjoint for a few constructs (``ti.tan``,
-    ``while`` loops); for those bodies the vjp contracts the per-element
-    Jacobian from forward mode instead (NOTE: [Reverse fallback]).
+    ``while`` loops) and knows nothing of custom rules; for those bodies the
+    vjp contracts the per-element Jacobian from forward mode instead
+    (NOTE: [Reverse fallback]).
     """
+    from ._custom import reaches_custom_rule
+
     bk = batch_kernel(fn, specs, counter)
-    if tuple(specs) in fn.__dict__.get("_no_reverse", ()):
+    no_reverse = fn.__dict__.setdefault("_no_reverse", set())
+    if tuple(specs) not in no_reverse and reaches_custom_rule(fn.body_for(specs)):
+        no_reverse.add(tuple(specs))  # Taichi's reverse mode would ignore the rule
+    if tuple(specs) in no_reverse:
         return vjp_by_forward(fn, specs, batch, cotangents, counter)
     engine = _cached(fn, "_reverse_engines", tuple(specs), lambda: ReverseEngine(bk))
     n, inputs = flatten_batch(batch.arrays, specs, batch.batch_shape)
@@ -78,7 +85,7 @@ def vjp_of_body(fn, specs, batch, cotangents, counter):
             raise
         # NOTE: [Reverse fallback] Taichi said "Not supported" while building the
         # adjoint: remember it and use exact forward mode for this body.
-        fn.__dict__.setdefault("_no_reverse", set()).add(tuple(specs))
+        no_reverse.add(tuple(specs))
         return vjp_by_forward(fn, specs, batch, cotangents, counter)
     result = []
     for g, a, s in zip(grads, batch.arrays, specs):
@@ -175,8 +182,11 @@ class FuncFunction(BodyFunction):
             elif isinstance(ann, list) and all(s.shape != () for s in ann):
                 self._signatures[key] = (ann, flat_tree(len(ann), False))
             else:  # no annotation, or a tuple one with scalars (which Taichi 1.7.4 cannot compile)
-                out_specs, is_tuple, kernel = probe_outputs(self.tifunc, list(key), identifier(self.name))
-                self._counter.add(kernel)
+                if impl.inside_kernel():
+                    out_specs, is_tuple = probe_in_kernel(self.tifunc, list(key))
+                else:
+                    out_specs, is_tuple, kernel = probe_outputs(self.tifunc, list(key), identifier(self.name))
+                    self._counter.add(kernel)
                 self._signatures[key] = (out_specs, flat_tree(len(out_specs), not is_tuple))
         return self._signatures[key]
 
