@@ -78,11 +78,13 @@ class BodyWriter:
 
 # NOTE: [Unrolled or looped pushes] Taichi inlines every @ti.func call at
 # the Python level, so a Jacobian body that unrolls one call per input
-# component, transformed again for a Hessian, grows as n**2 copies and
-# compiles for minutes. Up to UNROLL components are pushed unrolled (LLVM
-# then shares the primal work between pushes); more are pushed in a runtime
-# loop that writes one column per iteration (one inlined copy).
-UNROLL = 4
+# component, transformed again for a Hessian, grows as n**2 copies: for the
+# 2-D Neo-Hookean energy of a vec4, unrolling 4 pushes made the Hessian
+# compile in 248 s against 1.9 s with a runtime loop (measured on this
+# 2-core machine). So only a single component is pushed unrolled; more are
+# pushed in a runtime loop that writes one column per iteration (one inlined
+# copy of the tangent function per body).
+UNROLL = 1
 
 
 def _dynamic_index(shape, p):
