@@ -148,7 +148,8 @@ def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, singl
         spec = in_specs[a]
         for o, out in enumerate(out_specs):
             blocks[o, a] = f"J_{o}_{a}"
-            writer.line(f"J_{o}_{a} = {zero(out.shape + spec.shape, out.dtype)}")
+            if out.shape + spec.shape:  # a scalar block is assigned whole by its one push
+                writer.line(f"J_{o}_{a} = {zero(out.shape + spec.shape, out.dtype)}")
 
         def store(t, p, index):
             lines = []
@@ -177,7 +178,8 @@ def vjp_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out
     for a in argnums:
         spec = in_specs[a]
         grads[a] = f"g_{a}"
-        writer.line(f"g_{a} = {zero(spec.shape, spec.dtype)}")
+        if spec.shape:
+            writer.line(f"g_{a} = {zero(spec.shape, spec.dtype)}")
 
         def store(t, p, index):
             terms = []

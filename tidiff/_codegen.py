@@ -21,4 +21,5 @@ def compile_source(source, name, namespace, tag="gen"):
     linecache.cache[filename] = (len(source), None, lines, filename)
     exec(compile(source, filename, "exec"), namespace)
     obj = namespace[name]
+    obj._tidiff_source = source  # for td.source
     return obj

@@ -11,26 +11,33 @@ def source(f, *example_args):
             shapes select the specialization to show.
 
     Returns:
-        The source text: the transform's own body followed by the tangent
-        functions it calls.
+        The source text: the transform's own body first, then every
+        generated function it calls (tangent functions named ``<f>_jvp``,
+        tangents of ``x`` named ``dx``).
 
     Example:
-        >>> print(td.source(td.grad(p)))
+        >>> print(td.source(td.grad(p), 1.0))
     """
-    from ._tangent import source as tangent_source
-
     fn = as_function(f, "td.source")
-    specs = fn.specs_for(example_args) if example_args or fn.declared_specs() is None else fn.declared_specs()
-    if specs is None:
+    if fn.declared_specs() is None and not example_args:
         raise TypeError(f"td.source({fn.name}): the function has no annotations; pass example arguments")
-    body = fn.body_for(specs)
+    body = fn.body_for(fn.specs_for(example_args))
     if body is None:
         raise TypeError(f"td.source({fn.name}): this function has no generated Taichi source")
-    texts = [getattr(fn, "source", None) or ""]
-    namespace = getattr(getattr(body, "__wrapped__", None), "__globals__", {})
-    for value in namespace.values():
-        try:
-            texts.append(tangent_source(value))
-        except Exception:
-            continue
-    return "\n".join(t for t in texts if t)
+    texts = []
+    _collect(body, texts, set())
+    if not texts:
+        raise TypeError(f"td.source({fn.name}): {fn.name} is user code, not generated; transform it first")
+    return "\n".join(texts)
+
+
+def _collect(obj, texts, seen):
+    """Depth-first: the generated source of ``obj``, then of the generated functions it names."""
+    text = getattr(obj, "_tidiff_source", None)
+    if text is None or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    texts.append(text)
+    namespace = getattr(getattr(obj, "__wrapped__", None), "__globals__", {})
+    for value in list(namespace.values()):
+        _collect(value, texts, seen)
