@@ -72,3 +72,54 @@ def test_stop_gradient_blocks_forward_and_reverse():
     assert td.grad(blocked)(3.0) == 9.0
     assert td.jacfwd(blocked)(3.0) == 9.0
     assert td.hessian(blocked)(3.0) == 0.0
+
+
+@td.custom_vjp
+@ti.func
+def scaled_square(x: ti.math.vec2, k: ti.f64) -> ti.f64:
+    return k * x.norm_sqr()
+
+
+@scaled_square.defvjp
+@ti.func
+def scaled_square_bwd(x, k, ct):
+    return (ct * 3.0 * x, ct * x.norm_sqr())  # deliberately 3x, not 2kx: only the rule gives it
+
+
+@ti.func
+def calls_scaled_square(x: ti.math.vec2) -> ti.f64:
+    return ti.sin(scaled_square(x, 2.0))
+
+
+def test_vjp_rule_used_by_every_transform():
+    x, k = np.array([0.3, -0.4]), 2.0
+    rule = 3.0 * x
+    np.testing.assert_allclose(td.grad(scaled_square)(x, k), rule, rtol=1e-15)
+    np.testing.assert_allclose(td.jacfwd(scaled_square)(x, k), rule, rtol=1e-15)
+    _, tangent = td.jvp(scaled_square, (x, k), (np.array([1.0, 2.0]), 0.5))
+    assert tangent == pytest.approx(rule @ [1.0, 2.0] + 0.5 * x @ x, rel=1e-15)
+    np.testing.assert_allclose(td.hessian(scaled_square)(x, k), 3.0 * np.eye(2), rtol=1e-15)
+    inner = 2.0 * x @ x
+    np.testing.assert_allclose(td.grad(calls_scaled_square)(x), np.cos(inner) * rule, rtol=1e-14)
+    np.testing.assert_allclose(td.jacfwd(calls_scaled_square)(x), np.cos(inner) * rule, rtol=1e-14)
+
+
+def test_vjp_rule_must_return_one_cotangent_per_primal():
+    @td.custom_vjp
+    @ti.func
+    def two(x: ti.math.vec2, k: ti.f64) -> ti.f64:
+        return k * x.sum()
+
+    @ti.func
+    def bad_bwd(x, k, ct):
+        return ct * x  # not a tuple
+
+    with pytest.raises(TypeError, match="tuple with one cotangent per primal"):
+        two.defvjp(bad_bwd)
+
+    @ti.func
+    def unannotated(x):
+        return x
+
+    with pytest.raises(TypeError, match="annotated"):
+        td.custom_vjp(unannotated).defvjp(bad_bwd)
