@@ -2,6 +2,7 @@
 from ._cache import CacheInfo as CacheInfo
 from ._cache import cache_info as cache_info
 from ._custom import custom_jvp as custom_jvp
+from ._custom import custom_vjp as custom_vjp
 from ._errors import TransformError as TransformError
 from ._function import Function as Function
 from ._function import function as function
@@ -17,12 +18,24 @@ from ._transforms import jvp as jvp
 from ._transforms import value_and_grad as value_and_grad
 from ._transforms import vjp as vjp
 
+
+
+def __getattr__(name):
+    # td.torch imports torch, an optional dependency: only when first used
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'tidiff' has no attribute {name!r}")
+
+
 __all__ = [
     "CacheInfo",
     "Function",
     "TransformError",
     "cache_info",
     "custom_jvp",
+    "custom_vjp",
     "function",
     "grad",
     "hessian",
