@@ -4,9 +4,8 @@ A vjp rule becomes a jvp rule by transposition (``J u`` assembled from
 ``J^T e_q``, one call per output component), so both kinds act alike.
 The rule replaces the tangent transform of the function wherever it is
 called: in its own transforms, in every function that calls it, on the host
-and inside kernels. Reverse mode of any code that reaches a rule transposes
-the rule (the per-element Jacobian from forward mode), since Taichi's own
-reverse mode would differentiate the function's code and ignore the rule.
+and inside kernels; reverse mode of ``@ti.func`` code is forward mode
+transposed (``_pointwise``), so it uses the rule too.
 """
 import inspect
 
@@ -17,7 +16,7 @@ from ._bodies import BodyWriter, _dynamic_index, basis, zero
 from ._codegen import compile_source
 from ._pointwise import FuncFunction, identifier
 from ._signature import ArgSpec
-from ._tangent import CUSTOM_JVPS, register_jvp, stop_gradient
+from ._tangent import register_jvp
 
 
 class CustomJvpFunction(FuncFunction):
@@ -174,46 +173,3 @@ def custom_jvp(f):
     if not getattr(f, "_is_taichi_function", False):
         raise TypeError(f"td.custom_jvp: expected a @ti.func, got {type(f).__name__}")
     return CustomJvpFunction(f)
-
-
-def reaches_custom_rule(body, _seen=None):
-    """Whether ``body`` or a ``@ti.func`` it calls (by global or closure name) has a custom rule.
-
-    ``td.stop_gradient`` counts as one: Taichi's reverse mode sees only an identity.
-    """
-    seen = set() if _seen is None else _seen
-    if id(body) in seen:
-        return False
-    seen.add(id(body))
-    pyfunc = getattr(body, "__wrapped__", None) or getattr(getattr(body, "func", None), "func", None)
-    if pyfunc is None or not hasattr(pyfunc, "__code__"):
-        return False
-    names = _names(pyfunc.__code__)
-    values = [pyfunc.__globals__.get(n) for n in names]
-    values += [c.cell_contents for c in (pyfunc.__closure__ or ()) if _filled(c)]
-    values += [getattr(m, n, None) for m in values if inspect.ismodule(m) for n in names]  # td.stop_gradient
-    for value in values:
-        try:
-            if value is stop_gradient or value in CUSTOM_JVPS:
-                return True
-        except TypeError:  # unhashable
-            continue
-        if getattr(value, "_is_taichi_function", False) and reaches_custom_rule(value, seen):
-            return True
-    return False
-
-
-def _names(code):
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if inspect.iscode(const):
-            names |= _names(const)
-    return names
-
-
-def _filled(cell):
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True

@@ -1,9 +1,9 @@
 """Pointwise functions: a ``@ti.func`` body mapped over a batch (API.md 1a).
 
 The three engines of any function with a body live here: evaluation is one
-:class:`~tidiff._batch.BatchKernel` launch; reverse mode is Taichi's
-``kernel.grad`` of that launch (``_reverse``); forward mode is the same
-launch over the body's tangent transform (``_tangent``).
+:class:`~tidiff._batch.BatchKernel` launch; forward mode is the same launch
+over the body's tangent transform (``_tangent``); reverse mode is forward
+mode transposed, also one launch (NOTE: [Reverse by transposed forward]).
 """
 import numpy as np
 import taichi as ti
@@ -14,7 +14,6 @@ from ._batch import BatchKernel, flatten_batch, probe_in_kernel, probe_outputs
 from ._bodies import BodyWriter
 from ._codegen import compile_source
 from ._function import Function
-from ._reverse import ReverseEngine
 from ._signature import ArgSpec, input_specs, output_specs, parameter_names
 from ._tree import flat_tree
 
@@ -53,72 +52,38 @@ def evaluate_body(fn, specs, batch, counter):
     return [o.reshape(batch.batch_shape + s.shape) for o, s in zip(bk(n, inputs), bk.out_specs)]
 
 
+# NOTE: [Reverse by transposed forward] The vjp of a body is ``J^T c`` per
+# element, computed by the generated ``VjpFunction`` body: one tangent push
+# per input component, contracted with ``c``, in one launch. Taichi's own
+# reverse mode (``kernel.grad``) is not used for bodies: on this Taichi it
+# crashes the process (SIGBUS) on a runtime loop over a dynamically indexed
+# local vector of 64 or more entries, which generated bodies are full of; it
+# has no adjoint for ``ti.tan`` or ``while`` loops ("Not supported"); it would
+# differentiate a custom rule's function instead of the rule; and on the host
+# it costs a primal and an adjoint launch plus copies into gradient-carrying
+# storage, where the transposed forward body is one launch. Field programs
+# do use Taichi's reverse mode (``_fields``).
+
+
 def vjp_of_body(fn, specs, batch, cotangents, counter):
-    """Reverse mode over the body's batch kernel (see ``_reverse``).
-
-    Taichi's reverse mode has no adjoint for a few constructs (``ti.tan``,
-    ``while`` loops) and knows nothing of custom rules; for those bodies the
-    vjp contracts the per-element Jacobian from forward mode instead
-    (NOTE: [Reverse fallback]).
-    """
-    from ._custom import reaches_custom_rule
-
-    bk = batch_kernel(fn, specs, counter)
-    no_reverse = fn.__dict__.setdefault("_no_reverse", set())
-    if tuple(specs) not in no_reverse and reaches_custom_rule(fn.body_for(specs)):
-        no_reverse.add(tuple(specs))  # Taichi's reverse mode would ignore the rule
-    if tuple(specs) in no_reverse:
-        return vjp_by_forward(fn, specs, batch, cotangents, counter)
-    engine = _cached(fn, "_reverse_engines", tuple(specs), lambda: ReverseEngine(bk))
-    n, inputs = flatten_batch(batch.arrays, specs, batch.batch_shape)
-    cts = [
-        None if c is None else np.broadcast_to(c, batch.batch_shape + s.shape).reshape((n,) + s.shape)
-        for c, s in zip(cotangents, bk.out_specs)
-    ]
-    if n == 0:  # an empty batch: nothing to launch, zero cotangents
-        outs = [np.empty(batch.batch_shape + s.shape, s.dtype) for s in bk.out_specs]
-        return outs, [np.zeros(a.shape, s.dtype) if s.is_float else None for a, s in zip(batch.arrays, specs)]
-    try:
-        outs, grads = engine.vjp(n, inputs, cts)
-    except RuntimeError as e:
-        if "auto_diff" not in str(e):
-            raise
-        # NOTE: [Reverse fallback] Taichi said "Not supported" while building the
-        # adjoint: remember it and use exact forward mode for this body.
-        no_reverse.add(tuple(specs))
-        return vjp_by_forward(fn, specs, batch, cotangents, counter)
-    result = []
-    for g, a, s in zip(grads, batch.arrays, specs):
-        if g is None:
-            result.append(None)
-        elif g.shape[0] == 1 and n != 1:  # passed once (stride 0): the adjoint already summed it
-            result.append(unbroadcast(g.reshape(s.shape), a.shape))
-        else:
-            result.append(unbroadcast(g.reshape(batch.batch_shape + s.shape), a.shape))
-    return [o.reshape(batch.batch_shape + s.shape) for o, s in zip(outs, bk.out_specs)], result
+    """Outputs and input cotangents (see NOTE: [Reverse by transposed forward])."""
+    return vjp_by_forward(fn, specs, batch, cotangents, counter)
 
 
 def vjp_by_forward(fn, specs, batch, cotangents, counter):
-    """``J^T c`` from the per-element Jacobian computed in forward mode (one launch)."""
-    from ._transforms import jacfwd
+    """``J^T c`` per element from forward mode (``VjpFunction``, one launch), summed onto broadcast arguments."""
+    from ._vjp_function import vjp_function
 
-    floats = tuple(k for k, s in enumerate(specs) if s.is_float)
-    out_specs, tree = fn.signature(specs)
-    jac = jacfwd(fn, floats)
-    blocks = jac._evaluate(batch, counter)  # flat: per output, per float argument
-    outs = evaluate_body(fn, specs, batch, counter)
-    grads = [None] * len(specs)
-    for k, a in enumerate(floats):
-        total = np.zeros(batch.batch_shape + specs[a].shape, specs[a].dtype)
-        for o, (c, spec) in enumerate(zip(cotangents, out_specs)):
-            if c is None:
-                continue
-            block = blocks[o * len(floats) + k]  # batch + O + A
-            c = np.broadcast_to(c, batch.batch_shape + spec.shape)
-            axes = tuple(range(len(batch.batch_shape), len(batch.batch_shape) + len(spec.shape)))
-            total = total + np.sum(block * c.reshape(c.shape + (1,) * len(specs[a].shape)), axis=axes)
-        grads[a] = unbroadcast(total, batch.arrays[a].shape)
-    return outs, grads
+    out_specs, _ = fn.signature(specs)
+    cts = [np.zeros(s.shape, s.dtype) if c is None else c for c, s in zip(cotangents, out_specs)]
+    vfn = vjp_function(fn)
+    vspecs = list(specs) + [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in out_specs]
+    shapes = [a.shape[: a.ndim - len(s.shape)] for a, s in zip(list(batch.arrays) + cts, vspecs)]
+    full = ArgBatch(list(batch.arrays) + cts, tuple(np.broadcast_shapes(*shapes)))
+    full.specs = vspecs
+    per_element = iter(evaluate_body(vfn, vspecs, full, counter))
+    grads = [unbroadcast(next(per_element), a.shape) if s.is_float else None for a, s in zip(batch.arrays, specs)]
+    return evaluate_body(fn, specs, batch, counter), grads
 
 
 def jvp_of_body(fn, specs, batch, tangents, counter):

@@ -8,10 +8,10 @@ the whole batched function.
 # NOTE: [Host and body] A transform of a function with a ``@ti.func`` body
 # has a body too: generated source that pushes tangents through the parent's
 # tangent transform. Kernels call that body, and further transforms
-# transform it again (any order). On the host, reverse-flavoured transforms
-# (grad, value_and_grad, jacrev) run Taichi's reverse mode over the parent
-# instead, one reverse pass per output component; forward-flavoured ones run
-# their body in one launch.
+# transform it again (any order). On the host the body runs too, in one
+# launch. Transforms of a function without a body (a field program) compose
+# its engines: reverse-flavoured ones (grad, value_and_grad, jacrev) one
+# reverse pass per output component, jacfwd one forward pass per input one.
 """
 import numpy as np
 import taichi as ti
@@ -173,10 +173,16 @@ class Transformed(BodyFunction):
 
     # -- host --------------------------------------------------------------
     def _mode(self, specs):
+        """How the host computes this: "fwd" (the body, or jvps) or "rev" (vjps of the parent).
+
+        A function with a body runs its own body whatever the kind: one
+        launch, where vjps would take one launch per output component (see
+        NOTE: [Reverse by transposed forward] in ``_pointwise``).
+        """
+        if self.kind == "jacfwd" or self.body_for(specs) is not None:
+            return "fwd"
         if self.kind in ("grad", "value_and_grad", "jacrev"):
             return "rev"
-        if self.kind == "jacfwd":
-            return "fwd"
         argnums, items, _, _ = self.layout(specs)
         out_specs, _ = self.parent.signature(specs)
         n_in = sum(specs[a].size for a in argnums)
