@@ -17,6 +17,7 @@ from ._transforms import jacrev as jacrev
 from ._transforms import jvp as jvp
 from ._transforms import value_and_grad as value_and_grad
 from ._transforms import vjp as vjp
+from . import testing as testing
 
 
 
@@ -46,6 +47,7 @@ __all__ = [
     "jvp",
     "source",
     "stop_gradient",
+    "testing",
     "value_and_grad",
     "vjp",
 ]

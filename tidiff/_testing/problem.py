@@ -1,0 +1,188 @@
+"""A function and its arguments, read once, and the plain-NumPy references the checkers need.
+
+Nothing here uses tidiff's derivative code: central differences call the
+function itself, and sums over broadcast dims are written out again, so
+they stay an independent reference.
+"""
+import numpy as np
+
+from .._function import as_function
+from .._tree import leaves, unflatten
+
+# NOTE: [Step of central differences] The error of (f(x+h) - f(x-h)) / 2h is
+# about h^2 |f'''| / 6 (truncation) plus eps_mach |f| / h (rounding); the sum
+# is smallest near h = eps_mach^(1/3) (6e-6 in float64), scaled by
+# max(1, |x|) so large arguments get a step they can resolve. Both errors
+# are then near 1e-11 (|f'''| + |f|): tolerances of 1e-6 leave a wide margin.
+DEFAULT_EPS = float(np.finfo(np.float64).eps ** (1.0 / 3.0))
+
+
+class Problem:
+    """``f`` at ``args``: specs, own copies of the arrays, float arguments, flat outputs."""
+
+    def __init__(self, f, args, call):
+        fn = as_function(f, call)
+        if not isinstance(args, (tuple, list)):
+            raise TypeError(f"{call}: args must be a tuple with one entry per argument, got {type(args).__name__}")
+        batch = fn.read(tuple(args), call)
+        self.fn, self.call = fn, call
+        self.specs = list(batch.specs)
+        self.arrays = [np.array(a, copy=True) for a in batch.arrays]  # the user's inputs stay untouched
+        self.batch = tuple(batch.batch_shape)
+        self.floats = tuple(k for k, s in enumerate(self.specs) if s.is_float)
+        if not self.floats:
+            raise TypeError(f"{call}: {fn.name} has no float arguments; there is nothing to differentiate")
+        for k in self.floats:
+            if self.specs[k].dtype != np.float64:
+                raise TypeError(
+                    f"{call}: argument {self.specs[k].name!r} is {self.specs[k].dtype}; derivative checks "
+                    "need float64 (ti.init(default_fp=ti.f64)), where central differences resolve 1e-6"
+                )
+        out_specs, self.tree = fn.signature(self.specs)
+        self.out_specs = [out_specs[i] for i in leaves(self.tree)]  # in the order flatten() gives
+        self.out_names = [s.name if len(self.out_specs) == 1 else f"{s.name} (output {k})"
+                          for k, s in enumerate(self.out_specs)]
+        self.float_outs = [k for k, s in enumerate(self.out_specs) if s.is_float]
+
+    # -- outputs -------------------------------------------------------------
+    def flatten(self, value):
+        """The outputs of one call in order (nested tuples flattened depth first)."""
+        return [np.asarray(v) for v in walk(self.tree, value)]
+
+    def flatten_jacobian(self, value):
+        """``{(k, j): block}`` from a transform with ``argnums=self.floats``: output k, float argument j."""
+        return {(k, j): np.asarray(block)
+                for k, blocks in enumerate(walk(self.tree, value)) for j, block in enumerate(blocks)}
+
+    def structure(self, flat):
+        """Nest a flat list of per-output values as the function's outputs are nested."""
+        by_leaf = [None] * (max(leaves(self.tree)) + 1)
+        for k, leaf in enumerate(leaves(self.tree)):
+            by_leaf[leaf] = flat[k]
+        return unflatten(self.tree, by_leaf)
+
+    def evaluate(self, arrays):
+        return [np.broadcast_to(o, self.batch + s.shape) for o, s in zip(self.flatten(self.fn(*arrays)), self.out_specs)]
+
+    # -- names ---------------------------------------------------------------
+    def arg_name(self, a):
+        return f"argument {self.specs[a].name!r} (argnums {a})"
+
+    # -- references ----------------------------------------------------------
+    def fd_jacobian(self, eps):
+        """Per-element Jacobian blocks ``{(k, j): batch + out_core + in_core}`` by central differences.
+
+        One pair of evaluations per core component of each float argument;
+        batch elements are independent, so every element's column comes from
+        the same pair (see NOTE: [Step of central differences]).
+        """
+        blocks = {}
+        for j, a in enumerate(self.floats):
+            x, core = self.arrays[a], self.specs[a].shape
+            n = self.specs[a].size
+            flat = x.reshape(x.shape[: x.ndim - len(core)] + (n,))
+            cols = {k: [] for k in self.float_outs}
+            for p in range(n):
+                h = eps * np.maximum(1.0, np.abs(flat[..., p]))
+                plus, minus = flat.copy(), flat.copy()
+                plus[..., p] += h
+                minus[..., p] -= h
+                step = plus[..., p] - minus[..., p]  # the step the arithmetic really took
+                f_plus = self.evaluate(self._with(a, plus.reshape(x.shape)))
+                f_minus = self.evaluate(self._with(a, minus.reshape(x.shape)))
+                for k in self.float_outs:
+                    out_core = self.out_specs[k].shape
+                    s = step.reshape(step.shape + (1,) * len(out_core))
+                    cols[k].append((f_plus[k] - f_minus[k]) / s)
+            for k in self.float_outs:
+                stacked = np.stack([np.broadcast_to(c, self.batch + self.out_specs[k].shape) for c in cols[k]], -1)
+                blocks[k, j] = stacked.reshape(self.batch + self.out_specs[k].shape + core)
+        return blocks
+
+    def fd_directional(self, a, u, v, eps):
+        """``d/dt <v, f(x + t u)>`` at 0 by central differences, ``u`` a direction for argument ``a``."""
+        x = self.arrays[a]
+        h = eps * max(1.0, float(np.max(np.abs(x), initial=0.0))) / max(float(np.max(np.abs(u), initial=0.0)), 1e-300)
+        plus, minus = x + h * u, x - h * u
+        phi_plus = sum(float(np.sum(v[k] * o)) for k, o in zip(self.float_outs, _pick(self.evaluate(self._with(a, plus)), self.float_outs)))
+        phi_minus = sum(float(np.sum(v[k] * o)) for k, o in zip(self.float_outs, _pick(self.evaluate(self._with(a, minus)), self.float_outs)))
+        return (phi_plus - phi_minus) / (2 * h)
+
+    def jvp_from_jacobian(self, blocks, tangents):
+        """Per output, ``sum_j J[k, j] . u_j`` per element: what jvp of the batched function is."""
+        result = {}
+        for k in self.float_outs:
+            total = np.zeros(self.batch + self.out_specs[k].shape)
+            for j, a in enumerate(self.floats):
+                total = total + contract_in(blocks[k, j], tangents[a], self.batch, self.specs[a].shape)
+            result[k] = total
+        return result
+
+    def vjp_from_jacobian(self, blocks, cotangents):
+        """Per float argument, ``sum_k J[k, j]^T v_k`` summed back onto the argument's own shape."""
+        result = {}
+        for j, a in enumerate(self.floats):
+            total = np.zeros(self.batch + self.specs[a].shape)
+            for k in self.float_outs:
+                total = total + contract_out(blocks[k, j], cotangents[k], self.batch, self.out_specs[k].shape)
+            result[a] = sum_to(total, self.arrays[a].shape)
+        return result
+
+    # -- random directions ---------------------------------------------------
+    def tangents(self, rng):
+        return [rng.standard_normal(x.shape) if s.is_float else None for x, s in zip(self.arrays, self.specs)]
+
+    def cotangents(self, rng):
+        return [rng.standard_normal(self.batch + s.shape) if s.is_float else np.zeros(self.batch + s.shape, s.dtype)
+                for s in self.out_specs]
+
+    def _with(self, a, value):
+        arrays = list(self.arrays)
+        arrays[a] = value
+        return arrays
+
+
+def walk(tree, value):
+    """The leaves of ``value``, nested as ``tree``, depth first."""
+    if isinstance(tree, tuple):
+        for t, v in zip(tree, value):
+            yield from walk(t, v)
+    else:
+        yield value
+
+
+def _pick(values, ks):
+    return [values[k] for k in ks]
+
+
+def contract_in(block, u, batch, in_core):
+    """``block`` (batch + O + I) times ``u`` (broadcastable to batch + I), summed over I."""
+    u = np.broadcast_to(u, batch + in_core)
+    nb, ni = len(batch), len(in_core)
+    out_ndim = block.ndim - nb - ni
+    u = u.reshape(batch + (1,) * out_ndim + in_core)
+    return np.sum(block * u, axis=tuple(range(block.ndim - ni, block.ndim)))
+
+
+def contract_out(block, v, batch, out_core):
+    """``v`` (batch + O) times ``block`` (batch + O + I), summed over O."""
+    nb, no = len(batch), len(out_core)
+    in_ndim = block.ndim - nb - no
+    v = np.broadcast_to(v, batch + out_core).reshape(batch + out_core + (1,) * in_ndim)
+    return np.sum(block * v, axis=tuple(range(nb, nb + no)))
+
+
+def sum_to(array, shape):
+    """Sum ``array`` over the dims along which ``shape`` was broadcast to it (NumPy broadcasting reversed)."""
+    shape = tuple(shape)
+    lead = array.ndim - len(shape)
+    if lead:
+        array = array.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and array.shape[i] != 1)
+    return array.sum(axis=axes, keepdims=True) if axes else array
+
+
+def inner(x, y):
+    """``<x, y>`` and ``<|x|, |y|>`` (the scale of its rounding error)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    return float(np.sum(x * y)), float(np.sum(np.abs(x) * np.abs(y)))

@@ -1,0 +1,110 @@
+"""Hypothesis strategies: arguments valid for a function's signature, and batch shapes."""
+from .._function import as_function
+from .._signature import spec_from_annotation
+
+
+def batch_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3):
+    """Batch shapes: tuples of ``min_dims`` to ``max_dims`` sides in ``[min_side, max_side]``.
+
+    Example:
+        >>> @given(td.testing.batch_shapes(max_dims=3))
+        ... def test_shapes(batch): ...
+    """
+    from hypothesis.extra import numpy as hnp
+
+    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
+
+
+def arguments(f, *, batch_shapes=None, elements=None, integers=None, broadcast=True, signature=None):
+    """A strategy for tuples of arguments of ``f``: NumPy arrays of each argument's core shape.
+
+    A batch shape is drawn once per example; each argument gets that batch
+    shape, or (with ``broadcast=True``) a shape that broadcasts to it:
+    leading dims dropped, some dims set to 1, as NumPy broadcasting allows.
+    Field programs take no batch dims.
+
+    Args:
+        f: a ``td.Function`` or ``@ti.func``. Annotations (or the fields of
+            a field program) give the core shapes; a function without them
+            needs ``signature``.
+        batch_shapes: a strategy for batch shapes; default
+            :func:`batch_shapes` (``()`` for field programs).
+        elements: strategy for float entries (default floats in [-2, 2]),
+            or a dict ``{argument name: strategy}`` (others get the default).
+        integers: the same for integer arguments (default integers in [-3, 3]).
+        broadcast: let arguments take broadcastable, smaller batch shapes.
+        signature: core types per parameter, as for ``td.function``:
+            shape tuples such as ``(3,)`` or ``()`` for floats, or Taichi
+            types (``ti.math.vec3``, ``ti.i32``).
+
+    Returns:
+        A strategy of tuples, one array per argument.
+
+    Example:
+        >>> @given(td.testing.arguments(f, elements=st.floats(0.5, 2.0)))
+        ... def test_f(args):
+        ...     td.testing.check_grads(f, args)
+    """
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    fn = as_function(f, "td.testing.arguments")
+    if signature is not None:
+        names = fn.param_names() if fn.declared_specs() is not None else _names(f, fn, len(signature))
+        specs = [spec_from_annotation(n, s) for n, s in zip(names, signature)]
+    else:
+        specs = fn.declared_specs()
+        if specs is None:
+            raise TypeError(
+                f"td.testing.arguments: {fn.name} has parameters without annotations; give their core "
+                "types: td.testing.arguments(f, signature=[(3,), ()]) or annotate them"
+            )
+    takes_batches = _takes_batches(fn)
+    if batch_shapes is None:
+        batch_shapes = globals()["batch_shapes"]() if takes_batches else st.just(())
+    float_default = st.floats(-2.0, 2.0, allow_nan=False, allow_infinity=False, allow_subnormal=False)
+    int_default = st.integers(-3, 3)
+
+    def pick(given, default, name):
+        if given is None:
+            return default
+        if isinstance(given, dict):
+            unknown = set(given) - {s.name for s in specs}
+            if unknown:
+                raise ValueError(f"td.testing.arguments: no parameters named {sorted(unknown)}; "
+                                 f"parameters are {[s.name for s in specs]}")
+            return given.get(name, default)
+        return given
+
+    @st.composite
+    def draw_args(draw):
+        batch = tuple(draw(batch_shapes))
+        if batch and not takes_batches:
+            raise ValueError(f"td.testing.arguments: {fn.name} is a field program; it takes no batch dims")
+        out = []
+        for spec in specs:
+            own = batch
+            if broadcast and batch and draw(st.booleans()):
+                own = batch[draw(st.integers(0, len(batch))):]
+                own = tuple(1 if draw(st.booleans()) else n for n in own)
+            strategy = pick(elements, float_default, spec.name) if spec.is_float else pick(integers, int_default, spec.name)
+            out.append(draw(hnp.arrays(spec.dtype, own + tuple(spec.shape), elements=strategy)))
+        return tuple(out)
+
+    return draw_args()
+
+
+def _takes_batches(fn):
+    from .._programs import FieldFunction
+
+    root = fn
+    while hasattr(root, "parent"):
+        root = root.parent
+    return not isinstance(root, FieldFunction) and getattr(root, "takes_batches", True)
+
+
+def _names(f, fn, n):
+    try:
+        return fn.param_names()
+    except Exception:
+        return [f"arg{k}" for k in range(n)]
