@@ -145,7 +145,7 @@ class Function:
         return unflatten(tree, list(result) if isinstance(tree, tuple) else [result])
 
 
-def function(f, *, inputs=None, outputs=None, signature=None, name=None):
+def function(f, *, inputs=None, outputs=None, signature=None, name=None, constants=None):
     """Wrap Taichi code as a differentiable :class:`Function`.
 
     Args:
@@ -153,7 +153,13 @@ def function(f, *, inputs=None, outputs=None, signature=None, name=None):
             callable over global fields (then ``inputs`` and ``outputs`` are
             required); or a ``Function``, returned as it is.
         inputs, outputs: the fields a field program reads as variables and
-            writes as results.
+            writes as results; for a kernel over ``ti.types.ndarray()``
+            parameters, parameter *names*: ``inputs=["k", "w"]`` and
+            ``outputs={"out": lambda k, w: k.shape}`` (each output's shape as
+            a tuple, or a callable of the inputs' ``.shape/.ndim/.dtype``;
+            see ``_ndarrays`` and docs/torch.md).
+        constants: for an ndarray kernel, the values of its other parameters
+            (``{"eps": 1e-3}``), fixed for every call.
         signature: for a ``@ti.func``, the core type of each parameter,
             overriding annotations: a sequence in parameter order, or a dict
             by name, of Taichi types (``ti.math.vec3``, ``ti.f64``) or shape
@@ -166,12 +172,26 @@ def function(f, *, inputs=None, outputs=None, signature=None, name=None):
     Example:
         >>> E = td.function(energy, inputs=[x, w], outputs=[loss])
         >>> F = td.function(f, signature=[(3,), ()])
+        >>> conv = td.function(conv_kernel, inputs=["k", "w"], outputs={"out": lambda k, w: k.shape})
     """
     from ._pointwise import FuncFunction
     from ._programs import FieldFunction
 
     if isinstance(f, Function):
         return f
+    if getattr(f, "_is_wrapped_kernel", False) and (
+        isinstance(inputs, str) or (inputs is not None and all(isinstance(n, str) for n in inputs))
+    ):
+        from ._ndarrays import NdarrayFunction
+
+        if outputs is None:
+            raise TypeError(
+                f"td.function: {getattr(f, '__name__', f)!r} is an ndarray kernel; name its outputs and "
+                "their shapes: outputs={'out': lambda k, w: k.shape}"
+            )
+        return NdarrayFunction(f, inputs, outputs, constants=constants, name=name)
+    if constants is not None:
+        raise TypeError("td.function: constants= is for kernels over ndarrays (inputs named by parameter)")
     if getattr(f, "_is_taichi_function", False):
         if inputs is not None or outputs is not None:
             raise TypeError(

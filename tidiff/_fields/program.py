@@ -26,6 +26,9 @@ class FieldProgram:
         inputs: the fields the program reads as variables (float for a
             derivative; an integer field is a non-differentiable input).
         outputs: the fields it writes as results (not also inputs).
+        constants: more fields to twin and load as constants, for programs
+            that reach them other than by name (the tangent program's
+            tangent fields, passed to template kernels at launch).
 
     Example::
 
@@ -34,13 +37,15 @@ class FieldProgram:
         (value,), (dx, dw) = prog.vjp([np.ones(16), np.array(2.0)], [np.array(1.0)])
     """
 
-    def __init__(self, program, inputs, outputs):
+    def __init__(self, program, inputs, outputs, constants=()):
         checks.check_program(program)
         self.inputs, self.outputs = checks.check_fields(inputs, outputs)
         self.name = getattr(program, "__name__", type(program).__name__)
         graph = CodeGraph(program)
         declared = {id(f): f for f in self.inputs + self.outputs}
-        self._constants = [f for key, f in graph.fields.items() if key not in declared]
+        reached = dict(graph.fields)
+        reached.update((id(f), f) for f in constants)  # passed at run time, not reached by name
+        self._constants = [f for key, f in reached.items() if key not in declared]
         self._twins = Twins(list(declared.values()) + self._constants)
         rebinder = Rebinder(graph, self._twins)
         self._run = rebinder.rebuild(program)
@@ -49,6 +54,8 @@ class FieldProgram:
         self._names = graph.names
         self.in_specs = [self._spec(f) for f in self.inputs]
         self.out_specs = [self._spec(f) for f in self.outputs]
+        self._source, self._graph = program, graph
+        self._tangent = None
 
     def _spec(self, field):
         return ArgSpec(self._names.get(id(field), ""), full_shape(field), numpy_dtype(field))
@@ -106,8 +113,27 @@ class FieldProgram:
         ]
         return outs, out_tangents
 
+    def tangent(self):
+        """The tangent program ``(x..., dx...) -> (y..., dy...)``, built once (see :mod:`.tangent`).
+
+        ``dx`` is one tangent per float input, ``dy`` one per float output, in
+        order. Its ``primal`` is a jvp; its ``vjp`` with cotangent ``e`` on
+        ``dy`` gives ``sum_k e_k H_k dx`` (plus ``J^T c`` for cotangent ``c``
+        on ``y``) for ``x`` and ``J^T e`` for ``dx``. Raises
+        ``td.TransformError`` when a kernel cannot be transformed.
+        """
+        if self._tangent is None:
+            from .tangent import tangent_program
+
+            self._tangent = tangent_program(self._source, self._graph, self.inputs, self.outputs)
+        return self._tangent[0]
+
     def close(self):
         """Free the twin fields; the program cannot be evaluated afterwards."""
+        if self._tangent is not None:
+            program, fields = self._tangent
+            program.close()
+            fields.destroy()
         self._twins.destroy()
 
     def _convert_args(self, call, args):

@@ -43,9 +43,10 @@ def jvp_func(f, active=None):
     return _CACHE[key]
 
 
-def _generate(f, active):
+def _generate(f, active, make=None):
+    """Transform ``f`` with ``make(parsed, active)`` (default: a plain :class:`Transformer`) and compile."""
     parsed = parse(f)
-    transformer = Transformer(parsed, active, jvp_func)
+    transformer = Transformer(parsed, active, jvp_func) if make is None else make(parsed, active)
     tree = transformer.run()
     text = ast.unparse(ast.Module([tree], []))
     namespace = dict(parsed.namespace)

@@ -31,9 +31,18 @@ def python_function(f):
     return f.__wrapped__
 
 
+def kernel_function(k):
+    """The plain Python function behind a ``@ti.kernel``."""
+    if not getattr(k, "_is_wrapped_kernel", False) or not hasattr(k, "__wrapped__"):
+        raise TypeError(f"jvp_kernel(k): k must be a @ti.kernel, got {k!r}")
+    if getattr(k, "_is_classkernel", False):
+        raise TypeError("jvp_kernel(k): kernels of @ti.data_oriented classes are not supported")
+    return k.__wrapped__
+
+
 def parse(f):
-    """Parse ``f``'s source and collect its globals and closure variables."""
-    fn = python_function(f)
+    """Parse the source of ``f`` (a ``@ti.func`` or ``@ti.kernel``) and collect its globals and closure variables."""
+    fn = kernel_function(f) if getattr(f, "_is_wrapped_kernel", False) else python_function(f)
     lines, first_line = inspect.getsourcelines(fn)
     module = ast.parse(textwrap.dedent("".join(lines)))
     tree = next(node for node in module.body if isinstance(node, ast.FunctionDef))

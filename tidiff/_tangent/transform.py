@@ -20,6 +20,8 @@ from .parse import MISSING, python_function, resolve
 from .rules import CUSTOM_JVPS, Call, RULES, lookup, zero
 from .sym import TAICHI, Sym, zero_like
 
+_ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
+"""Atomic updates whose tangent is the same update of the tangent (as statements)."""
 _ZERO_ATTRIBUTES = {"n", "m", "shape", "dtype", "ndim"}
 _OP_NAMES = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow",
              ast.MatMult: "matmul", ast.Mod: "mod", ast.FloorDiv: "floordiv",
@@ -95,6 +97,9 @@ def _is_taichi_func(obj):
 class Transformer:
     """Builds the tangent function of one parsed ``@ti.func`` for one activity pattern."""
 
+    decorator = "func"  # the generated function is a ``@ti.func`` ...
+    returns = None  # ... without a return annotation (it returns a (primal, tangent) pair)
+
     def __init__(self, parsed, active, jvp_of):
         self.parsed = parsed
         self.tree = parsed.tree
@@ -132,9 +137,9 @@ class Transformer:
             body = body[1:]  # the docstring
         for stmt in body:
             self.statement(stmt)
-        decorator = ast.Attribute(_name(TAICHI), "func", ast.Load())
+        decorator = ast.Attribute(_name(TAICHI), self.decorator, ast.Load())
         fn = ast.FunctionDef(name, ast.arguments([], args.args + tangent_args, None, [], [], None, []),
-                             self.block or [ast.Pass()], [decorator], None)
+                             self.block or [ast.Pass()], [decorator], self.returns)
         _Rename({TAICHI: self.taichi_name}).visit(fn)
         return ast.fix_missing_locations(fn)
 
@@ -279,9 +284,33 @@ class Transformer:
         return p, dp
 
     def stmt_Expr(self, node):
+        value = node.value
+        if isinstance(value, ast.Call) and self.is_active(value) and not self._is_local(value.func):
+            callee = resolve(value.func, self.parsed.namespace)
+            if any(callee is op for op in _ATOMIC_SUMS):
+                return self.atomic_sum(value)
+            if getattr(callee, "__name__", "").startswith("atomic_") and getattr(callee, "__module__", "").startswith("taichi"):
+                self.expr(value)  # atomic_max & co. have no rule: the usual error names them
         self.emit(node)
 
-    stmt_Pass = stmt_Break = stmt_Continue = stmt_Assert = stmt_Expr
+    def atomic_sum(self, node):
+        """``ti.atomic_add(v[i], e)`` -> also ``ti.atomic_add(dv[i], de)`` (the same for atomic_sub)."""
+        if len(node.args) != 2 or node.keywords:
+            raise self.error(node, f"the call `{ast.unparse(node)}`", "pass exactly two positional arguments")
+        target, value = node.args
+        root = root_names(target)[0] if root_names(target) else None
+        if root not in self.active:
+            return self.emit(ast.Expr(node))
+        p, dp = self.atom(value)
+        if dp is not None:
+            dtarget = retarget(target, self.namer.tangent(root))
+            self.emit(ast.Expr(ast.Call(node.func, [dtarget, dp], [])))
+        self.emit(ast.Expr(ast.Call(node.func, [target, p], [])))
+
+    def stmt_Pass(self, node):
+        self.emit(node)
+
+    stmt_Break = stmt_Continue = stmt_Assert = stmt_Pass
 
     # --- expressions ---------------------------------------------------------
     def is_active(self, node):

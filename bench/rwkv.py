@@ -1,0 +1,93 @@
+"""RWKV depthwise causal convolution: a Taichi ndarray kernel via td.torch.function vs pure torch.
+
+    out[b, c, t] = eps + sum_{u <= t} w[c, 0, T-1-(t-u)] * k[b, c, u]
+
+Times forward+backward (median of repeats, after a warm-up that compiles) of
+    tidiff:  td.torch.function over the Taichi kernel (zero-copy, Taichi's reverse mode)
+    torch:   EPS + F.conv1d(F.pad(k, (T-1, 0)), w, groups=C)
+on the same data in one process, float64 and float32, and prints the ratio
+tidiff / torch (below 1: tidiff is faster). Compile time is reported apart.
+
+    python bench/rwkv.py            # a few (B, C, T)
+    python bench/rwkv.py --quick    # small sizes only
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch's idle threads otherwise spin beside Taichi's
+
+import taichi as ti  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tidiff as td  # noqa: E402
+
+EPS = 1e-3
+
+
+@ti.kernel
+def rwkv_conv_kernel(k: ti.types.ndarray(), w: ti.types.ndarray(), out: ti.types.ndarray(), eps: ti.f64):
+    for b, c, t in out:
+        T = k.shape[2]
+        for u in range(t + 1):
+            out[b, c, t] += w[c, 0, T - 1 - (t - u)] * k[b, c, u]
+    for b, c, t in out:
+        out[b, c, t] += eps
+
+
+def torch_conv(k, w):
+    T = k.shape[-1]
+    return EPS + F.conv1d(F.pad(k, (T - 1, 0)), w, groups=k.shape[1])
+
+
+def fwd_bwd(op, k, w, cot):
+    k.grad = w.grad = None
+    op(k, w).backward(cot)
+    ti.sync()
+
+
+def median_ms(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes only")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+    # ERROR: float32 runs warn that eps (f64) is added to f32 elements; that is intended
+    ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR)
+    op = td.torch.function(rwkv_conv_kernel, inputs=["k", "w"], outputs={"out": lambda k, w: k.shape},
+                           constants={"eps": EPS}, name="rwkv_conv")
+    sizes = [(2, 16, 64), (8, 32, 128)] if args.quick else [(2, 16, 64), (8, 32, 128), (8, 64, 256), (4, 128, 512)]
+    print(f"torch {torch.__version__}, taichi {ti.__version__}, threads {torch.get_num_threads()}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    print(f"{'dtype':8} {'(B, C, T)':>16} {'tidiff ms':>10} {'torch ms':>10} {'ratio':>7}  max|diff|")
+    for dtype in (torch.float64, torch.float32):
+        for B, C, T in sizes:
+            g = torch.Generator().manual_seed(0)
+            k = torch.randn(B, C, T, dtype=dtype, generator=g).requires_grad_()
+            w = torch.randn(C, 1, T, dtype=dtype, generator=g).requires_grad_()
+            cot = torch.randn(B, C, T, dtype=dtype, generator=g)
+            t0 = time.perf_counter()
+            fwd_bwd(op, k, w, cot)  # warm-up: compiles once per dtype, then never again
+            warm = (time.perf_counter() - t0) * 1e3
+            diff = (op(k, w) - torch_conv(k, w)).abs().max().item()
+            fwd_bwd(torch_conv, k, w, cot)
+            ours = median_ms(lambda: fwd_bwd(op, k, w, cot), args.repeats)
+            theirs = median_ms(lambda: fwd_bwd(torch_conv, k, w, cot), args.repeats)
+            print(f"{str(dtype).replace('torch.', ''):8} {str((B, C, T)):>16} {ours:10.3f} {theirs:10.3f} "
+                  f"{ours / theirs:7.2f}  {diff:.1e}   (first call {warm:.0f} ms)")
+    print("compiles:", td.cache_info()["rwkv_conv"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Kernels over ti.types.ndarray() parameters as Functions (API.md 1c), alone and as torch ops."""
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+import torch.nn.functional as F
+
+import tidiff as td
+from tidiff._vjp_function import vjp_function
+
+F64 = torch.float64
+EPS = 0.25
+
+
+@ti.kernel
+def causal_conv(k: ti.types.ndarray(), w: ti.types.ndarray(), out: ti.types.ndarray(), eps: ti.f64):
+    for b, c, t in out:
+        T = k.shape[2]
+        s = eps
+        for u in range(t + 1):
+            s += w[c, 0, T - 1 - (t - u)] * k[b, c, u]
+        out[b, c, t] = s * s  # squared, so second derivatives are not zero
+
+
+def conv_torch(k, w):
+    T = k.shape[-1]
+    return (EPS + F.conv1d(F.pad(k, (T - 1, 0)), w, groups=k.shape[1])) ** 2
+
+
+def make(name="causal_conv"):
+    return td.function(causal_conv, inputs=["k", "w"], outputs={"out": lambda k, w: k.shape},
+                       constants={"eps": EPS}, name=name)
+
+
+conv = make()
+op = td.torch.function(conv)
+
+
+def _rand(*shape, seed=0, grad=True, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, dtype=dtype, generator=g).requires_grad_(grad)
+
+
+def test_forward_numpy_and_torch():
+    k, w = _rand(2, 3, 6, grad=False), _rand(3, 1, 6, seed=1, grad=False)
+    expected = conv_torch(k, w)
+    np.testing.assert_allclose(conv(k.numpy(), w.numpy()), expected.numpy(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(op(k, w), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_td_transforms_match_torch():
+    k, w = _rand(1, 2, 4, grad=False), _rand(2, 1, 4, seed=1, grad=False)
+    kn, wn = k.numpy(), w.numpy()
+    c, dk, dw = _rand(1, 2, 4, seed=2, grad=False), _rand(1, 2, 4, seed=3, grad=False), _rand(2, 1, 4, seed=4, grad=False)
+    _, vjp_fn = td.vjp(conv, kn, wn)
+    gk, gw = vjp_fn(c.numpy())
+    rk, rw = torch.func.vjp(conv_torch, k, w)[1](c)
+    np.testing.assert_allclose(gk, rk.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gw, rw.numpy(), rtol=1e-12, atol=1e-12)
+    _, tangent = td.jvp(conv, (kn, wn), (dk.numpy(), dw.numpy()))
+    np.testing.assert_allclose(tangent, torch.func.jvp(conv_torch, (k, w), (dk, dw))[1].numpy(), rtol=1e-12, atol=1e-12)
+    jac = torch.autograd.functional.jacobian(conv_torch, (k, w))
+    for transform in (td.jacfwd, td.jacrev):
+        got = transform(conv, argnums=(0, 1))(kn, wn)
+        for g, r in zip(got, jac):
+            np.testing.assert_allclose(g, r.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_second_order_hessian_vector_products():
+    k, w, c = _rand(1, 2, 4, grad=False), _rand(2, 1, 4, seed=1, grad=False), _rand(1, 2, 4, seed=2, grad=False)
+    dk, dw, dc = _rand(1, 2, 4, seed=3, grad=False), _rand(2, 1, 4, seed=4, grad=False), _rand(1, 2, 4, seed=5, grad=False)
+    V = vjp_function(conv)
+    outs, touts = td.jvp(V, (k.numpy(), w.numpy(), c.numpy()), (dk.numpy(), dw.numpy(), dc.numpy()))
+
+    def v_torch(k, w, c):
+        return torch.func.vjp(conv_torch, k, w)[1](c)
+
+    ref_out, ref_t = torch.func.jvp(v_torch, (k, w, c), (dk, dw, dc))
+    for a, b in zip(list(outs) + list(touts), list(ref_out) + list(ref_t)):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-11, atol=1e-12)
+
+
+def test_gradcheck_forward_ad_and_gradgradcheck():
+    k, w = _rand(2, 2, 5), _rand(2, 1, 5, seed=1)
+    assert torch.autograd.gradcheck(op, (k, w), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(op, (k, w))
+
+
+class _Recorder:
+    """Stands in for a kernel and records the data pointers it is given."""
+
+    def __init__(self, kernel):
+        self.kernel, self.seen = kernel, []
+        self._primal, self._adjoint = kernel._primal, kernel._adjoint
+        self.grad = _GradRecorder(self)
+
+    def __call__(self, *args):
+        self.seen.append(("primal", [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]))
+        return self.kernel(*args)
+
+
+class _GradRecorder:
+    def __init__(self, owner):
+        self.owner = owner
+
+    def __call__(self, *args):
+        self.owner.seen.append(("grad", [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]))
+        return self.owner.kernel.grad(*args)
+
+
+def test_tensors_reach_the_kernel_without_a_copy():
+    fn = make("conv_zero_copy")
+    fn.kernel = _Recorder(causal_conv)
+    zop = td.torch.function(fn)
+    k, w = _rand(2, 3, 6), _rand(3, 1, 6, seed=1)
+    y = zop(k, w)
+    (kind, ptrs), = fn.kernel.seen
+    assert kind == "primal" and ptrs[:3] == [k.data_ptr(), w.data_ptr(), y.data_ptr()]
+    y.sum().backward()
+    kind, ptrs = fn.kernel.seen[-1]
+    assert kind == "grad" and ptrs[:2] == [k.data_ptr(), w.data_ptr()]
+    # NumPy arrays too: a zero-copy torch view reaches the kernel
+    kn = np.ascontiguousarray(k.detach().numpy().copy())
+    fn(kn, w.detach().numpy())
+    assert fn.kernel.seen[-1][1][0] == kn.ctypes.data
+
+
+def test_gradients_counted_once_no_grad_allocates_nothing_inputs_untouched():
+    k, w = _rand(2, 3, 6), _rand(3, 1, 6, seed=1)
+    before = k.detach().clone()
+    with torch.no_grad():
+        y = op(k, w)
+    assert not y.requires_grad and k.grad is None and w.grad is None
+    kr, wr = k.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    conv_torch(kr, wr).sum().backward()
+    op(k, w).sum().backward()
+    torch.testing.assert_close(k.grad, kr.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(w.grad, wr.grad, rtol=1e-12, atol=1e-12)
+    op(k, w).sum().backward()  # torch accumulation: exactly twice, never more (taichi #8101)
+    torch.testing.assert_close(k.grad, 2 * kr.grad, rtol=1e-12, atol=1e-12)
+    assert torch.equal(k.detach(), before)
+
+
+def test_compiled_once_per_dtype_not_per_shape():
+    fn = make("conv_compile_count")
+    cop = td.torch.function(fn)
+    cop(_rand(2, 3, 6), _rand(3, 1, 6, seed=1)).sum().backward()
+    compiles = td.cache_info()["conv_compile_count"].compiles
+    for shape in ((1, 1, 3), (4, 2, 9), (2, 3, 6)):
+        for seed in range(3):
+            k, w = _rand(*shape, seed=seed), _rand(shape[1], 1, shape[2], seed=seed + 7)
+            cop(k, w).sum().backward()
+    assert td.cache_info()["conv_compile_count"].compiles == compiles
+    # float32 is a new dtype: new kernel instances, and the output keeps float32
+    k32, w32 = _rand(2, 3, 6, dtype=torch.float32), _rand(3, 1, 6, seed=1, dtype=torch.float32)
+    y32 = cop(k32, w32)
+    assert y32.dtype == torch.float32
+    y32.sum().backward()
+    assert k32.grad.dtype == torch.float32
+    assert td.cache_info()["conv_compile_count"].compiles > compiles
+
+
+def test_vmap_loops_over_an_unbatched_kernel():
+    ks, w = _rand(3, 2, 2, 5, grad=False), _rand(2, 1, 5, seed=1, grad=False)
+    torch.testing.assert_close(torch.func.vmap(op, in_dims=(0, None))(ks, w),
+                               torch.stack([conv_torch(k, w) for k in ks]), rtol=1e-12, atol=1e-12)
+    per_k = torch.func.vmap(torch.func.jacrev(lambda k, w: op(k, w).sum(), argnums=1), in_dims=(0, None))(ks, w)
+    ref = torch.func.vmap(torch.func.jacrev(lambda k, w: conv_torch(k, w).sum(), argnums=1), in_dims=(0, None))(ks, w)
+    torch.testing.assert_close(per_k, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_tangent_kernel_source_is_readable():
+    conv._jvp(conv.read((np.ones((1, 1, 2)), np.ones((1, 1, 2)))), [None, None], conv._counter)
+    assert "dout[b, c, t] = " in conv.tangent_source
+    assert "def causal_conv_jvp(k" in conv.tangent_source
+
+
+def test_clear_errors():
+    def bad(**kwargs):
+        base = dict(inputs=["k", "w"], outputs={"out": lambda k, w: k.shape}, constants={"eps": 0.1})
+        base.update(kwargs)
+        return td.function(causal_conv, **base)
+
+    with pytest.raises(ValueError, match="'x'.*not a parameter"):
+        bad(inputs=["k", "x"])
+    with pytest.raises(TypeError, match="eps.*ndarray"):
+        bad(inputs=["k", "w", "eps"], constants={})
+    with pytest.raises(TypeError, match=r"\['eps'\].*constants"):
+        bad(constants={})
+    with pytest.raises(TypeError, match="outputs="):
+        bad(outputs=["out"])
+    with pytest.raises(TypeError, match="expected 2 arguments"):
+        conv(np.ones((1, 1, 2)))

@@ -1,0 +1,256 @@
+"""The tangent transform of kernels over global fields, against Taichi's own forward mode (ti.ad.FwdMode).
+
+Each program's tangent program (every kernel replaced by its tangent kernel,
+tidiff._fields.tangent) must push tangents exactly as FwdMode does
+(FieldProgram.jvp drives FwdMode); one test drives FwdMode by hand on the
+user's own fields.
+"""
+import numpy as np
+import pytest
+import taichi as ti
+
+from tidiff._errors import TransformError
+from tidiff._fields import FieldProgram
+from tidiff._tangent import FieldTangents, jvp_kernel, source
+
+RTOL = 1e-12
+
+
+def assert_tangents_match_fwdmode(program, args, seed=0):
+    """The tangent program's outputs and tangents equal FieldProgram.jvp's (FwdMode), at random tangents."""
+    rng = np.random.default_rng(seed)
+    tangents = [rng.standard_normal(np.shape(a)) for a in args]
+    outs, out_tangents = program.jvp(args, tangents)
+    got = program.tangent().primal(list(args) + tangents)
+    assert len(got) == 2 * len(outs)
+    for expected, actual in zip(outs + out_tangents, got):
+        np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=1e-13)
+    assert any(np.abs(t).max() > 0 for t in out_tangents)
+
+
+# --- scalar fields, 0-D fields, += accumulation, funcs reading fields ----------------------------
+x = ti.field(ti.f64, shape=8)
+w = ti.field(ti.f64, shape=())
+loss = ti.field(ti.f64, shape=())
+
+
+@ti.func
+def weighted(i):
+    return w[None] * ti.sin(x[i]) * x[i]
+
+
+@ti.kernel
+def energy():
+    for i in x:
+        loss[None] += weighted(i) + ti.exp(0.1 * x[i]) / x.shape[0]
+
+
+def test_scalar_fields_and_a_func_reading_fields():
+    program = FieldProgram(energy, inputs=[x, w], outputs=[loss])
+    assert_tangents_match_fwdmode(program, [np.linspace(-1, 1, 8), np.array(1.7)])
+
+
+def test_against_fwdmode_on_the_users_own_fields():
+    """jvp_kernel on fields the user allocated, against ti.ad.FwdMode with a scalar param."""
+    a = ti.field(ti.f64, shape=5, needs_dual=True)
+    out = ti.field(ti.f64, shape=(), needs_dual=True)
+    da = ti.field(ti.f64, shape=5)
+    dout = ti.field(ti.f64, shape=())
+
+    @ti.kernel
+    def k():
+        for i in a:
+            out[None] += ti.tanh(a[i]) * a[(i + 1) % 5]
+
+    a.from_numpy(np.linspace(0.1, 0.9, 5))
+    seed = [0.3, -1.0, 0.5, 2.0, 0.1]
+    with ti.ad.FwdMode(loss=out, param=a, seed=seed):
+        k()
+    expected = out.dual[None]
+    out[None] = 0.0
+    da.from_numpy(np.array(seed))
+    jvp_kernel(k, FieldTangents([(a, da), (out, dout)]))()
+    np.testing.assert_allclose(dout[None], expected, rtol=1e-6)  # FwdMode stores its seed in float32
+    a64 = np.linspace(0.1, 0.9, 5)
+    exact = np.sum((1 - np.tanh(a64) ** 2) * np.array(seed) * np.roll(a64, -1) + np.tanh(a64) * np.roll(seed, -1))
+    np.testing.assert_allclose(dout[None], exact, rtol=1e-14)
+
+
+# --- vector and matrix fields, 2-D struct-for, stores, a void func writing a field -------------
+F = ti.Matrix.field(2, 2, ti.f64, shape=(2, 3))
+b = ti.Vector.field(2, ti.f64, shape=(2, 3))
+strain = ti.field(ti.f64, shape=(2, 3))
+y = ti.Vector.field(2, ti.f64, shape=(2, 3))
+
+
+@ti.func
+def store_response(i, j, r):
+    y[i, j] = r + b[i, j] * strain[i, j]
+
+
+@ti.kernel
+def mechanics():
+    for i, j in F:
+        m = F[i, j]
+        strain[i, j] = (m.transpose() @ m).trace() + ti.log(ti.abs(m.determinant()))
+        store_response(i, j, m @ b[i, j])
+
+
+def test_vector_matrix_fields_and_a_void_func():
+    program = FieldProgram(mechanics, inputs=[F, b], outputs=[strain, y])
+    rng = np.random.default_rng(1)
+    Fs = np.eye(2) + 0.3 * rng.standard_normal((2, 3, 2, 2))
+    assert_tangents_match_fwdmode(program, [Fs, rng.standard_normal((2, 3, 2))])
+
+
+# --- range, ti.ndrange, ti.static, ti.atomic_add, branches on field values, an index field -------
+grid = ti.field(ti.f64, shape=(3, 4))
+index = ti.field(ti.i32, shape=4)
+total = ti.field(ti.f64, shape=())
+rows = ti.field(ti.f64, shape=3)
+
+
+@ti.kernel
+def reductions():
+    for i, j in ti.ndrange(3, 4):
+        v = grid[i, index[j]]
+        if v > 0:
+            ti.atomic_add(total[None], v * v)
+        else:
+            total[None] += ti.cos(v)
+    for i in range(3):
+        acc = 0.0
+        for j in ti.static(range(4)):
+            acc += grid[i, j] * (j + 1)
+        rows[i] = acc * acc
+
+
+def test_loops_atomics_branches_and_index_fields():
+    index.from_numpy(np.array([3, 2, 1, 0], dtype=np.int32))
+    program = FieldProgram(reductions, inputs=[grid], outputs=[total, rows])
+    assert_tangents_match_fwdmode(program, [np.random.default_rng(2).standard_normal((3, 4))])
+
+
+# --- a Python program: two kernels through an intermediate field -------------------------------
+u = ti.field(ti.f64, shape=4)
+mid = ti.Vector.field(2, ti.f64, shape=4)
+out = ti.field(ti.f64, shape=4)
+
+
+@ti.kernel
+def stage_one():
+    for i in u:
+        mid[i] = ti.Vector([ti.sin(u[i]), u[i] * u[(i + 1) % 4]])
+
+
+@ti.kernel
+def stage_two():
+    for i in mid:
+        out[i] += mid[i].norm_sqr() + ti.exp(mid[i][0])
+
+
+def step():
+    stage_one()
+    stage_two()
+
+
+def test_python_program_with_an_intermediate_field():
+    program = FieldProgram(step, inputs=[u], outputs=[out])
+    assert_tangents_match_fwdmode(program, [np.linspace(0.2, 1.1, 4)])
+    # the intermediate's tangent starts from zero on every run: a second run gives the same
+    assert_tangents_match_fwdmode(program, [np.linspace(0.2, 1.1, 4)])
+
+
+# --- template kernels: fields passed as ti.template() arguments, double buffers -----------------
+M = 5
+s0, s1, s2, s3 = (ti.field(ti.f64, shape=M) for _ in range(4))
+coef = ti.field(ti.f64, shape=M)
+energy_out = ti.field(ti.f64, shape=())
+coef.from_numpy(np.linspace(0.5, 1.5, M))
+
+
+@ti.kernel
+def advance(h: ti.f64, src: ti.template(), dst: ti.template()):
+    for i in src:
+        dst[i] = src[i] + h * coef[i] * ti.sin(src[(i + 1) % M])
+
+
+@ti.kernel
+def reduce_energy():
+    for i in s3:
+        energy_out[None] += s3[i] ** 2
+
+
+def simulate():
+    s2.fill(0)
+    advance(0.1, s0, s1)
+    advance(0.2, s1, s2)
+    advance(0.3, s2, s3)
+    reduce_energy()
+
+
+def test_template_kernels_get_their_tangent_fields_at_launch():
+    program = FieldProgram(simulate, inputs=[s0], outputs=[s3, energy_out])
+    assert_tangents_match_fwdmode(program, [np.linspace(-1, 1, M)])
+    text = source(program.tangent()._source.__globals__["advance"])
+    assert "def advance_jvp(h: ti.f64, src: ti.template(), dst: ti.template(), dsrc: ti.template(), " \
+           "ddst: ti.template()):" in text
+    assert "return advance_jvp(h, src, dst, tangent_of(src), tangent_of(dst))" in text
+
+
+# --- the generated source --------------------------------------------------------------------
+GOLDEN = '''\
+@ti.kernel
+def energy_jvp():
+    for i in x:
+        weighted_i, dweighted_i = weighted_jvp(i)
+        mul = 0.1 * x[i]
+        dmul = 0.1 * dx[i]
+        exp = ti.exp(mul)
+        dexp = dmul * ti.exp(mul)
+        div = exp / x.shape[0]
+        ddiv = dexp / x.shape[0]
+        add = weighted_i + div
+        dadd = dweighted_i + ddiv
+        dloss[None] += dadd
+        loss[None] += add
+'''
+
+
+def test_golden_source():
+    tangents = FieldTangents([(f, ti.field(ti.f64, shape=f.shape)) for f in (x, w, loss)])
+    k = jvp_kernel(energy, tangents)
+    assert source(k) == GOLDEN
+    assert jvp_kernel(energy, tangents) is k  # generated once per pairing
+
+
+# --- errors ----------------------------------------------------------------------------------
+@ti.kernel
+def ndarray_kernel(src: ti.types.ndarray()):
+    for i in x:
+        loss[None] += src[i] * x[i]
+
+
+@ti.kernel
+def reads_grad():
+    for i in x:
+        loss[None] += x.grad[i]
+
+
+@ti.kernel
+def atomic_max():
+    for i in x:
+        ti.atomic_max(loss[None], x[i])
+
+
+@pytest.mark.parametrize("kernel, construct", [
+    (ndarray_kernel, "the kernel parameter `src`"),
+    (reads_grad, "the attribute `x.grad`"),
+    (atomic_max, "Taichi op `ti.atomic_max`"),
+])
+def test_unsupported_constructs_name_file_line(kernel, construct):
+    tangents = FieldTangents([(f, ti.field(ti.f64, shape=f.shape)) for f in (x, loss)])
+    with pytest.raises(TransformError) as info:
+        jvp_kernel(kernel, tangents)
+    assert construct in str(info.value)
+    assert "test_tangent_kernels.py:" in str(info.value) and info.value.lineno is not None

@@ -1,0 +1,356 @@
+"""Tangent of kernels over global fields: every float field ``x`` gets a tangent field ``dx``.
+
+NOTE: [Tangent of a kernel] A kernel's inputs and results are global
+fields, so its tangent kernel pairs every float field ``x`` it touches with
+a tangent field ``dx`` of the same shape (the caller allocates them and
+passes the pairing as :class:`FieldTangents`). Field accesses then follow
+the same rules as local variables:
+
+- a load ``x[i]`` is the pair ``(x[i], dx[i])``;
+- a store ``x[i] = e`` also stores ``dx[i] = de``; ``x[i] += e`` (an atomic
+  add in a parallel loop) also adds ``dx[i] += de``, and
+  ``ti.atomic_add(x[i], e)`` also ``ti.atomic_add(dx[i], de)``;
+- loops (``for i in x``, ``range``, ``ti.ndrange``, ``ti.static``) and
+  conditions are copied as written: they carry no tangent.
+
+The tangent kernel has the primal kernel's parameters (numbers, which have
+zero tangent) and computes primal and tangent together, so its tangent
+fields obey Taichi's global data access rules whenever the primal fields
+do: Taichi's reverse mode can differentiate it again (that is how tidiff
+gets Hessian-vector products of field programs). ``@ti.func``s a kernel
+calls are transformed the same way when they reach a float field
+(directly or through further calls), else by the ordinary transform.
+
+A ``ti.template()`` parameter ``src`` is taken for a field: the tangent
+kernel gets a parameter ``dsrc`` beside it, and :func:`jvp_kernel` returns a
+Python launcher with the kernel's own parameters that looks the tangent
+field up at each launch (``FieldTangents.tangent_of``; 0 for a template
+argument that is not a field).
+
+Limitations: fields are reached by global or closure name or as
+``ti.template()`` arguments (not ``self.x``); ndarray parameters, struct
+fields and reading ``x.grad``/``x.dual`` are refused with a
+:class:`~tidiff._errors.TransformError`.
+"""
+import ast
+import inspect
+
+import numpy as np
+import taichi as ti
+from taichi.lang._ndarray import Ndarray
+from taichi.lang.field import Field
+from taichi.lang.matrix import MatrixType
+from taichi.lang.util import to_numpy_type
+from taichi.types.annotations import Template
+
+from .._codegen import compile_source
+from .activity import assignments
+from .emit import _generate, jvp_func
+from .parse import MISSING, parse, python_function, resolve
+from .transform import Transformer, _is_taichi_func, _name
+
+_GRADIENT_ATTRIBUTES = {"grad", "dual"}
+
+
+def _is_float_field(obj):
+    return isinstance(obj, Field) and np.dtype(to_numpy_type(obj.dtype)).kind == "f"
+
+
+class FieldTangents:
+    """The tangent field of each float field, and the transforms generated for this pairing.
+
+    Args:
+        pairs: ``(field, tangent_field)`` for every float field the kernels
+            may touch.
+    """
+
+    def __init__(self, pairs):
+        self._pairs = {id(f): (f, df) for f, df in pairs}
+        self.generated = {}  # (callee, active) -> generated kernel or func
+        self._touches = {}
+        self._void = {}
+
+    def __getitem__(self, field):
+        """The tangent field of ``field``, or None."""
+        pair = self._pairs.get(id(field))
+        return None if pair is None or pair[0] is not field else pair[1]
+
+    def add(self, pairs):
+        """Pair more fields (the twins a field program runs the tangent kernels on)."""
+        self._pairs.update({id(f): (f, df) for f, df in pairs})
+
+    def tangent_of(self, value):
+        """The tangent of a ``ti.template()`` argument at launch: a field's tangent field, else 0."""
+        if not isinstance(value, Field):
+            return 0
+        tangent = self[value]
+        if tangent is None:
+            kind = "float field without a tangent field" if _is_float_field(value) else "integer field"
+            raise TypeError(
+                f"a tangent kernel got a {kind} as a ti.template() argument; only float fields "
+                "paired with a tangent field (the fields the program reaches by name) can be passed"
+            )
+        return tangent
+
+    def touches(self, f):
+        """Whether ``@ti.func`` ``f`` reaches a float field, directly or through the funcs it calls."""
+        if f not in self._touches:
+            self._touches[f] = False  # a recursive func: assume not, while looking
+            parsed = parse(f)
+            self._touches[f] = any(
+                _is_float_field(obj) or (_is_taichi_func(obj) and self.touches(obj))
+                for obj in _globals_used(parsed)
+            )
+        return self._touches[f]
+
+    def is_void(self, f):
+        """Whether ``f`` returns nothing (a func that only writes fields)."""
+        if f not in self._void:
+            tree = parse(f).tree
+            self._void[f] = not any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(tree))
+        return self._void[f]
+
+
+def _globals_used(parsed):
+    """The objects the non-local names of a parsed function stand for."""
+    local = _bound_names(parsed.tree)
+    names = {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name) and n.id not in local}
+    found = []
+    for name in sorted(names):
+        obj = resolve(ast.Name(name, ast.Load()), parsed.namespace)
+        if obj is not MISSING:
+            found.append(obj)
+    return found
+
+
+def _bound_names(tree):
+    """Parameters and variables bound by name (``v = ...``, ``for v in ...``): not ``f`` of ``f[i] = ...``."""
+    bound = {a.arg for a in tree.args.args}
+
+    def names(target):
+        if isinstance(target, ast.Name):
+            return [target.id]
+        if isinstance(target, (ast.Tuple, ast.List)):
+            return [n for elt in target.elts for n in names(elt)]
+        if isinstance(target, ast.Starred):
+            return names(target.value)
+        return []
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            bound.update(n for t in node.targets for n in names(t))
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.comprehension)):
+            bound.update(names(node.target))
+        elif isinstance(node, ast.NamedExpr):
+            bound.update(names(node.target))
+    return bound
+
+
+def jvp_kernel(kernel, tangents):
+    """Tangent transform of a ``@ti.kernel`` over global fields (see NOTE: [Tangent of a kernel]).
+
+    Args:
+        kernel: a ``@ti.kernel``; its parameters must be numbers (scalars,
+            vectors, matrices), which get zero tangent.
+        tangents: a :class:`FieldTangents` pairing every float field the
+            kernel (and the funcs it calls) reach with its tangent field.
+
+    Returns:
+        A ``@ti.kernel`` with the same parameters that computes what
+        ``kernel`` does and, beside it, the tangent of every field it writes
+        from the tangents of the fields it reads. Generated once per
+        ``(kernel, tangents)``; ``source(result)`` gives its code.
+
+    Example::
+
+        tangents = FieldTangents([(x, dx), (loss, dloss)])
+        energy_jvp = jvp_kernel(energy, tangents)
+        energy_jvp()          # loss and dloss, from x and dx
+    """
+    key = (kernel, None)
+    if key not in tangents.generated:
+        made = []
+
+        def make(parsed, active):
+            made.append(KernelTransformer(parsed, active, tangents, kernel=kernel))
+            return made[0]
+
+        g = _generate(kernel, (), make)
+        if made[0].template_params:
+            g = _launcher(g, made[0], tangents)
+        tangents.generated[key] = g
+    return tangents.generated[key]
+
+
+def _launcher(g, transformer, tangents):
+    """``k(*args)`` -> ``k_jvp(*args, *tangents of the template arguments)``, looked up at launch."""
+    params = transformer.params
+    name = transformer.tree.name
+    extra = [f"tangent_of({p})" for p in transformer.template_params]
+    text = f"def {name}({', '.join(params)}):\n    return {name}_jvp({', '.join(params + extra)})\n"
+    namespace = {"__name__": "tidiff_generated", f"{name}_jvp": g, "tangent_of": tangents.tangent_of}
+    launch = compile_source(text, name, namespace, tag="jvp-launch")
+    launch._tidiff_source = g._tidiff_source + "\n\n" + text
+    launch._tidiff_primal = g._tidiff_primal
+    return launch
+
+
+def jvp_field_func(f, active, tangents):
+    """Tangent transform of a ``@ti.func`` that reaches global fields (a callee of :func:`jvp_kernel`).
+
+    Like :func:`~.emit.jvp_func` (``active`` marks parameters with a
+    tangent), with field accesses paired with tangent fields; a func that
+    returns nothing gives a tangent func that returns nothing.
+    """
+    n = python_function(f).__code__.co_argcount
+    active = tuple(bool(a) for a in active)
+    if len(active) != n:
+        raise ValueError(f"jvp_field_func(f, active): f takes {n} parameters, active has {len(active)} entries")
+    key = (f, active)
+    if key not in tangents.generated:
+        tangents.generated[key] = _generate(
+            f, active, lambda parsed, act: KernelTransformer(parsed, act, tangents))
+    return tangents.generated[key]
+
+
+class KernelTransformer(Transformer):
+    """The tangent of a kernel, or of a func it calls, with field accesses (see NOTE: [Tangent of a kernel])."""
+
+    def __init__(self, parsed, active, tangents, kernel=None):
+        self.field_tangents = tangents
+        self.kernel = kernel  # the @ti.kernel being transformed, or None for a func
+        self.is_kernel = kernel is not None
+        super().__init__(parsed, active, self._jvp_of)
+        self.locals = _bound_names(self.tree)
+        self.template_params = []
+        if kernel:
+            self.decorator, self.returns = "kernel", parsed.tree.returns
+            for p in inspect.signature(kernel.__wrapped__).parameters.values():
+                if isinstance(p.annotation, Template):
+                    self.template_params.append(p.name)
+        # sources: global names whose use carries a tangent (float fields, funcs reaching them)
+        self.sources = set()
+        self.fields = {}
+        for name in sorted({n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)} - self.locals):
+            obj = resolve(ast.Name(name, ast.Load()), parsed.namespace)
+            if isinstance(obj, (Field, Ndarray)):
+                self.fields[name] = obj
+                if tangents[obj] is not None:
+                    self.sources.add(name)
+                    self.helpers[self.namer.tangent(name)] = tangents[obj]
+            elif _is_taichi_func(obj) and tangents.touches(obj):
+                self.sources.add(name)
+        # a ti.template() parameter is taken for a field: its tangent is a parameter beside it
+        if kernel:
+            self.active_params = list(self.template_params)
+        self._field_names = set(self.fields) | set(self.template_params)
+        self.active = self._activity()
+
+    def _jvp_of(self, callee, active):
+        if self.field_tangents.touches(callee):
+            return jvp_field_func(callee, active, self.field_tangents)
+        return jvp_func(callee, active)
+
+    def run(self):
+        if self.is_kernel:
+            self._check_parameters()
+        return super().run()
+
+    def _check_parameters(self):
+        for p in inspect.signature(self.kernel.__wrapped__).parameters.values():
+            ann = p.annotation
+            if ann in (int, float) or isinstance(ann, (type(ti.f64), MatrixType, Template)):
+                continue
+            raise self.error(
+                self.tree, f"the kernel parameter `{p.name}` of kind {type(ann).__name__}",
+                "a tangent kernel takes numbers and ti.template() fields; refer to other data "
+                "through fields instead of ndarray or struct arguments")
+
+    # --- activity ------------------------------------------------------------
+    def _loads(self, node):
+        """Names ``node`` reads, except fields read for their static attributes (``x.shape``)."""
+        found = set()
+
+        def visit(n):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in self._field_names:
+                if n.attr in _GRADIENT_ATTRIBUTES:
+                    raise self.error(n, f"the attribute `{ast.unparse(n)}` of a field")
+                return
+            if isinstance(n, ast.Name):
+                found.add(n.id)
+            for child in ast.iter_child_nodes(n):
+                visit(child)
+
+        visit(node)
+        return found
+
+    def _activity(self):
+        """Locals that depend on an active parameter or a source (forward activity, to a fixpoint)."""
+        writes, loop_vars = assignments(self.tree.body)
+        active = set(self.active_params) | self.sources
+        changed = True
+        while changed:
+            changed = False
+            for names, value in writes:
+                if self._loads(value) & active:
+                    for name in names:
+                        if name in self.locals and name not in loop_vars and name not in active:
+                            active.add(name)
+                            changed = True
+        return active
+
+    def is_active(self, node):
+        return bool(self._loads(node) & self.active)
+
+    def _is_local(self, node):
+        """Local values, including elements of global fields (``x[i].norm()`` is a method on a value)."""
+        subscripted = False
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            subscripted = subscripted or isinstance(node, ast.Subscript)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return True
+        return node.id in self.locals or (subscripted and node.id in self.fields)
+
+    def _check_fields(self):
+        """Fields are welcome here; ndarrays and float fields without a tangent are not."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+                obj = self.fields.get(node.value.id)
+                if isinstance(obj, Ndarray):
+                    raise self.error(node, f"ndarray access `{ast.unparse(node)}` in a kernel over fields")
+                if obj is not None and _is_float_field(obj) and node.value.id not in self.sources:
+                    raise self.error(node, f"the field `{node.value.id}`, which has no tangent field",
+                                     "give every float field the kernel reaches a tangent field")
+
+    # --- statements ----------------------------------------------------------
+    def stmt_For(self, node):
+        if self._loads(node.iter) & (self.active - self.sources - set(self.template_params)):
+            raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
+                             "loop over indices instead: for i in ti.static(range(n))")
+        self.emit(ast.For(node.target, node.iter, self.nested(node.body),
+                          self.nested(node.orelse) if node.orelse else []))
+
+    def stmt_Return(self, node):
+        if self.is_kernel or node.value is None:
+            return self.emit(node)  # a kernel's result (a number) and a bare return carry no tangent
+        return super().stmt_Return(node)
+
+    def stmt_Expr(self, node):
+        value = node.value
+        if isinstance(value, ast.Call) and self.is_active(value) and not self._is_local(value.func):
+            callee = resolve(value.func, self.parsed.namespace)
+            if _is_taichi_func(callee) and self.field_tangents.touches(callee):
+                self.expr(value)  # a func that writes fields: call its tangent func
+                return
+        super().stmt_Expr(node)
+
+    def call_function(self, node, callee, custom=None, into=None):
+        if custom is not None or not self.field_tangents.touches(callee) or not self.field_tangents.is_void(callee):
+            return super().call_function(node, callee, custom, into)
+        parts = [self.atom(a) for a in self._positional(node, callee)]
+        fn = self.jvp_of(callee, tuple(dp is not None for _, dp in parts))
+        helper = self.helper(fn, ast.unparse(node.func).split(".")[-1] + "_jvp")
+        args = [p for p, _ in parts] + [dp for _, dp in parts if dp is not None]
+        self.emit(ast.Expr(ast.Call(_name(helper), args, [])))
+        return ast.Constant(None), None
