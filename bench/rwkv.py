@@ -13,6 +13,8 @@ tidiff / torch (below 1: tidiff is faster). Compile time is reported apart.
 """
 import argparse
 import os
+import pathlib
+import runpy
 import statistics
 import sys
 import time
@@ -21,26 +23,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch's idle threads othe
 
 import taichi as ti  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import tidiff as td  # noqa: E402
 
-EPS = 1e-3
-
-
-@ti.kernel
-def rwkv_conv_kernel(k: ti.types.ndarray(), w: ti.types.ndarray(), out: ti.types.ndarray(), eps: ti.f64):
-    for b, c, t in out:
-        T = k.shape[2]
-        for u in range(t + 1):
-            out[b, c, t] += w[c, 0, T - 1 - (t - u)] * k[b, c, u]
-    for b, c, t in out:
-        out[b, c, t] += eps
-
-
-def torch_conv(k, w):
-    T = k.shape[-1]
-    return EPS + F.conv1d(F.pad(k, (T - 1, 0)), w, groups=k.shape[1])
+# the operator and the pure-torch formulation of examples/rwkv_operator.py
+example = runpy.run_path(str(pathlib.Path(__file__).parents[1] / "examples" / "rwkv_operator.py"), run_name="bench")
+torch_conv = example["rwkv_conv_torch"]
 
 
 def fwd_bwd(op, k, w, cot):
@@ -65,8 +53,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     # ERROR: float32 runs warn that eps (f64) is added to f32 elements; that is intended
     ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR)
-    op = td.torch.function(rwkv_conv_kernel, inputs=["k", "w"], outputs={"out": lambda k, w: k.shape},
-                           constants={"eps": EPS}, name="rwkv_conv")
+    op = example["rwkv_conv"]
     sizes = [(2, 16, 64), (8, 32, 128)] if args.quick else [(2, 16, 64), (8, 32, 128), (8, 64, 256), (4, 128, 512)]
     print(f"torch {torch.__version__}, taichi {ti.__version__}, threads {torch.get_num_threads()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 import tidiff as td
 
-ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.WARN)
 EPS = 1e-3
 
 
@@ -45,6 +44,7 @@ def rwkv_conv_torch(k, w):
 
 
 if __name__ == "__main__":
+    ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.WARN)
     g = torch.Generator().manual_seed(0)
     B, C, T = 2, 4, 16
     k = torch.randn(B, C, T, dtype=torch.float64, generator=g, requires_grad=True)

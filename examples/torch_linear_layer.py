@@ -13,7 +13,6 @@ import torch
 
 import tidiff as td
 
-ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.WARN)
 
 
 @ti.kernel
@@ -61,6 +60,7 @@ def train(steps=100, seed=0):
 
 
 if __name__ == "__main__":
+    ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.WARN)
     losses = train()
     print(f"loss: {losses[0]:.4f} -> {losses[-1]:.2e} in {len(losses)} steps")
     x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)

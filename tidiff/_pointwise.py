@@ -119,6 +119,21 @@ class BodyFunction(Function):
         return jvp_of_body(self, batch.specs, batch, tangents, counter)
 
 
+class DerivedFunction(BodyFunction):
+    """A function made from a ``parent`` (a transform, a vjp map): it runs its body when the
+    parent has one; otherwise the parent answers for its derivatives (``second_order_*``)."""
+
+    def _jvp(self, batch, tangents, counter):
+        if self.body_for(batch.specs) is None:
+            return self.parent.second_order_jvp(self, batch, tangents, counter)
+        return super()._jvp(batch, tangents, counter)
+
+    def _vjp(self, batch, cotangents, counter):
+        if self.body_for(batch.specs) is None:
+            return self.parent.second_order_vjp(self, batch, cotangents, counter)
+        return super()._vjp(batch, cotangents, counter)
+
+
 class FuncFunction(BodyFunction):
     """A ``@ti.func`` as a batched, differentiable function (API.md 1a)."""
 

@@ -20,7 +20,7 @@ from ._arrays import ArgBatch, contiguous, read_args
 from ._bodies import BodyWriter, jacobian_lines, jacobian_spec
 from ._codegen import compile_source
 from ._function import Function, as_function, taichi_callable
-from ._pointwise import BodyFunction, identifier, tangent_function
+from ._pointwise import DerivedFunction, identifier, tangent_function
 from ._signature import ArgSpec
 from ._tree import flat_tree, leaves, unflatten
 
@@ -51,7 +51,7 @@ def check_argnums(argnums, specs, call):
     return tuple(a % len(specs) for a in argnums)
 
 
-class Transformed(BodyFunction):
+class Transformed(DerivedFunction):
     """A Function made by a transform from its ``parent`` (see NOTE: [Host and body])."""
 
     def __init__(self, kind, parent, argnums=0, has_aux=False):
@@ -203,14 +203,14 @@ class Transformed(BodyFunction):
             arrays[a] = contiguous(np.broadcast_to(arrays[a], batch.batch_shape + specs[a].shape))
         full = ArgBatch(arrays, batch.batch_shape, batch.torch_device)
         full.specs = specs
-        blocks = {}
-        outs = None
-        for o in sorted({it[1] for it in items if it[0] == "jac"}):
-            if mode == "rev":
+        jac_outs = sorted({it[1] for it in items if it[0] == "jac"})
+        if mode == "fwd":
+            outs, blocks = self._columns_by_forward(full, jac_outs, out_specs, argnums, counter)
+        else:
+            blocks, outs = {}, None
+            for o in jac_outs:
                 outs, rows = self._rows_by_reverse(full, o, out_specs, argnums, counter)
-            else:
-                outs, rows = self._rows_by_forward(full, o, out_specs, argnums, counter)
-            blocks.update({(o, a): rows[a] for a in argnums})
+                blocks.update({(o, a): rows[a] for a in argnums})
         if outs is None:
             outs = self.parent._evaluate(full, counter)
         return [blocks[it[1], it[2]] if it[0] == "jac" else outs[it[1]] for it in items]
@@ -235,33 +235,25 @@ class Transformed(BodyFunction):
             blocks[a] = stacked.reshape(bshape + shape + spec_of[a].shape)
         return outs, blocks
 
-    def _rows_by_forward(self, batch, o, out_specs, argnums, counter):
-        """Jacobian blocks of output ``o``: one forward pass per input component."""
+    def _columns_by_forward(self, batch, jac_outs, out_specs, argnums, counter):
+        """Jacobian blocks of every output in ``jac_outs``: one forward pass per input component."""
         bshape, specs = batch.batch_shape, batch.specs
-        blocks = {}
+        cols = {(o, a): [] for o in jac_outs for a in argnums}
         outs = None
         for a in argnums:
-            cols = []
             for p in range(specs[a].size):
                 e = np.zeros(specs[a].size, specs[a].dtype)
                 e[p] = 1.0
                 tangents = [None] * len(specs)
                 tangents[a] = e.reshape(specs[a].shape)
                 outs, touts = self.parent._jvp(batch, tangents, counter)
-                cols.append(np.broadcast_to(touts[o], bshape + out_specs[o].shape))
-            stacked = np.stack(cols, axis=-1)  # batch + O + (|A|,)
-            blocks[a] = stacked.reshape(bshape + out_specs[o].shape + specs[a].shape)
+                for o in jac_outs:
+                    cols[o, a].append(np.broadcast_to(touts[o], bshape + out_specs[o].shape))
+        blocks = {
+            (o, a): np.stack(c, axis=-1).reshape(bshape + out_specs[o].shape + specs[a].shape)  # O + (|A|,) -> O + A
+            for (o, a), c in cols.items()
+        }
         return outs, blocks
-
-    def _vjp(self, batch, cotangents, counter):
-        if self.body_for(batch.specs) is None:
-            return self.parent.second_order_vjp(self, batch, cotangents, counter)
-        return super()._vjp(batch, cotangents, counter)
-
-    def _jvp(self, batch, tangents, counter):
-        if self.body_for(batch.specs) is None:
-            return self.parent.second_order_jvp(self, batch, tangents, counter)
-        return super()._jvp(batch, tangents, counter)
 
 
 def _transform(kind, f, argnums=0, has_aux=False):

@@ -8,11 +8,11 @@ import taichi as ti
 
 from ._bodies import BodyWriter, vjp_lines
 from ._codegen import compile_source
-from ._pointwise import BodyFunction, identifier
+from ._pointwise import DerivedFunction, identifier
 from ._signature import ArgSpec
 
 
-class VjpFunction(BodyFunction):
+class VjpFunction(DerivedFunction):
     """``(primals..., one cotangent per output) -> (cotangent of each float primal, ...)``, per element.
 
     Results are per batch element (not summed over broadcast dims); a
@@ -83,16 +83,6 @@ class VjpFunction(BodyFunction):
         active = tuple(k in floats for k in range(len(primal)))
         namespace = {"ti": ti, jvp_name: jvp_func(parent_body, active)}
         return compile_source(self.source, writer.name, namespace, "vjp")
-
-    def _jvp(self, batch, tangents, counter):
-        if self.body_for(batch.specs) is None:
-            return self.parent.second_order_jvp(self, batch, tangents, counter)
-        return super()._jvp(batch, tangents, counter)
-
-    def _vjp(self, batch, cotangents, counter):
-        if self.body_for(batch.specs) is None:
-            return self.parent.second_order_vjp(self, batch, cotangents, counter)
-        return super()._vjp(batch, cotangents, counter)
 
     def _evaluate(self, batch, counter):
         if self.body_for(batch.specs) is not None:

@@ -1,6 +1,9 @@
 """User story 1: a linear layer written in Taichi inside a torch model trains, passes gradcheck in
 float64, and compiles its kernels once over 100 forward/backward calls; tensors reach the kernel
 without a copy."""
+import pathlib
+import runpy
+
 import taichi as ti
 import torch
 
@@ -9,29 +12,8 @@ import tidiff as td
 F64 = torch.float64
 
 
-@ti.kernel
-def linear_kernel(x: ti.types.ndarray(), W: ti.types.ndarray(), b: ti.types.ndarray(), y: ti.types.ndarray()):
-    for i, j in y:
-        acc = b[j]
-        for k in range(x.shape[1]):
-            acc += x[i, k] * W[j, k]
-        y[i, j] = acc
-
-
-linear = td.torch.function(
-    linear_kernel, inputs=["x", "W", "b"], outputs={"y": lambda x, W, b: (x.shape[0], W.shape[0])},
-    name="story1_linear",
-)
-
-
-class TaichiLinear(torch.nn.Module):
-    def __init__(self, n_in, n_out, generator):
-        super().__init__()
-        self.W = torch.nn.Parameter(torch.randn(n_out, n_in, dtype=F64, generator=generator) / n_in**0.5)
-        self.b = torch.nn.Parameter(torch.zeros(n_out, dtype=F64))
-
-    def forward(self, x):
-        return linear(x, self.W, self.b)
+example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "examples" / "torch_linear_layer.py"), run_name="example")
+linear, linear_kernel, TaichiLinear = example["linear"], example["linear_kernel"], example["TaichiLinear"]
 
 
 def test_linear_layer_trains_and_compiles_once():
@@ -49,10 +31,10 @@ def test_linear_layer_trains_and_compiles_once():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-        compiles.append(td.cache_info()["story1_linear"].compiles)
+        compiles.append(td.cache_info()["linear"].compiles)
     assert losses[-1] < 1e-2 * losses[0]
     assert all(c == compiles[0] for c in compiles), compiles  # compiled in the first call, never again
-    info = td.cache_info()["story1_linear"]
+    info = td.cache_info()["linear"]
     assert info.calls >= 200 and info.hits >= info.calls - 2
 
 

@@ -1,36 +1,15 @@
 """User story 4: RWKV's depthwise causal convolution written as a Taichi ndarray kernel, used as a
 differentiable torch op without copies, gradchecked, equal to the pure-torch conv1d formulation."""
+import pathlib
+import runpy
+
 import taichi as ti
 import torch
-import torch.nn.functional as F
 
 import tidiff as td
 
-EPS = 1e-3
-
-
-@ti.kernel
-def rwkv_conv_kernel(k: ti.types.ndarray(), w: ti.types.ndarray(), out: ti.types.ndarray(), eps: ti.f64):
-    # Accumulate straight into out (zeroed by tidiff), not into a local: Taichi's reverse
-    # mode keeps a loop-carried local on a stack of ti.init(ad_stack_size=...) entries
-    # (32 by default), which a long causal loop overflows (see docs/torch.md).
-    for b, c, t in out:
-        T = k.shape[2]
-        for u in range(t + 1):
-            out[b, c, t] += w[c, 0, T - 1 - (t - u)] * k[b, c, u]
-    for b, c, t in out:
-        out[b, c, t] += eps
-
-
-rwkv_conv = td.torch.function(
-    rwkv_conv_kernel, inputs=["k", "w"], outputs={"out": lambda k, w: k.shape}, constants={"eps": EPS},
-    name="story4_rwkv_conv",
-)
-
-
-def rwkv_conv_torch(k, w):
-    T = k.shape[-1]
-    return EPS + F.conv1d(F.pad(k, (T - 1, 0)), w, groups=k.shape[1])
+example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "examples" / "rwkv_operator.py"), run_name="example")
+rwkv_conv, rwkv_conv_torch, rwkv_conv_kernel = example["rwkv_conv"], example["rwkv_conv_torch"], example["rwkv_conv_kernel"]
 
 
 def _data(B, C, T, dtype=torch.float64, seed=0, grad=True):
@@ -80,8 +59,8 @@ def test_no_copies_and_one_compile_per_dtype():
         fn.kernel = real
     assert seen == [[k.data_ptr(), w.data_ptr(), out.data_ptr()]]
     out.sum().backward()
-    compiles = td.cache_info()["story4_rwkv_conv"].compiles
+    compiles = td.cache_info()["rwkv_conv"].compiles
     for shape in ((1, 2, 5), (4, 8, 33), (2, 3, 8)):
         k, w = _data(*shape, seed=3)
         rwkv_conv(k, w).sum().backward()
-    assert td.cache_info()["story4_rwkv_conv"].compiles == compiles
+    assert td.cache_info()["rwkv_conv"].compiles == compiles
