@@ -95,6 +95,10 @@ class Function:
         """``(outputs, output tangents)``; ``tangents`` one per input, None for zero."""
         raise NotImplementedError
 
+    def _cotangents(self, batch, cotangents, counter):
+        """Only the input cotangents of ``_vjp``: engines that can skip the outputs do."""
+        return self._vjp(batch, cotangents, counter)[1]
+
     def second_order_jvp(self, derived, batch, tangents, counter):
         """The jvp of ``derived``, a transform of this function that has no body.
 

@@ -71,6 +71,11 @@ def vjp_of_body(fn, specs, batch, cotangents, counter):
 
 
 def vjp_by_forward(fn, specs, batch, cotangents, counter):
+    """Outputs, and ``J^T c`` by :func:`cotangents_by_forward`."""
+    return evaluate_body(fn, specs, batch, counter), cotangents_by_forward(fn, specs, batch, cotangents, counter)
+
+
+def cotangents_by_forward(fn, specs, batch, cotangents, counter):
     """``J^T c`` per element from forward mode (``VjpFunction``, one launch), summed onto broadcast arguments."""
     from ._vjp_function import vjp_function
 
@@ -82,8 +87,7 @@ def vjp_by_forward(fn, specs, batch, cotangents, counter):
     full = ArgBatch(list(batch.arrays) + cts, tuple(np.broadcast_shapes(*shapes)))
     full.specs = vspecs
     per_element = iter(evaluate_body(vfn, vspecs, full, counter))
-    grads = [unbroadcast(next(per_element), a.shape) if s.is_float else None for a, s in zip(batch.arrays, specs)]
-    return evaluate_body(fn, specs, batch, counter), grads
+    return [unbroadcast(next(per_element), a.shape) if s.is_float else None for a, s in zip(batch.arrays, specs)]
 
 
 def jvp_of_body(fn, specs, batch, tangents, counter):
@@ -118,6 +122,9 @@ class BodyFunction(Function):
     def _jvp(self, batch, tangents, counter):
         return jvp_of_body(self, batch.specs, batch, tangents, counter)
 
+    def _cotangents(self, batch, cotangents, counter):
+        return cotangents_by_forward(self, batch.specs, batch, cotangents, counter)
+
 
 class DerivedFunction(BodyFunction):
     """A function made from a ``parent`` (a transform, a vjp map): it runs its body when the
@@ -132,6 +139,11 @@ class DerivedFunction(BodyFunction):
         if self.body_for(batch.specs) is None:
             return self.parent.second_order_vjp(self, batch, cotangents, counter)
         return super()._vjp(batch, cotangents, counter)
+
+    def _cotangents(self, batch, cotangents, counter):
+        if self.body_for(batch.specs) is None:
+            return self._vjp(batch, cotangents, counter)[1]
+        return super()._cotangents(batch, cotangents, counter)
 
 
 class FuncFunction(BodyFunction):

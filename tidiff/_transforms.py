@@ -471,7 +471,7 @@ def vjp(f, *primals, has_aux=False):
                 raise ValueError(f"{call}: the cotangent must have the output's shape {expected}, got {arr.shape}")
             cts[leaf] = arr
         with counter.tally():
-            _, grads = fn._vjp(batch, cts, counter)
+            grads = fn._cotangents(batch, cts, counter)
         return tuple(batch.wrap(g) for g in grads)
 
     wrapped = [batch.wrap(o) for o in outs]

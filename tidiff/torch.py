@@ -189,7 +189,7 @@ def _vjp(fn, primals, cts):
         if hasattr(fn, "vjp_only"):  # no need to recompute outputs torch already has
             grads = fn.vjp_only(batch, cts, fn._counter)
         else:
-            _, grads = fn._vjp(batch, cts, fn._counter)
+            grads = fn._cotangents(batch, cts, fn._counter)
     device = _device_of(primals)
     return tuple(
         _to_torch(_sum_to(g, np.shape(p)), device, _float_dtype(p))
