@@ -141,6 +141,29 @@ class BatchKernel:
         return [o.reshape((n,) + s.shape) for o, s in zip(outputs, self.out_specs)]
 
 
+class ScalarKernel:
+    """One call of a scalar body on scalars, by value: a kernel returning the result.
+
+    A call with no batch dims pays for one plain launch instead of a
+    parallel loop over one-element arrays (see NOTE: [Scalar calls] in
+    ``_pointwise``).
+    """
+
+    def __init__(self, body, in_specs, out_spec, name):
+        self.out_spec = out_spec
+        params = ", ".join(f"a{k}: {_type_expr(s)}" for k, s in enumerate(in_specs))
+        call = ", ".join(f"a{k}" for k in range(len(in_specs)))
+        self.source = f"@ti.kernel\ndef {name}__one({params}) -> {_type_expr(out_spec)}:\n    return {name}({call})\n"
+        self.kernel = compile_source(self.source, f"{name}__one", {"ti": ti, name: body}, "one")
+
+    @staticmethod
+    def fits(in_specs, out_specs, is_tuple):
+        return not is_tuple and all(s.shape == () for s in list(in_specs) + list(out_specs))
+
+    def __call__(self, inputs):
+        return [np.asarray(self.kernel(*[a.item() for a in inputs]), self.out_spec.dtype)]
+
+
 def flatten_batch(arrays, specs, batch_shape):
     """Arrays of shape ``(n_k,) + core`` for a kernel: batch dims flattened, broadcast kept cheap.
 

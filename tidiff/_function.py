@@ -123,8 +123,9 @@ class Function:
 
     def read(self, args, call=None):
         """Check host arguments against the specs; returns an ``ArgBatch``."""
-        batch = read_args(self.specs_for(args), args, call or self.name)
-        batch.specs = self.specs_for(args)
+        specs = self.specs_for(args)
+        batch = read_args(specs, args, call or self.name)
+        batch.specs = specs
         return batch
 
     def __call__(self, *args):

@@ -10,7 +10,7 @@ import taichi as ti
 from taichi.lang import impl
 
 from ._arrays import ArgBatch, unbroadcast
-from ._batch import BatchKernel, flatten_batch, probe_in_kernel, probe_outputs
+from ._batch import BatchKernel, ScalarKernel, flatten_batch, probe_in_kernel, probe_outputs
 from ._bodies import BodyWriter
 from ._codegen import compile_source
 from ._function import Function
@@ -46,7 +46,30 @@ def batch_kernel(fn, specs, counter):
     return bk
 
 
+# NOTE: [Scalar calls] A call with no batch dims on a function of scalars
+# (``td.grad(p)(1.0)``) runs a kernel taking and returning scalars by value:
+# a parallel launch over one-element arrays costs several times more. Such a
+# function compiles one more kernel the first time it is called that way.
+
+
+def scalar_kernel(fn, specs, counter):
+    """The cached :class:`ScalarKernel` of ``fn``'s body for these (scalar) input specs."""
+    key = tuple(specs)
+
+    def make():
+        out_specs, _ = fn.signature(list(key))
+        return ScalarKernel(fn.body_for(list(key)), key, out_specs[0], identifier(fn.name))
+
+    sk = _cached(fn, "_scalar_kernels", key, make)
+    counter.add(sk.kernel)
+    return sk
+
+
 def evaluate_body(fn, specs, batch, counter):
+    if batch.batch_shape == ():
+        out_specs, tree = fn.signature(list(specs))
+        if ScalarKernel.fits(specs, out_specs, isinstance(tree, tuple)):
+            return scalar_kernel(fn, specs, counter)(batch.arrays)
     bk = batch_kernel(fn, specs, counter)
     n, inputs = flatten_batch(batch.arrays, specs, batch.batch_shape)
     return [o.reshape(batch.batch_shape + s.shape) for o, s in zip(bk(n, inputs), bk.out_specs)]

@@ -7,7 +7,7 @@ from ``td.function(f, signature=...)``, or from the fields of a kernel
 program.
 """
 import inspect
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import taichi as ti
@@ -16,9 +16,12 @@ from taichi.lang.matrix import MatrixType
 from taichi.lang.util import to_numpy_type
 
 
-@dataclass(frozen=True)
-class ArgSpec:
-    """One argument or result: its name, core shape and NumPy dtype."""
+class ArgSpec(NamedTuple):
+    """One argument or result: its name, core shape and NumPy dtype.
+
+    A named tuple, not a dataclass: specs key every kernel cache and are
+    hashed on every call.
+    """
 
     name: str
     shape: tuple
