@@ -12,39 +12,15 @@ order, see ``_ndarrays``).
 # differentiable values, so loops are copied as they are.
 """
 import ast
-import inspect
-import textwrap
 
 import taichi as ti
 
 from ._codegen import compile_source
 from ._errors import TransformError
 from ._tangent import jvp_func
-from ._tangent.parse import Parsed
+from ._tangent.parse import parse
 from ._tangent.sym import TAICHI
 from ._tangent.transform import Transformer, _name, _Rename
-
-
-def python_kernel(kernel):
-    """The plain Python function behind a ``@ti.kernel``."""
-    if not getattr(kernel, "_is_wrapped_kernel", False):
-        raise TypeError(f"expected a @ti.kernel, got {kernel!r}")
-    return kernel.__wrapped__
-
-
-def parse_kernel(kernel):
-    fn = python_kernel(kernel)
-    lines, first_line = inspect.getsourcelines(fn)
-    module = ast.parse(textwrap.dedent("".join(lines)))
-    tree = next(node for node in module.body if isinstance(node, ast.FunctionDef))
-    tree.decorator_list = []
-    namespace = dict(fn.__globals__)
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        try:
-            namespace[name] = cell.cell_contents
-        except ValueError:
-            pass
-    return Parsed(tree, inspect.getsourcefile(fn) or fn.__code__.co_filename, first_line, namespace)
 
 
 class KernelTransformer(Transformer):
@@ -103,7 +79,7 @@ def tangent_kernel(kernel, inputs, outputs):
     parameters, then ``d<input>`` for each input and ``d<output>`` for each
     output (zeroed by the caller), and writes outputs and their tangents.
     """
-    parsed = parse_kernel(kernel)
+    parsed = parse(kernel)
     transformer = KernelTransformer(parsed, inputs, outputs)
     tree = transformer.run()
     text = ast.unparse(ast.Module([tree], [])) + "\n"

@@ -90,9 +90,9 @@ class NdarrayFunction(Function):
     _torch_native = True  # td.torch hands the engines tensors (any device), not NumPy views
 
     def __init__(self, kernel, inputs, outputs, constants=None, name=None):
-        from ._ndarray_kernels import python_kernel
+        from ._tangent.parse import kernel_function
 
-        pyfunc = python_kernel(kernel)
+        pyfunc = kernel_function(kernel)
         super().__init__(name or pyfunc.__name__)
         self.kernel = kernel
         params = inspect.signature(pyfunc).parameters
