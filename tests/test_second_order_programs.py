@@ -252,49 +252,14 @@ def test_third_order_is_absent_and_says_so():
         td.hessian(td.grad(E))(X0, W0)
 
 
-# --- template kernels over double buffers, a Python helper, fill ----------------------------------
-N = 5
-b0, b1, b2, b3 = (ti.field(ti.f64, shape=N) for _ in range(4))
-coef = ti.field(ti.f64, shape=N)
-energy_out = ti.field(ti.f64, shape=())
-COEF = np.linspace(0.5, 1.5, N)
-coef.from_numpy(COEF)
-
-
-@ti.kernel
-def advance(h: ti.f64, src: ti.template(), dst: ti.template()):
-    for i in src:
-        dst[i] = src[i] + h * coef[i] * ti.sin(src[(i + 1) % N])
-
-
-@ti.kernel
-def reduce_energy():
-    for i in b3:
-        energy_out[None] += b3[i] ** 2
-
-
-def two_steps(src, mid, dst):
-    advance(0.1, src, mid)
-    advance(0.2, mid, dst)
-
-
-def simulate():
-    b2.fill(0)
-    two_steps(b0, b1, b2)
-    advance(0.3, b2, b3)
-    reduce_energy()
-
-
-def torch_simulate(s_):
-    for h in (0.1, 0.2, 0.3):
-        s_ = s_ + h * torch.tensor(COEF) * torch.sin(torch.roll(s_, -1))
-    return (s_**2).sum()
-
-
+# --- template kernels over double buffers, a Python helper, fill (tests/programs.py) ---------------
 def test_template_kernel_simulation_hessian():
-    sim = td.function(simulate, inputs=[b0], outputs=[energy_out])
-    start = np.linspace(-1, 1, N)
-    close(td.hessian(sim)(start), torch.autograd.functional.hessian(torch_simulate, torch.tensor(start)))
+    from programs import M, energy_out, s0, simulate, torch_simulate
+
+    sim = td.function(simulate, inputs=[s0], outputs=[energy_out])
+    start = np.linspace(-1, 1, M)
+    expected = torch.autograd.functional.hessian(lambda s: torch_simulate(s)[1], torch.tensor(start))
+    close(td.hessian(sim)(start), expected)
 
 
 @ti.kernel

@@ -1,0 +1,43 @@
+"""Field programs shared by several test files (each kernel compiles once per process)."""
+import numpy as np
+import taichi as ti
+import torch
+
+# a multi-step simulation: double buffers through a template kernel, a Python helper
+M = 5
+s0, s1, s2, s3 = (ti.field(ti.f64, shape=M) for _ in range(4))
+coef = ti.field(ti.f64, shape=M)
+energy_out = ti.field(ti.f64, shape=())
+COEF = np.linspace(0.5, 1.5, M)
+coef.from_numpy(COEF)
+
+
+@ti.kernel
+def advance(h: ti.f64, src: ti.template(), dst: ti.template()):
+    for i in src:
+        dst[i] = src[i] + h * coef[i] * ti.sin(src[(i + 1) % M])
+
+
+@ti.kernel
+def reduce_energy():
+    for i in s3:
+        energy_out[None] += s3[i] ** 2
+
+
+def two_steps(src, mid, dst):
+    advance(0.1, src, mid)
+    advance(0.2, mid, dst)
+
+
+def simulate():
+    s2.fill(0)
+    two_steps(s0, s1, s2)
+    advance(0.3, s2, s3)
+    reduce_energy()
+
+
+def torch_simulate(s):
+    c = torch.tensor(COEF)
+    for h in (0.1, 0.2, 0.3):
+        s = s + h * c * torch.sin(torch.roll(s, -1))
+    return s, (s**2).sum()
