@@ -1,6 +1,5 @@
 """Batch dims: broadcasting across arguments, per-element transforms, whole-batch jvp/vjp."""
 import numpy as np
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st

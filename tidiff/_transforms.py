@@ -22,7 +22,7 @@ from ._codegen import compile_source
 from ._function import Function, as_function, taichi_callable
 from ._pointwise import DerivedFunction, identifier, tangent_function
 from ._signature import ArgSpec
-from ._tree import flat_tree, leaves, unflatten
+from ._tree import leaves, unflatten
 
 _memo = {}
 

@@ -126,7 +126,7 @@ def cases(B, which=None, seed=0, log=print):
         gt = torch.func.vmap(torch.func.hessian(torch_energy), in_dims=(0, None, None))
         k = min(B, 4)
         errs = [max_error(e, r) for e, r in zip(gt(Ft[:k], MU, LAM).numpy(), ref[:k])]
-        log(f"  torch.func vmap(hessian) vs closed form (= torch.autograd.functional) per element: "
+        log("  torch.func vmap(hessian) vs closed form (= torch.autograd.functional) per element: "
             + ", ".join(f"{e:.1e}" for e in errs))
         out.append(Case("torch.func vmap(hessian)", lambda: gt(Ft, MU, LAM), rtol=1e-9, atol=1e-9,
                         note="torch 2.13 through det: max err per element " + ", ".join(f"{e:.0e}" for e in errs)))

@@ -3,7 +3,6 @@ differentiable torch op without copies, gradchecked, equal to the pure-torch con
 import pathlib
 import runpy
 
-import taichi as ti
 import torch
 
 import tidiff as td
