@@ -315,6 +315,11 @@ def math_determinant(a):
     return ti.math.determinant(a)
 
 
+@op(lambda a: torch.linalg.det(a), (4, 4))
+def determinant_4x4(a):  # past the written-out cofactors: the textbook rule
+    return a.determinant()
+
+
 @op(lambda a: torch.linalg.inv(a), M3)
 def inverse(a):
     return a.inverse()
@@ -366,7 +371,7 @@ def vector_expression(x, y):
 
 
 def _sample(row, rng):
-    matrix = row.name in ("determinant", "math_determinant", "inverse", "math_inverse")
+    matrix = row.name in ("determinant", "math_determinant", "determinant_4x4", "inverse", "math_inverse")
     values = []
     for shape in row.shapes:
         if matrix and len(shape) == 2:

@@ -19,7 +19,8 @@ from ._codegen import compile_source
 from ._errors import TransformError
 from ._tangent import jvp_func
 from ._tangent.parse import parse
-from ._tangent.sym import TAICHI
+from ._tangent import rule_helpers
+from ._tangent.sym import RULE_HELPERS, TAICHI
 from ._tangent.transform import Transformer, _name, _Rename
 
 
@@ -87,4 +88,5 @@ def tangent_kernel(kernel, inputs, outputs):
     namespace.update(transformer.helpers)
     namespace["ti"] = ti
     namespace[transformer.taichi_name] = ti
+    namespace[RULE_HELPERS] = rule_helpers
     return compile_source(text, tree.name, namespace, tag="kernel-jvp"), text

@@ -4,7 +4,9 @@ import ast
 import taichi as ti
 
 from .._codegen import compile_source
+from . import rule_helpers
 from .parse import parse, python_function
+from .sym import RULE_HELPERS
 from .transform import Transformer
 
 _CACHE = {}
@@ -52,6 +54,7 @@ def _generate(f, active, make=None):
     namespace = dict(parsed.namespace)
     namespace.update(transformer.helpers)
     namespace[transformer.taichi_name] = ti
+    namespace[RULE_HELPERS] = rule_helpers
     g = compile_source(text + "\n", tree.name, namespace, tag="jvp")
     g._tidiff_source = text + "\n"
     g._tidiff_primal = f

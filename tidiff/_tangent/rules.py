@@ -18,7 +18,7 @@ import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
 from taichi.types import primitive_types
 
-from .sym import Sym, ti as T, zero_like
+from .sym import Sym, helpers, ti as T, zero_like
 
 RULES = {}
 """op key -> rule(call) -> tangent Sym or None."""
@@ -239,9 +239,8 @@ defjvp(method("norm", "length") + [ti.math.length], lambda g, x, *eps: x.dot(g) 
 defjvp(method("norm_sqr"), lambda g, x: 2 * x.dot(g))
 defjvp(method("normalized") + [ti.math.normalize],
        lambda g, x, *eps: (g - x.normalized(*eps) * x.normalized(*eps).dot(g)) / x.norm(*eps))
-defjvp(method("determinant") + [ti.math.determinant],
-       lambda g, x: x.determinant() * (x.inverse() @ g).trace())
-defjvp(method("inverse") + [ti.math.inverse], lambda g, x: -(x.inverse() @ g @ x.inverse()))
+defjvp(method("determinant") + [ti.math.determinant], lambda g, x: helpers.det_jvp(x, g))
+defjvp(method("inverse") + [ti.math.inverse], lambda g, x: helpers.inverse_jvp(x, g))
 defjvp(ti.math.distance,
        lambda g, x, y: (x - y).dot(g) / (x - y).norm(),
        lambda g, x, y: -(x - y).dot(g) / (x - y).norm())

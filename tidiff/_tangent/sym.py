@@ -110,6 +110,11 @@ def name(identifier):
 TAICHI = "__taichi__"
 ti = name(TAICHI)
 
+# Rules call the @ti.func helpers of ``rule_helpers`` by this name; every
+# generated namespace binds it to that module.
+RULE_HELPERS = "_tidiff_rules"
+helpers = name(RULE_HELPERS)
+
 
 def zero_like(value):
     """A zero of the same Taichi type as ``value``: ``ti.zero(x)``, ``0.0`` for a constant."""
