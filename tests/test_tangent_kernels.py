@@ -13,6 +13,8 @@ from tidiff._errors import TransformError
 from tidiff._fields import FieldProgram
 from tidiff._tangent import FieldTangents, jvp_kernel, source
 
+from programs import M, energy_out, s0, s3, simulate
+
 RTOL = 1e-12
 
 
@@ -161,34 +163,7 @@ def test_python_program_with_an_intermediate_field():
     assert_tangents_match_fwdmode(program, [np.linspace(0.2, 1.1, 4)])
 
 
-# --- template kernels: fields passed as ti.template() arguments, double buffers -----------------
-M = 5
-s0, s1, s2, s3 = (ti.field(ti.f64, shape=M) for _ in range(4))
-coef = ti.field(ti.f64, shape=M)
-energy_out = ti.field(ti.f64, shape=())
-coef.from_numpy(np.linspace(0.5, 1.5, M))
-
-
-@ti.kernel
-def advance(h: ti.f64, src: ti.template(), dst: ti.template()):
-    for i in src:
-        dst[i] = src[i] + h * coef[i] * ti.sin(src[(i + 1) % M])
-
-
-@ti.kernel
-def reduce_energy():
-    for i in s3:
-        energy_out[None] += s3[i] ** 2
-
-
-def simulate():
-    s2.fill(0)
-    advance(0.1, s0, s1)
-    advance(0.2, s1, s2)
-    advance(0.3, s2, s3)
-    reduce_energy()
-
-
+# --- template kernels: fields passed as ti.template() arguments, double buffers (tests/programs.py)
 def test_template_kernels_get_their_tangent_fields_at_launch():
     program = FieldProgram(simulate, inputs=[s0], outputs=[s3, energy_out])
     assert_tangents_match_fwdmode(program, [np.linspace(-1, 1, M)])
