@@ -104,9 +104,7 @@ class BatchKernel:
         self.in_specs = list(in_specs)
         self.out_specs = list(out_specs)
         self.is_tuple = is_tuple
-        self.source = self._source(name)
-        self.kernel = compile_source(self.source, f"{name}__batch", {"ti": ti, name: body}, "batch")
-        self._name = name
+        self.kernel = compile_source(self._source(name), f"{name}__batch", {"ti": ti, name: body}, "batch")
 
     def _source(self, name):
         params = ["n: ti.i32"]
@@ -153,8 +151,8 @@ class ScalarKernel:
         self.out_spec = out_spec
         params = ", ".join(f"a{k}: {_type_expr(s)}" for k, s in enumerate(in_specs))
         call = ", ".join(f"a{k}" for k in range(len(in_specs)))
-        self.source = f"@ti.kernel\ndef {name}__one({params}) -> {_type_expr(out_spec)}:\n    return {name}({call})\n"
-        self.kernel = compile_source(self.source, f"{name}__one", {"ti": ti, name: body}, "one")
+        source = f"@ti.kernel\ndef {name}__one({params}) -> {_type_expr(out_spec)}:\n    return {name}({call})\n"
+        self.kernel = compile_source(source, f"{name}__one", {"ti": ti, name: body}, "one")
 
     @staticmethod
     def fits(in_specs, out_specs, is_tuple):

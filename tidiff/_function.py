@@ -105,14 +105,17 @@ class Function:
         Functions with a body never get here: their transforms are
         transformed as source. A field program answers for its transforms.
         """
-        raise NotImplementedError(
-            f"{derived.name}: transforming this again needs second order of {self.name}, "
-            "which tidiff does not have for this kind of function"
-        )
+        raise self._no_second_order(derived)
 
     def second_order_vjp(self, derived, batch, cotangents, counter):
         """The vjp of ``derived``, a transform of this function that has no body (see second_order_jvp)."""
-        return self.second_order_jvp(derived, batch, None, counter)
+        raise self._no_second_order(derived)
+
+    def _no_second_order(self, derived):
+        return NotImplementedError(
+            f"{derived.name}: transforming this again needs second order of {self.name}, "
+            "which tidiff does not have for this kind of function"
+        )
 
     # -- calling -----------------------------------------------------------
     def specs_for(self, args):

@@ -88,13 +88,8 @@ def evaluate_body(fn, specs, batch, counter):
 # do use Taichi's reverse mode (``_fields``).
 
 
-def vjp_of_body(fn, specs, batch, cotangents, counter):
-    """Outputs and input cotangents (see NOTE: [Reverse by transposed forward])."""
-    return vjp_by_forward(fn, specs, batch, cotangents, counter)
-
-
 def vjp_by_forward(fn, specs, batch, cotangents, counter):
-    """Outputs, and ``J^T c`` by :func:`cotangents_by_forward`."""
+    """Outputs, and ``J^T c`` by :func:`cotangents_by_forward` (NOTE: [Reverse by transposed forward])."""
     return evaluate_body(fn, specs, batch, counter), cotangents_by_forward(fn, specs, batch, cotangents, counter)
 
 
@@ -140,7 +135,7 @@ class BodyFunction(Function):
         return evaluate_body(self, batch.specs, batch, counter)
 
     def _vjp(self, batch, cotangents, counter):
-        return vjp_of_body(self, batch.specs, batch, cotangents, counter)
+        return vjp_by_forward(self, batch.specs, batch, cotangents, counter)
 
     def _jvp(self, batch, tangents, counter):
         return jvp_of_body(self, batch.specs, batch, tangents, counter)
@@ -228,9 +223,9 @@ class TangentFunction(BodyFunction):
             results = [f"r[0][{j}]" for j in range(m)] + [f"r[1][{j}]" for j in range(m)]
         else:
             results = ["r[0]", "r[1]"]
-        self.source = w.source(results, single=False)
+        source = w.source(results, single=False)
         namespace = {"ti": ti, f"{identifier(parent.name)}_jvp": jvp_body}
-        self._body = compile_source(self.source, w.name, namespace, "jvp")
+        self._body = compile_source(source, w.name, namespace, "jvp")
         self.jvp_body = jvp_body
 
     def declared_specs(self):

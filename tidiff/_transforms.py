@@ -167,9 +167,9 @@ class Transformed(DerivedFunction):
             blocks[it[1], it[2]] if it[0] == "jac" else ("value" if single else f"value[{it[1]}]")
             for it in items
         ]
-        self.source = writer.source(results, single=not isinstance(own_tree, tuple))
+        source = writer.source(results, single=not isinstance(own_tree, tuple))
         namespace = {"ti": ti, jvp_name: jvp_func(parent_body, active), primal_name: parent_body}
-        return compile_source(self.source, writer.name, namespace, self.kind)
+        return compile_source(source, writer.name, namespace, self.kind)
 
     # -- host --------------------------------------------------------------
     def _mode(self, specs):
@@ -506,18 +506,17 @@ def hvp(f, primals, tangents):
     primals = _primals_tuple(primals, "primals", call)
     specs = fn.specs_for(primals)
     floats = tuple(k for k, s in enumerate(specs) if s.is_float)
-    vg = value_and_grad(fn, floats if len(floats) != 1 else floats)
+    vg = value_and_grad(fn, floats)
     if ti.lang.impl.inside_kernel():
         (value, g), (dvalue, hv) = _jvp_in_kernel(vg, primals, tangents)
         return value, _by_argument(hv, floats, len(specs))
     batch = fn.read(primals, call)
     ts = _read_tangents(batch.specs, primals, batch, tangents, call)
-    # per element: expand every argument the tangents touch to the full batch
     counter = _counter_of("hvp", fn)
     with counter.tally():
         outs, touts = vg._jvp(batch, ts, counter)
     n = len(floats)
-    value = batch.wrap(np.broadcast_to(outs[0], batch.batch_shape).copy())
+    value = batch.wrap(outs[0])
     hv = [batch.wrap(t) for t in touts[1 : 1 + n]]
     return value, _by_argument(tuple(hv), floats, len(specs))
 

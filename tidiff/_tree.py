@@ -19,17 +19,6 @@ def leaves(tree):
     return [tree]
 
 
-def renumber(tree, start=0):
-    """``tree`` with its leaves numbered ``start, start+1, ...`` in order; returns (tree, next)."""
-    if isinstance(tree, tuple):
-        out = []
-        for t in tree:
-            t, start = renumber(t, start)
-            out.append(t)
-        return tuple(out), start
-    return start, start + 1
-
-
 def flat_tree(n, single):
     """The tree of ``n`` flat outputs: one leaf, or a tuple of leaves."""
     return 0 if single else tuple(range(n))

@@ -79,10 +79,10 @@ class VjpFunction(DerivedFunction):
         jvp_name = identifier(self.parent.name) + "_jvp"
         writer = BodyWriter(identifier(self.name), params + ct_names)
         grads = vjp_lines(writer, jvp_name, params, primal, floats, out_specs, not isinstance(tree, tuple), ct_names)
-        self.source = writer.source([grads[a] for a in floats], single=False)
+        source = writer.source([grads[a] for a in floats], single=False)
         active = tuple(k in floats for k in range(len(primal)))
         namespace = {"ti": ti, jvp_name: jvp_func(parent_body, active)}
-        return compile_source(self.source, writer.name, namespace, "vjp")
+        return compile_source(source, writer.name, namespace, "vjp")
 
     def _evaluate(self, batch, counter):
         if self.body_for(batch.specs) is not None:
