@@ -181,10 +181,9 @@ def energy_jvp():
         weighted_i, dweighted_i = weighted_jvp(i)
         mul = 0.1 * x[i]
         dmul = 0.1 * dx[i]
-        exp = ti.exp(mul)
-        dexp = dmul * ti.exp(mul)
-        div = exp / x.shape[0]
-        ddiv = dexp / x.shape[0]
+        exp_mul = ti.exp(mul)
+        div = exp_mul / x.shape[0]
+        ddiv = dmul * exp_mul / x.shape[0]
         add = weighted_i + div
         dadd = dweighted_i + ddiv
         dloss[None] += dadd

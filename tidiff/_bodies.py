@@ -61,11 +61,32 @@ def jacobian_spec(out, arg, name):
 
 
 class BodyWriter:
-    """Accumulates the lines of one generated ``@ti.func``."""
+    """Accumulates the lines of one generated ``@ti.func`` differentiating ``parent``."""
 
-    def __init__(self, name, params):
+    def __init__(self, name, params, parent=None, active=None):
         self.name = name
         self.lines = ["@ti.func", f"def {name}({', '.join(params)}):"]
+        self.widths = set()
+        self.parent, self.active = parent, active
+        self.parent_wide = getattr(parent, WIDE, False)
+
+    def widens(self, size):
+        """Whether pushing ``size`` basis tangents is one widened call (else a runtime loop)."""
+        if self.parent_wide or size == 1:
+            return size == 1
+        from ._tangent import jvp_func
+
+        return size * jvp_func(self.parent, self.active)._tidiff_lane_cost <= LANE_BUDGET
+
+    def finish(self, body):
+        """Mark the compiled ``body`` as holding vector-mode pushes (its own or its parent's)."""
+        setattr(body, WIDE, self.parent_wide or max(self.widths, default=1) > 1)
+        return body
+
+    def tangent_function(self, jvp_name, width):
+        """The name to call the parent's tangent function carrying ``width`` directions by."""
+        self.widths.add(width)
+        return jvp_name if width == 1 else f"{jvp_name}{width}"
 
     def line(self, text):
         self.lines.append("    " + text)
@@ -76,15 +97,24 @@ class BodyWriter:
         return "\n".join(self.lines) + "\n"
 
 
-# NOTE: [Unrolled or looped pushes] Taichi inlines every @ti.func call at
-# the Python level, so a Jacobian body that unrolls one call per input
-# component, transformed again for a Hessian, grows as n**2 copies: for the
-# 2-D Neo-Hookean energy of a vec4, unrolling 4 pushes made the Hessian
-# compile in 248 s against 1.9 s with a runtime loop (measured on this
-# 2-core machine). So only a single component is pushed unrolled; more are
-# pushed in a runtime loop that writes one column per iteration (one inlined
-# copy of the tangent function per body).
-UNROLL = 1
+# NOTE: [Vector-mode pushes] A Jacobian by an argument of n components is
+# best one call of the parent's tangent function widened to carry all n
+# basis tangents (see ``_tangent/lanes.py``): the primal is computed once,
+# each lane is straight-line code, and Taichi folds the basis constants.
+# But Taichi's compile time grows with the square of a kernel's
+# straight-line size, so a push is widened only while n times the size of
+# one lane (``lane_cost``) stays within LANE_BUDGET; otherwise it pushes one
+# component per iteration of a runtime loop, which keeps one inlined copy
+# of the tangent function. Measured on this 2-core machine, B = 1e4:
+#   W1, 4x8 tanh layer, 8 lanes of cost 33:  jacfwd 2.2 -> 1.7 ms (1e6: 160 -> 106 ms)
+#   W2, 3x3 Neo-Hookean, 9 lanes of cost 143: grad 1.36 -> 1.02 ms, but its
+#       first call 0.4 -> 6.2 s, and the Hessian's 1.8 -> 18 s (for 10 -> 4 ms)
+# Widening is done once per chain of transforms, at the innermost one: a
+# widened parent widened again would hold n**2 second-order lanes.
+# (Unrolled pushes of whole calls, without lanes, are worse still: 248 s to
+# compile a 2-D Neo-Hookean Hessian with 4 unrolled calls, against 1.9 s.)
+LANE_BUDGET = 512
+WIDE = "_tidiff_wide"
 
 
 def _dynamic_index(shape, p):
@@ -110,32 +140,40 @@ def _static_index(shape, p):
 
 
 def push_each(writer, jvp_name, params, in_specs, argnums, a, store):
-    """Call the tangent function once per component ``p`` of argument ``a``.
+    """Push the basis tangent of every component ``p`` of argument ``a`` through the parent.
 
-    ``store(t, p, index)`` gives the lines that consume one call's result
-    ``t``: ``p`` is the flat position (an int, or the loop variable ``"p"``)
-    and ``index`` its index source in the argument's shape. See
-    NOTE: [Unrolled or looped pushes].
+    ``store(dout, p, index)`` gives the lines that consume the tangent output
+    ``dout`` of one push: ``p`` is the flat position (an int, or the loop
+    variable ``"p"``) and ``index`` its index source in the argument's shape.
+    See NOTE: [Vector-mode pushes].
     """
     spec = in_specs[a]
-    if spec.size <= UNROLL:
+    if writer.widens(spec.size):
+        name = writer.tangent_function(jvp_name, spec.size)
+        lanes = [basis(in_specs[b], p if b == a else None) for p in range(spec.size) for b in argnums]
+        writer.line(f"t_{a} = {name}({', '.join(params + lanes)})")
         for p in range(spec.size):
-            tangents = [basis(in_specs[b], p if b == a else None) for b in argnums]
-            writer.line(f"t_{a}_{p} = {jvp_name}({', '.join(params + tangents)})")
-            for line in store(f"t_{a}_{p}", str(p), _static_index(spec.shape, p)):
+            for line in store(f"t_{a}[{p + 1}]", str(p), _static_index(spec.shape, p)):
                 writer.line(line)
         return
     writer.line(f"for p in range({spec.size}):")
     writer.line(f"    e = {zero(spec.shape, spec.dtype)}")
     writer.line(f"    e[{_dynamic_index(spec.shape, 'p')}] = 1.0")
     tangents = ["e" if b == a else basis(in_specs[b], None) for b in argnums]
-    writer.line(f"    t = {jvp_name}({', '.join(params + tangents)})")
-    for line in store("t", "p", _dynamic_index(spec.shape, "p")):
+    writer.line(f"    t = {writer.tangent_function(jvp_name, 1)}({', '.join(params + tangents)})")
+    for line in store("t[1]", "p", _dynamic_index(spec.shape, "p")):
         writer.line("    " + line)
 
 
-def _tangent_out(t, o, single_out):
-    return f"{t}[1]" if single_out else f"{t}[1][{o}]"
+def tangent_functions(writer, jvp_name, parent_body, active):
+    """Namespace entries for the tangent functions ``writer``'s pushes call."""
+    from ._tangent import jvp_func
+
+    return {writer.tangent_function(jvp_name, w): jvp_func(parent_body, active, w) for w in writer.widths}
+
+
+def _tangent_out(dout, o, single_out):
+    return dout if single_out else f"{dout}[{o}]"
 
 
 def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out):
@@ -151,7 +189,7 @@ def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, singl
             if out.shape + spec.shape:  # a scalar block is assigned whole by its one push
                 writer.line(f"J_{o}_{a} = {zero(out.shape + spec.shape, out.dtype)}")
 
-        def store(t, p, index):
+        def store(dout, p, index):
             lines = []
             for o, out in enumerate(out_specs):
                 full = out.shape + spec.shape
@@ -160,7 +198,7 @@ def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, singl
                         target = ", ".join([str(i) for i in oidx] + ([index] if index else []))
                     else:
                         target = f"{int(np.ravel_multi_index(oidx, out.shape)) if oidx else 0} * {spec.size} + {p}"
-                    value = entry(_tangent_out(t, o, single_out), out.shape, oidx)
+                    value = entry(_tangent_out(dout, o, single_out), out.shape, oidx)
                     lines.append(f"J_{o}_{a}[{target}] = {value}" if target else f"J_{o}_{a} = {value}")
             return lines
 
@@ -181,11 +219,11 @@ def vjp_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out
         if spec.shape:
             writer.line(f"g_{a} = {zero(spec.shape, spec.dtype)}")
 
-        def store(t, p, index):
+        def store(dout, p, index):
             terms = []
             for o, (out, c) in enumerate(zip(out_specs, cotangents)):
-                dout = _tangent_out(t, o, single_out)
-                terms.append(f"{dout} * {c}" if out.shape == () else f"({dout} * {c}).sum()")
+                d = _tangent_out(dout, o, single_out)
+                terms.append(f"{d} * {c}" if out.shape == () else f"({d} * {c}).sum()")
             target = f"g_{a}[{index}]" if index else f"g_{a}"
             return [f"{target} = {' + '.join(terms)}"]
 

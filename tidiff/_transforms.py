@@ -17,7 +17,7 @@ import numpy as np
 import taichi as ti
 
 from ._arrays import ArgBatch, contiguous, read_args
-from ._bodies import BodyWriter, jacobian_lines, jacobian_spec
+from ._bodies import BodyWriter, jacobian_lines, jacobian_spec, tangent_functions
 from ._codegen import compile_source
 from ._function import Function, as_function, taichi_callable
 from ._pointwise import DerivedFunction, identifier, tangent_function
@@ -147,8 +147,6 @@ class Transformed(DerivedFunction):
         return self._bodies[key]
 
     def _make_body(self, specs):
-        from ._tangent import jvp_func
-
         parent_body = self.parent.body_for(specs)
         if parent_body is None:
             return None
@@ -158,7 +156,7 @@ class Transformed(DerivedFunction):
         jvp_name = identifier(self.parent.name) + "_jvp"
         active = tuple(k in argnums for k in range(len(specs)))
         params = [s.name for s in specs]
-        writer = BodyWriter(identifier(self.name), params)
+        writer = BodyWriter(identifier(self.name), params, parent_body, active)
         blocks = jacobian_lines(writer, jvp_name, params, specs, argnums, out_specs, single)
         primal_name = identifier(self.parent.name)
         if any(it[0] == "out" for it in items):
@@ -168,8 +166,8 @@ class Transformed(DerivedFunction):
             for it in items
         ]
         source = writer.source(results, single=not isinstance(own_tree, tuple))
-        namespace = {"ti": ti, jvp_name: jvp_func(parent_body, active), primal_name: parent_body}
-        return compile_source(source, writer.name, namespace, self.kind)
+        namespace = {"ti": ti, primal_name: parent_body, **tangent_functions(writer, jvp_name, parent_body, active)}
+        return writer.finish(compile_source(source, writer.name, namespace, self.kind))
 
     # -- host --------------------------------------------------------------
     def _mode(self, specs):

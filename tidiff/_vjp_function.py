@@ -6,7 +6,7 @@ A vjp that is itself a ``td.Function`` can be transformed again: its jvp in
 """
 import taichi as ti
 
-from ._bodies import BodyWriter, vjp_lines
+from ._bodies import BodyWriter, tangent_functions, vjp_lines
 from ._codegen import compile_source
 from ._pointwise import DerivedFunction, identifier
 from ._signature import ArgSpec
@@ -66,8 +66,6 @@ class VjpFunction(DerivedFunction):
         return self._bodies[key]
 
     def _make_body(self, specs):
-        from ._tangent import jvp_func
-
         primal, cts = self._split(specs)
         parent_body = self.parent.body_for(primal)
         if parent_body is None:
@@ -77,12 +75,12 @@ class VjpFunction(DerivedFunction):
         params = [s.name for s in primal]
         ct_names = [f"ct_{j}" for j in range(len(cts))]
         jvp_name = identifier(self.parent.name) + "_jvp"
-        writer = BodyWriter(identifier(self.name), params + ct_names)
+        active = tuple(k in floats for k in range(len(primal)))
+        writer = BodyWriter(identifier(self.name), params + ct_names, parent_body, active)
         grads = vjp_lines(writer, jvp_name, params, primal, floats, out_specs, not isinstance(tree, tuple), ct_names)
         source = writer.source([grads[a] for a in floats], single=False)
-        active = tuple(k in floats for k in range(len(primal)))
-        namespace = {"ti": ti, jvp_name: jvp_func(parent_body, active)}
-        return compile_source(source, writer.name, namespace, "vjp")
+        namespace = {"ti": ti, **tangent_functions(writer, jvp_name, parent_body, active)}
+        return writer.finish(compile_source(source, writer.name, namespace, "vjp"))
 
     def _evaluate(self, batch, counter):
         if self.body_for(batch.specs) is not None:

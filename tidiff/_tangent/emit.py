@@ -13,18 +13,22 @@ _CACHE = {}
 """(f, active) -> generated function: each pattern is transformed once."""
 
 
-def jvp_func(f, active=None):
+def jvp_func(f, active=None, width=1):
     """Forward-mode (tangent) transform of a ``@ti.func``.
 
     Args:
         f: a ``@ti.func``, or a function this returned (for higher orders).
         active: one bool per parameter of ``f``; only active parameters get a
             tangent parameter, the others have zero tangent. Default: all.
+        width: how many tangent directions one call carries (vector mode,
+            see ``lanes.py``).
 
     Returns:
         A ``@ti.func`` ``g(p1, ..., pn, dp_a1, ..., dp_ak)`` taking every primal
         parameter, then one tangent per active parameter, and returning
         ``(out, dout)``: ``f``'s result and its tangent, in the same structure.
+        With ``width`` k > 1 it takes k tangents per active parameter, lane by
+        lane, and returns ``(out, dout_0, ..., dout_{k-1})``.
 
     Example::
 
@@ -39,16 +43,16 @@ def jvp_func(f, active=None):
     active = (True,) * n if active is None else tuple(bool(a) for a in active)
     if len(active) != n:
         raise ValueError(f"jvp_func(f, active): f takes {n} parameters, active has {len(active)} entries")
-    key = (f, active)
+    key = (f, active, width)
     if key not in _CACHE:
-        _CACHE[key] = _generate(f, active)
+        _CACHE[key] = _generate(f, active, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
     return _CACHE[key]
 
 
-def _generate(f, active, make=None):
-    """Transform ``f`` with ``make(parsed, active)`` (default: a plain :class:`Transformer`) and compile."""
+def _generate(f, active, make):
+    """Transform ``f`` with ``make(parsed, active)`` (a :class:`Transformer`) and compile."""
     parsed = parse(f)
-    transformer = Transformer(parsed, active, jvp_func) if make is None else make(parsed, active)
+    transformer = make(parsed, active)
     tree = transformer.run()
     text = ast.unparse(ast.Module([tree], []))
     namespace = dict(parsed.namespace)
@@ -59,6 +63,7 @@ def _generate(f, active, make=None):
     g._tidiff_source = text + "\n"
     g._tidiff_primal = f
     g._tidiff_active = active
+    g._tidiff_lane_cost = getattr(transformer, "lane_cost", 0)
     return g
 
 

@@ -53,10 +53,25 @@ def parse(f):
             namespace[name] = cell.cell_contents
         except ValueError:  # an unfilled cell: the name is not bound yet
             pass
+    _bind_annotations(tree, fn, namespace)
     return Parsed(tree, inspect.getsourcefile(fn) or fn.__code__.co_filename, first_line, namespace)
 
 
 MISSING = object()
+
+
+def _bind_annotations(tree, fn, namespace):
+    """Parameter annotations the namespace cannot resolve (a type made in the enclosing function,
+    which is no closure variable) are bound to their evaluated values under fresh names."""
+    for arg in tree.args.args:
+        if arg.annotation is None or all(resolve(n, namespace) is not MISSING for n in ast.walk(arg.annotation)
+                                         if isinstance(n, ast.Name)):
+            continue
+        value = fn.__annotations__.get(arg.arg, MISSING)
+        if value is not MISSING:
+            name = f"_tidiff_annotation_{arg.arg}"
+            namespace[name] = value
+            arg.annotation = ast.Name(name, ast.Load())
 
 
 def resolve(node, namespace):

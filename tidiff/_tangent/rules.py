@@ -239,8 +239,8 @@ defjvp(method("norm", "length") + [ti.math.length], lambda g, x, *eps: x.dot(g) 
 defjvp(method("norm_sqr"), lambda g, x: 2 * x.dot(g))
 defjvp(method("normalized") + [ti.math.normalize],
        lambda g, x, *eps: (g - x.normalized(*eps) * x.normalized(*eps).dot(g)) / x.norm(*eps))
-defjvp(method("determinant") + [ti.math.determinant], lambda g, x: helpers.det_jvp(x, g))
-defjvp(method("inverse") + [ti.math.inverse], lambda g, x: helpers.inverse_jvp(x, g))
+defjvp(method("determinant") + [ti.math.determinant], lambda g, x: (helpers.cofactors(x) * g).sum())
+defjvp(method("inverse") + [ti.math.inverse], lambda g, x: -(x.inverse() @ g @ x.inverse()))
 defjvp(ti.math.distance,
        lambda g, x, y: (x - y).dot(g) / (x - y).norm(),
        lambda g, x, y: -(x - y).dot(g) / (x - y).norm())

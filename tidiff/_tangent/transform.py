@@ -15,6 +15,7 @@ from taichi.lang.field import Field
 
 from .._errors import TransformError
 from .activity import active_variables, loaded_names, local_names, root_names
+from .lanes import CALL_MARK, Lanes, lane_cost
 from .naming import Namer, names_in
 from .parse import MISSING, python_function, resolve
 from .rules import CUSTOM_JVPS, Call, RULES, lookup, zero
@@ -100,8 +101,9 @@ class Transformer:
     decorator = "func"  # the generated function is a ``@ti.func`` ...
     returns = None  # ... without a return annotation (it returns a (primal, tangent) pair)
 
-    def __init__(self, parsed, active, jvp_of):
+    def __init__(self, parsed, active, jvp_of, width=1):
         self.parsed = parsed
+        self.width = width
         self.tree = parsed.tree
         self.params = [a.arg for a in self.tree.args.args]
         self.active_params = [p for p, a in zip(self.params, active) if a]
@@ -128,7 +130,7 @@ class Transformer:
         self._check_fields()
         tangent_args = [ast.arg(self.namer.tangent(a.arg), a.annotation)
                         for a in args.args if a.arg in self.active_params]
-        name = self.namer.fresh(self.tree.name + "_jvp")
+        name = self.namer.fresh(self.tree.name + ("_jvp" if self.width == 1 else f"_jvp{self.width}"))
         for param in self.params:
             if param in self.active and param not in self.active_params:
                 self.emit(_assign(self.namer.tangent(param), zero_like(_name(param)).node))
@@ -137,11 +139,22 @@ class Transformer:
             body = body[1:]  # the docstring
         for stmt in body:
             self.statement(stmt)
+        self.lane_cost = lane_cost(self.block, set(self.namer.tangents.values()), self._callee_cost)
+        if self.width > 1:
+            lanes = Lanes(self.namer, self.width)
+            self.block = lanes.block(self.block)
+            tangent_args = [ast.arg(lanes.names[a.arg][k], a.annotation)
+                            for k in range(self.width) for a in tangent_args]
         decorator = ast.Attribute(_name(TAICHI), self.decorator, ast.Load())
         fn = ast.FunctionDef(name, ast.arguments([], args.args + tangent_args, None, [], [], None, []),
                              self.block or [ast.Pass()], [decorator], self.returns)
         _Rename({TAICHI: self.taichi_name}).visit(fn)
         return ast.fix_missing_locations(fn)
+
+    def _callee_cost(self, stmt):
+        """Lane cost of the tangent function (or custom rule) a call statement calls."""
+        fn = self.helpers[stmt.value.func.id]
+        return getattr(fn, "_tidiff_lane_cost", len(stmt.value.args))
 
     def _check_fields(self):
         """Global fields and ndarrays are program state, not function inputs: refuse them."""
@@ -397,7 +410,66 @@ class Transformer:
         call = Call(fn, [Sym(a) for a in args], [None if t is None else Sym(t) for t in tangents],
                     {k.arg: Sym(k.value) for k in keywords}, list(static_args))
         dp = rule(call)
-        return p, None if dp is None else dp.node
+        if dp is None:
+            return p, None
+        p, dp = self._share_result(p, dp.node)
+        return p, dp if self.width == 1 else self._hoist(dp)
+
+    def _share_result(self, p, dp):
+        """Bind a call's result once when its tangent repeats it (``tanh``, ``exp``, ``inverse``)."""
+        if not isinstance(p, ast.Call):
+            return p, dp
+        if self._is_local(p.func):  # a method: the rule spells it the same way
+            key = ast.dump(p)
+            same = lambda node: ast.dump(node) == key  # noqa: E731
+        else:  # rules spell ``ti`` as a placeholder: compare callees resolved
+            namespace = {**self.parsed.namespace, TAICHI: ti}
+            callee = resolve(p.func, namespace)
+            if callee is MISSING:
+                return p, dp
+            args = ast.dump(ast.Tuple(p.args + [k.value for k in p.keywords], ast.Load()))
+            same = lambda node: (  # noqa: E731
+                isinstance(node, ast.Call) and resolve(node.func, namespace) is callee
+                and ast.dump(ast.Tuple(node.args + [k.value for k in node.keywords], ast.Load())) == args)
+        if not any(same(sub) for sub in ast.walk(dp)):
+            return p, dp
+        name = self.namer.fresh(_hint(p))
+        self.emit(_assign(name, p))
+        return _name(name), _Replace(same, name).visit(dp)
+
+    def _hoist(self, dp):
+        """Bind the tangent-free parts of a tangent to primal temporaries (``1 - tanh_x ** 2``).
+
+        They are then computed once, not once per tangent lane (``lanes.py``).
+        """
+        tangents = set(self.namer.tangents.values())
+        hoisted = {}
+
+        def visit(node):
+            if isinstance(node, ast.Call):
+                if resolve(node.func, self.parsed.namespace) is ti.static:
+                    return node
+            elif not isinstance(node, (ast.BinOp, ast.UnaryOp, ast.IfExp, ast.Tuple, ast.List)):
+                return node  # names, constants, subscripts and comparisons stay as written
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            if names and not names & tangents and not is_atomic(node) and not isinstance(node, (ast.Tuple, ast.List)):
+                key = ast.dump(node)
+                if key not in hoisted:
+                    hoisted[key] = self.namer.fresh(_hint(node))
+                    self.emit(_assign(hoisted[key], node))
+                return _name(hoisted[key])
+            for field, value in ast.iter_fields(node):
+                if field == "func":  # keep callees, but look into a method's receiver
+                    if isinstance(value, ast.Attribute):
+                        value.value = visit(value.value)
+                    continue
+                if isinstance(value, list):
+                    setattr(node, field, [visit(v) if isinstance(v, ast.expr) else v for v in value])
+                elif isinstance(value, ast.expr):
+                    setattr(node, field, visit(value))
+            return node
+
+        return visit(dp)
 
     # --- calls ---------------------------------------------------------------
     def expr_Call(self, node):
@@ -472,17 +544,19 @@ class Transformer:
         if custom is None:
             mask = tuple(dp is not None for _, dp in parts)
             tangents = [dp for _, dp in parts if dp is not None]
-            fn = self.jvp_of(callee, mask)
+            fn = self.jvp_of(callee, mask) if self.width == 1 else self.jvp_of(callee, mask, self.width)
         else:
             fn = custom
             tangents = [zero_like(p).node if dp is None else dp for p, dp in parts]
         base = ast.unparse(node.func).split(".")[-1]
-        helper = self.helper(fn, base + "_jvp")
+        helper = self.helper(fn, base + ("_jvp" if self.width == 1 or custom is not None else f"_jvp{self.width}"))
         call = ast.Call(_name(helper), [p for p, _ in parts] + tangents, [])
         if into is None:
             out = self.namer.fresh(_hint(node))
             into = (out, self.namer.tangent(out))
-        self.emit(ast.Assign([ast.Tuple([ast.Name(n, ast.Store()) for n in into], ast.Store())], call))
+        stmt = ast.Assign([ast.Tuple([ast.Name(n, ast.Store()) for n in into], ast.Store())], call)
+        setattr(stmt, CALL_MARK, (len(parts), custom is not None))
+        self.emit(stmt)
         return _name(into[0]), _name(into[1])
 
     def _positional(self, node, callee):
@@ -530,6 +604,18 @@ def _hint(node):
     if isinstance(node, (ast.BinOp, ast.UnaryOp)):
         return _OP_NAMES.get(type(node.op), "t")
     return "t"
+
+
+class _Replace(ast.NodeTransformer):
+    """Replace every subtree ``same(node)`` accepts by the variable ``name``."""
+
+    def __init__(self, same, name):
+        self.same, self.name = same, name
+
+    def visit(self, node):
+        if isinstance(node, ast.expr) and self.same(node):
+            return _name(self.name)
+        return super().visit(node)
 
 
 class _Rename(ast.NodeTransformer):
