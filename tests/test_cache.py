@@ -1,5 +1,6 @@
 """Compile once: repeated calls with new values or batch sizes compile nothing."""
 import numpy as np
+import pytest
 
 import taichi as ti
 import tidiff as td
@@ -47,3 +48,25 @@ def test_jvp_and_vjp_calls_compile_once():
     assert jvp3.compiles == jvp1.compiles and vjp3.compiles == vjp1.compiles
     assert jvp3.calls == 3 and jvp3.hits == jvp1.hits + 2
     assert vjp3.calls == 6 and vjp3.hits == vjp1.hits + 4
+
+
+@ti.func
+def cubic(x: ti.f64, k: ti.i32) -> ti.f64:
+    return k * x ** 3 - x
+
+
+def test_repeated_calls_with_python_numbers_launch_the_scalar_kernel_directly():
+    d = td.grad(cubic)
+    assert d(2.0, 3) == 35.0  # checked and dispatched, then remembered for (float, int)
+    before = _info(d)
+    for x in (0.5, -1.0, float("nan")):
+        np.testing.assert_equal(d(x, 3), 9 * x ** 2 - 1)
+    assert isinstance(d(0.5, 3), np.ndarray) and d(0.5, 3).dtype == np.float64
+    info = _info(d)
+    assert info.compiles == before.compiles and info.calls == before.calls + 5 and info.hits == before.hits + 5
+    # other argument types still go through the checks
+    with pytest.raises(TypeError, match="expects integer values"):
+        d(2.0, 3.5)
+    with pytest.raises(TypeError, match="expected 2 arguments"):
+        d(2.0)
+    np.testing.assert_allclose(d(np.array([1.0, 2.0]), 3), [8.0, 35.0])

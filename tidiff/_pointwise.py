@@ -50,6 +50,11 @@ def batch_kernel(fn, specs, counter):
 # (``td.grad(p)(1.0)``) runs a kernel taking and returning scalars by value:
 # a parallel launch over one-element arrays costs several times more. Such a
 # function compiles one more kernel the first time it is called that way.
+# Once a call with Python numbers has run such a kernel for the function
+# itself, later calls with the same argument types skip the checks and
+# dispatch and launch it directly (``Function.__call__``): the numbers were
+# checked by the first call, and a kernel taking scalars by value neither
+# recompiles for new values nor keeps state between calls.
 
 
 def scalar_kernel(fn, specs, counter):
@@ -69,7 +74,9 @@ def evaluate_body(fn, specs, batch, counter):
     if batch.batch_shape == ():
         out_specs, tree = fn.signature(list(specs))
         if ScalarKernel.fits(specs, out_specs, isinstance(tree, tuple)):
-            return scalar_kernel(fn, specs, counter)(batch.arrays)
+            sk = scalar_kernel(fn, specs, counter)
+            batch.scalar_kernel = (fn, sk)  # a later call with Python numbers goes straight to it
+            return sk(batch.arrays)
     bk = batch_kernel(fn, specs, counter)
     n, inputs = flatten_batch(batch.arrays, specs, batch.batch_shape)
     return [o.reshape(batch.batch_shape + s.shape) for o, s in zip(bk(n, inputs), bk.out_specs)]
