@@ -116,3 +116,22 @@ def test_hessian_with_tuple_argnums_is_the_nested_block_matrix():
     for a in range(2):
         for b in range(2):
             np.testing.assert_allclose(H[a][b], expected[a][b].numpy(), rtol=1e-12, atol=1e-15)
+
+
+@ti.func
+def named_like_locals(p: ti.math.vec3, e: ti.f64, t: ti.f64) -> ti.f64:
+    return e * p.dot(p) + ti.sin(t * p[0])
+
+
+def test_parameters_named_like_generated_locals():
+    rng = np.random.default_rng(4)
+    p, e, t = rng.uniform(0.2, 1.0, (2, 3)), rng.uniform(0.2, 1.0, 2), rng.uniform(0.2, 1.0, 2)
+    grads = td.grad(named_like_locals, argnums=(0, 1, 2))(p, e, t)
+    hess = td.hessian(named_like_locals)(p, e, t)
+    for b in range(2):
+        args = tuple(torch.tensor(v[b]) for v in (p, e, t))
+        fn = lambda p_, e_, t_: e_ * p_.dot(p_) + torch.sin(t_ * p_[0])  # noqa: E731
+        for got, want in zip(grads, torch.autograd.functional.jacobian(fn, args)):
+            np.testing.assert_allclose(got[b], want.numpy(), rtol=1e-13)
+        want_h = torch.autograd.functional.hessian(lambda p_: fn(p_, args[1], args[2]), args[0])
+        np.testing.assert_allclose(hess[b], want_h.numpy(), rtol=1e-13, atol=1e-14)

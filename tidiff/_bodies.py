@@ -10,6 +10,7 @@ Values of rank above 2 (a Jacobian of a matrix by a matrix) are carried as
 flat vectors in row-major order, since Taichi matrices have at most 2 dims.
 """
 import itertools
+import re
 
 import numpy as np
 
@@ -54,6 +55,15 @@ def basis(spec, hot):
     indices = list(itertools.product(*[range(n) for n in spec.shape]))
     entries = {idx: ("1.0" if k == hot else "0.0") for k, idx in enumerate(indices)}
     return literal(entries, spec.shape, spec.dtype)
+
+
+_RESERVED = re.compile(r"^(p|q|e|f|t|value|ti|[JtgH]_\d.*|ct_\d+)$")
+"""Names generated bodies use for their own locals (and ``ti``)."""
+
+
+def body_params(specs):
+    """Parameter names for a generated body: the user's, unless one clashes with a local of the body."""
+    return [f"arg{k}_{s.name}" if _RESERVED.match(s.name) else s.name for k, s in enumerate(specs)]
 
 
 def jacobian_spec(out, arg, name):
@@ -119,7 +129,7 @@ WIDE = "_tidiff_wide"
 
 def _dynamic_index(shape, p):
     """Index source for flat position ``p`` (a runtime name) of a value of ``shape`` (rank 1 or 2)."""
-    if len(shape) == 1:
+    if len(shape) != 2:  # rank 1, or flat (NOTE: [Flat values])
         return p
     return f"{p} // {shape[1]}, {p} % {shape[1]}"
 

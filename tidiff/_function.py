@@ -135,7 +135,7 @@ class Function:
     def __call__(self, *args):
         types = tuple(map(type, args))
         fast = self._scalar_calls.get(types)
-        if fast is not None:  # Python numbers, seen before: one by-value kernel launch
+        if fast is not None and not impl.inside_kernel():  # Python numbers, seen before: one launch
             self._counter.calls += 1
             self._counter.hits += 1
             return np.asarray(fast[0](*args), fast[1])

@@ -17,7 +17,7 @@ import numpy as np
 import taichi as ti
 
 from ._arrays import ArgBatch, contiguous, read_args
-from ._bodies import BodyWriter, jacobian_lines, jacobian_spec, tangent_functions
+from ._bodies import BodyWriter, body_params, jacobian_lines, jacobian_spec, tangent_functions
 from ._codegen import compile_source
 from ._function import Function, as_function, taichi_callable
 from ._pointwise import DerivedFunction, identifier, tangent_function
@@ -155,7 +155,7 @@ class Transformed(DerivedFunction):
         single = not isinstance(tree, tuple)
         jvp_name = identifier(self.parent.name) + "_jvp"
         active = tuple(k in argnums for k in range(len(specs)))
-        params = [s.name for s in specs]
+        params = body_params(specs)
         writer = BodyWriter(identifier(self.name), params, parent_body, active)
         blocks = jacobian_lines(writer, jvp_name, params, specs, argnums, out_specs, single)
         primal_name = identifier(self.parent.name)

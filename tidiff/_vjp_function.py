@@ -6,7 +6,7 @@ A vjp that is itself a ``td.Function`` can be transformed again: its jvp in
 """
 import taichi as ti
 
-from ._bodies import BodyWriter, tangent_functions, vjp_lines
+from ._bodies import BodyWriter, body_params, tangent_functions, vjp_lines
 from ._codegen import compile_source
 from ._pointwise import DerivedFunction, identifier
 from ._signature import ArgSpec
@@ -72,7 +72,7 @@ class VjpFunction(DerivedFunction):
             return None
         out_specs, tree = self.parent.signature(primal)
         floats = tuple(k for k, s in enumerate(primal) if s.is_float)
-        params = [s.name for s in primal]
+        params = body_params(primal)
         ct_names = [f"ct_{j}" for j in range(len(cts))]
         jvp_name = identifier(self.parent.name) + "_jvp"
         active = tuple(k in floats for k in range(len(primal)))
