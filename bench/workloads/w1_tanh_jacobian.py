@@ -174,7 +174,7 @@ def run(quick=False, log=print):
     for B in sizes:
         wl, cs, ref, skips = cases(B)
         log(f"\n{wl}")
-        repeats = 5 if (quick or B >= 1_000_000) else 9
+        repeats = 5 if quick else 9
         rows += measure(wl, cs, ref, repeats=repeats, log=log, min_sample_s=0.02 if B < 1e5 else 0.0)
         rows += skips
     return rows
