@@ -77,6 +77,7 @@ class BodyWriter:
         self.name = name
         self.lines = ["@ti.func", f"def {name}({', '.join(params)}):"]
         self.widths = set()
+        self.primal_value = None  # source of the parent's outputs as a widened push returned them
         self.parent, self.active = parent, active
         self.parent_wide = getattr(parent, WIDE, False)
 
@@ -162,6 +163,7 @@ def push_each(writer, jvp_name, params, in_specs, argnums, a, store):
         name = writer.tangent_function(jvp_name, spec.size)
         lanes = [basis(in_specs[b], p if b == a else None) for p in range(spec.size) for b in argnums]
         writer.line(f"t_{a} = {name}({', '.join(params + lanes)})")
+        writer.primal_value = writer.primal_value or f"t_{a}[0]"
         for p in range(spec.size):
             for line in store(f"t_{a}[{p + 1}]", str(p), _static_index(spec.shape, p)):
                 writer.line(line)

@@ -16,7 +16,7 @@ the whole batched function.
 import numpy as np
 import taichi as ti
 
-from ._arrays import ArgBatch, contiguous, read_args
+from ._arrays import ArgBatch, contiguous, read_args, unbroadcast
 from ._bodies import BodyWriter, body_params, jacobian_lines, jacobian_spec, tangent_functions
 from ._codegen import compile_source
 from ._function import Function, as_function, taichi_callable
@@ -122,6 +122,12 @@ class Transformed(DerivedFunction):
                 node = (grads, aux_node) if self.has_aux else grads
             else:
                 node = ((value, aux_node) if self.has_aux else value, grads)
+        elif self.kind == "linearize":  # every output, then Jacobian blocks (not of aux): td.vjp's residuals
+            for o in range(len(out_specs)):
+                items.append(("out", o))
+            for o in leaves(tree[0]) if self.has_aux else range(len(out_specs)):
+                block_of(o)
+            node = tuple(range(len(items)))
         else:  # jacfwd, jacrev, jacobian
 
             def over(t):
@@ -159,8 +165,8 @@ class Transformed(DerivedFunction):
         writer = BodyWriter(identifier(self.name), params, parent_body, active)
         blocks = jacobian_lines(writer, jvp_name, params, specs, argnums, out_specs, single)
         primal_name = identifier(self.parent.name)
-        if any(it[0] == "out" for it in items):
-            writer.line(f"value = {primal_name}({', '.join(params)})")
+        if any(it[0] == "out" for it in items):  # the value a widened push computed, else the primal's
+            writer.line(f"value = {writer.primal_value or primal_name + '(' + ', '.join(params) + ')'}")
         results = [
             blocks[it[1], it[2]] if it[0] == "jac" else ("value" if single else f"value[{it[1]}]")
             for it in items
@@ -448,8 +454,6 @@ def vjp(f, *primals, has_aux=False):
     call = f"td.vjp({fn.name})"
     batch = fn.read(primals, call)
     counter = _counter_of("vjp", fn)
-    with counter.tally():
-        outs = fn._evaluate(batch, counter)
     out_specs, tree = fn.signature(batch.specs)
     if has_aux:
         if not isinstance(tree, tuple) or len(tree) < 2:
@@ -458,6 +462,10 @@ def vjp(f, *primals, has_aux=False):
     else:
         main_tree, aux_tree = tree, None
     main_leaves = leaves(main_tree)
+    lin = _linearization(fn, batch.specs, out_specs, main_leaves, has_aux)
+    with counter.tally():
+        outs = (lin or fn)._evaluate(batch, counter)
+    outs, jacobians = outs[:len(out_specs)], outs[len(out_specs):]
 
     def vjp_fn(cotangent):
         cts = [None] * len(out_specs)
@@ -469,13 +477,57 @@ def vjp(f, *primals, has_aux=False):
                 raise ValueError(f"{call}: the cotangent must have the output's shape {expected}, got {arr.shape}")
             cts[leaf] = arr
         with counter.tally():
-            grads = fn._cotangents(batch, cts, counter)
+            if lin is not None:
+                grads = _contract(lin, batch, jacobians, cts, out_specs)
+            else:
+                grads = fn._cotangents(batch, cts, counter)
         return tuple(batch.wrap(g) for g in grads)
 
     wrapped = [batch.wrap(o) for o in outs]
     if has_aux:
         return unflatten(main_tree, wrapped), vjp_fn, unflatten(aux_tree, wrapped)
     return unflatten(tree, wrapped), vjp_fn
+
+
+# NOTE: [Linearized vjp] When a function with a body has per-element
+# Jacobians no larger than its inputs and outputs together (elementwise
+# maps, scalar energies), td.vjp computes the outputs and those Jacobians in
+# its one launch, as JAX keeps residuals, and vjp_fn contracts them with the
+# cotangent in NumPy: a memory-bound pass instead of a second launch that
+# recomputes the primal and its tangents. W3 (sin(x) x^2 + exp(-x), n = 1e7)
+# went from 166 ms + 235 ms to about 250 ms + 30 ms.
+
+
+def _linearization(fn, specs, out_specs, main_leaves, has_aux):
+    """The ``linearize`` transform of ``fn`` for td.vjp, or None (see NOTE: [Linearized vjp])."""
+    floats = tuple(k for k, s in enumerate(specs) if s.is_float)
+    if not floats or fn.body_for(specs) is None:
+        return None
+    entries = sum(out_specs[o].size * specs[a].size for o in main_leaves for a in floats)
+    if entries > sum(specs[a].size for a in floats) + sum(out_specs[o].size for o in main_leaves):
+        return None
+    lin = _transform("linearize", fn, floats, has_aux)
+    return lin if lin.body_for(specs) is not None else None
+
+
+def _contract(lin, batch, jacobians, cotangents, out_specs):
+    """``J^T c`` per argument from the stored per-element Jacobians, summed onto broadcast arguments."""
+    argnums, items, _, _ = lin.layout(batch.specs)
+    grads = [None] * len(batch.specs)
+    nb = len(batch.batch_shape)
+    for (_, o, a), jac in zip(items[len(out_specs):], jacobians):
+        c = cotangents[o]
+        if c is None:
+            continue
+        out, arg = out_specs[o], batch.specs[a]
+        term = jac * c.reshape(c.shape + (1,) * len(arg.shape))
+        if out.shape:
+            term = term.sum(axis=tuple(range(nb, nb + len(out.shape))))
+        grads[a] = term if grads[a] is None else grads[a] + term
+    for a in argnums:
+        shape = batch.arrays[a].shape
+        grads[a] = np.zeros(shape, batch.specs[a].dtype) if grads[a] is None else unbroadcast(grads[a], shape)
+    return grads
 
 
 def _flatten_like(tree, value, call):
