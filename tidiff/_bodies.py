@@ -15,6 +15,7 @@ import re
 import numpy as np
 
 from ._signature import ArgSpec
+from ._tangent.lanes import widened_name
 
 # NOTE: [Flat values] A spec with more than two dims is stored as a flat
 # ti.Vector in row-major order, in kernels and in generated bodies alike;
@@ -97,7 +98,7 @@ class BodyWriter:
     def tangent_function(self, jvp_name, width):
         """The name to call the parent's tangent function carrying ``width`` directions by."""
         self.widths.add(width)
-        return jvp_name if width == 1 else f"{jvp_name}{width}"
+        return widened_name(jvp_name, width)
 
     def line(self, text):
         self.lines.append("    " + text)

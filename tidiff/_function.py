@@ -133,14 +133,14 @@ class Function:
         return batch
 
     def __call__(self, *args):
+        if impl.inside_kernel():
+            return self.call_in_kernel(*args)
         types = tuple(map(type, args))
         fast = self._scalar_calls.get(types)
-        if fast is not None and not impl.inside_kernel():  # Python numbers, seen before: one launch
+        if fast is not None:  # Python numbers, seen before: one launch
             self._counter.calls += 1
             self._counter.hits += 1
             return np.asarray(fast[0](*args), fast[1])
-        if impl.inside_kernel():
-            return self.call_in_kernel(*args)
         batch = self.read(args)
         with self._counter.tally():
             flat = self._evaluate(batch, self._counter)

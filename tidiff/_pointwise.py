@@ -153,7 +153,17 @@ class BodyFunction(Function):
 
 class DerivedFunction(BodyFunction):
     """A function made from a ``parent`` (a transform, a vjp map): it runs its body when the
-    parent has one; otherwise the parent answers for its derivatives (``second_order_*``)."""
+    parent has one; otherwise the parent answers for its derivatives (``second_order_*``).
+
+    Subclasses set ``self._bodies = {}`` and write ``_make_body(specs)``.
+    """
+
+    def body_for(self, in_specs):
+        """The generated body for these input specs, made once by ``_make_body`` (None: no body)."""
+        key = tuple(in_specs)
+        if key not in self._bodies:
+            self._bodies[key] = self._make_body(list(key))
+        return self._bodies[key]
 
     def _jvp(self, batch, tangents, counter):
         if self.body_for(batch.specs) is None:

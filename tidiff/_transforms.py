@@ -146,12 +146,6 @@ class Transformed(DerivedFunction):
         return out_specs, tree
 
     # -- body --------------------------------------------------------------
-    def body_for(self, in_specs):
-        key = tuple(in_specs)
-        if key not in self._bodies:
-            self._bodies[key] = self._make_body(list(key))
-        return self._bodies[key]
-
     def _make_body(self, specs):
         parent_body = self.parent.body_for(specs)
         if parent_body is None:

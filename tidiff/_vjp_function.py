@@ -59,12 +59,6 @@ class VjpFunction(DerivedFunction):
         outs = [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in primal if s.is_float]
         return outs, tuple(range(len(outs)))
 
-    def body_for(self, in_specs):
-        key = tuple(in_specs)
-        if key not in self._bodies:
-            self._bodies[key] = self._make_body(list(key))
-        return self._bodies[key]
-
     def _make_body(self, specs):
         primal, cts = self._split(specs)
         parent_body = self.parent.body_for(primal)

@@ -23,6 +23,16 @@ MATMUL_WEIGHT = 8
 """Extra cost of a ``@`` in :func:`lane_cost`: Taichi expands it into one op per entry."""
 
 
+def widened_name(jvp_name, width):
+    """The name of a tangent function carrying ``width`` directions: ``f_jvp``, ``f_jvp8``."""
+    return jvp_name if width == 1 else f"{jvp_name}{width}"
+
+
+def mentions(node, names):
+    """Whether ``node`` reads or writes a variable in ``names``."""
+    return any(isinstance(sub, ast.Name) and sub.id in names for sub in ast.walk(node))
+
+
 def lane_cost(stmts, tangent_names, callee_cost):
     """Size of one lane of a tangent function: AST nodes of its tangent statements.
 
@@ -37,7 +47,7 @@ def lane_cost(stmts, tangent_names, callee_cost):
             total += lane_cost(stmt.body + stmt.orelse, tangent_names, callee_cost)
         elif hasattr(stmt, CALL_MARK):
             total += callee_cost(stmt)
-        elif any(isinstance(n, ast.Name) and n.id in tangent_names for n in ast.walk(stmt)):
+        elif mentions(stmt, tangent_names):
             total += sum(1 + MATMUL_WEIGHT * (isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult))
                          for n in ast.walk(stmt))
     return total
@@ -58,9 +68,6 @@ class Lanes:
                 sub.id = self.names[sub.id][k]
         return copy
 
-    def _mentions_tangent(self, node):
-        return any(isinstance(sub, ast.Name) and sub.id in self.names for sub in ast.walk(node))
-
     def block(self, stmts):
         out = []
         for stmt in stmts:
@@ -73,7 +80,7 @@ class Lanes:
             elif isinstance(stmt, ast.Return):
                 p, dp = stmt.value.elts
                 out.append(ast.Return(ast.Tuple([p] + [self.lane(dp, k) for k in range(self.width)], ast.Load())))
-            elif self._mentions_tangent(stmt):
+            elif mentions(stmt, self.names):
                 out.extend(self.lane(stmt, k) for k in range(self.width))
             else:
                 out.append(stmt)

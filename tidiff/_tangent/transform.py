@@ -15,7 +15,7 @@ from taichi.lang.field import Field
 
 from .._errors import TransformError
 from .activity import active_variables, loaded_names, local_names, root_names
-from .lanes import CALL_MARK, Lanes, lane_cost
+from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, names_in
 from .parse import MISSING, python_function, resolve
 from .rules import CUSTOM_JVPS, Call, RULES, lookup, zero
@@ -130,7 +130,7 @@ class Transformer:
         self._check_fields()
         tangent_args = [ast.arg(self.namer.tangent(a.arg), a.annotation)
                         for a in args.args if a.arg in self.active_params]
-        name = self.namer.fresh(self.tree.name + ("_jvp" if self.width == 1 else f"_jvp{self.width}"))
+        name = self.namer.fresh(widened_name(self.tree.name + "_jvp", self.width))
         for param in self.params:
             if param in self.active and param not in self.active_params:
                 self.emit(_assign(self.namer.tangent(param), zero_like(_name(param)).node))
@@ -549,7 +549,7 @@ class Transformer:
             fn = custom
             tangents = [zero_like(p).node if dp is None else dp for p, dp in parts]
         base = ast.unparse(node.func).split(".")[-1]
-        helper = self.helper(fn, base + ("_jvp" if self.width == 1 or custom is not None else f"_jvp{self.width}"))
+        helper = self.helper(fn, widened_name(base + "_jvp", self.width if custom is None else 1))
         call = ast.Call(_name(helper), [p for p, _ in parts] + tangents, [])
         if into is None:
             out = self.namer.fresh(_hint(node))
