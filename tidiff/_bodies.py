@@ -81,6 +81,18 @@ class BodyWriter:
         self.primal_value = None  # source of the parent's outputs as a widened push returned them
         self.parent, self.active = parent, active
         self.parent_wide = getattr(parent, WIDE, False)
+        self.reverse = None  # (name, function): the parent's reverse function, once a body calls it
+
+    def reverses(self, jvp_name, n_outputs):
+        """Whether the parent has a reverse function (then kept to call); see NOTE: [Reverse bodies]."""
+        if self.parent is None:
+            return False
+        from ._adjoint import vjp_func
+
+        fn = vjp_func(self.parent, self.active, n_outputs)
+        if fn is not None:
+            self.reverse = (jvp_name.removesuffix("_jvp") + "_vjp", fn)
+        return fn is not None
 
     def widens(self, size):
         """Whether pushing ``size`` basis tangents is one widened call (else a runtime loop)."""
@@ -179,21 +191,76 @@ def push_each(writer, jvp_name, params, in_specs, argnums, a, store):
 
 
 def tangent_functions(writer, jvp_name, parent_body, active):
-    """Namespace entries for the tangent functions ``writer``'s pushes call."""
+    """Namespace entries for the tangent (and reverse) functions ``writer``'s lines call."""
     from ._tangent import jvp_func
 
-    return {writer.tangent_function(jvp_name, w): jvp_func(parent_body, active, w) for w in writer.widths}
+    entries = {writer.tangent_function(jvp_name, w): jvp_func(parent_body, active, w) for w in writer.widths}
+    if writer.reverse is not None:
+        entries[writer.reverse[0]] = writer.reverse[1]
+    return entries
+
+
+# NOTE: [Reverse bodies] A gradient by forward pushes costs one push per
+# input component, and a Hessian built on it one second-order push per pair:
+# 81 for a 3x3 argument. When the parent is straight-line code, its reverse
+# function (``_adjoint``) gives all of a gradient in one call, and the
+# Hessian becomes one forward push through that call per input component
+# (forward over reverse, as JAX's ``hessian``). W2, the Neo-Hookean Hessian
+# at B=1e5: ... Bodies use it when the parent has fewer output components
+# than the arguments have input components; an explicit td.jacfwd does not,
+# nor does a Jacobian whose forward pushes are widened (W1: one widened
+# push beats four reverse calls).
+
+
+def _block_target(out, spec, oidx, idx):
+    """Index source of entry ``oidx + idx`` of a Jacobian block of shape ``out.shape + spec.shape``."""
+    full = out.shape + spec.shape
+    if len(full) <= 2:
+        return ", ".join(str(i) for i in oidx + idx)
+    return str(int(np.ravel_multi_index(oidx + idx, full)))
+
+
+def reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs):
+    """Jacobian blocks as :func:`jacobian_lines` gives them, by one reverse call per output component."""
+    name = writer.reverse[0]
+    order = sorted(argnums)
+    blocks = {}
+    for o, out in enumerate(out_specs):
+        for a in argnums:
+            blocks[o, a] = f"J_{o}_{a}"
+            if out.shape:
+                writer.line(f"J_{o}_{a} = {zero(out.shape + in_specs[a].shape, out.dtype)}")
+    for o, out in enumerate(out_specs):
+        for q, oidx in enumerate(itertools.product(*[range(n) for n in out.shape])):
+            cts = [basis(c, q if k == o else None) for k, c in enumerate(out_specs)]
+            result = f"r_{o}_{q}"
+            writer.line(f"{result} = {name}({', '.join(params + cts)})")
+            writer.primal_value = writer.primal_value or f"{result}[0]"
+            for a in argnums:
+                spec, ct = in_specs[a], f"{result}[{order.index(a) + 1}]"
+                if not out.shape:
+                    writer.line(f"J_{o}_{a} = {ct}")
+                    continue
+                for idx in itertools.product(*[range(n) for n in spec.shape]):
+                    writer.line(f"J_{o}_{a}[{_block_target(out, spec, oidx, idx)}] = {entry(ct, spec.shape, idx)}")
+    return blocks
 
 
 def _tangent_out(dout, o, single_out):
     return dout if single_out else f"{dout}[{o}]"
 
 
-def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out):
+def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out, forward_only=False):
     """Jacobian blocks, one per (output, argnum), of shape ``out.shape + arg.shape``.
 
     Returns ``{(o, a): name}``; the names hold the blocks after the lines.
     """
+    n_in = sum(in_specs[a].size for a in argnums)
+    n_out = sum(out.size for out in out_specs)
+    widened = all(writer.widens(in_specs[a].size) for a in argnums)
+    cheaper = n_out < n_in and not (widened and n_out > 1)  # reverse calls, one per output component
+    if cheaper and not forward_only and writer.reverses(jvp_name, len(out_specs)):
+        return reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs)
     blocks = {}
     for a in argnums:
         spec = in_specs[a]
@@ -226,6 +293,9 @@ def vjp_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out
     Returns ``{a: name}``.
     """
     grads = {}
+    if writer.reverses(jvp_name, len(out_specs)):  # one reverse call, whatever the sizes
+        writer.line(f"r = {writer.reverse[0]}({', '.join(params + cotangents)})")
+        return {a: f"r[{k + 1}]" for k, a in enumerate(sorted(argnums))}
     for a in argnums:
         spec = in_specs[a]
         grads[a] = f"g_{a}"

@@ -157,7 +157,8 @@ class Transformed(DerivedFunction):
         active = tuple(k in argnums for k in range(len(specs)))
         params = body_params(specs)
         writer = BodyWriter(identifier(self.name), params, parent_body, active)
-        blocks = jacobian_lines(writer, jvp_name, params, specs, argnums, out_specs, single)
+        blocks = jacobian_lines(writer, jvp_name, params, specs, argnums, out_specs, single,
+                                forward_only=self.kind == "jacfwd")
         primal_name = identifier(self.parent.name)
         if any(it[0] == "out" for it in items):  # the value a widened push computed, else the primal's
             writer.line(f"value = {writer.primal_value or primal_name + '(' + ', '.join(params) + ')'}")

@@ -18,6 +18,7 @@ import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
 from taichi.types import primitive_types
 
+from . import rule_helpers
 from .sym import Sym, helpers, ti as T, zero_like
 
 RULES = {}
@@ -249,3 +250,20 @@ defjvp(method("trace"), lambda g, x: g.trace())
 defjvp(method("sum"), lambda g, x: g.sum())
 defjvp(method("max"), lambda g, x: T.select(x.eq(x.max()), g, T.zero(g)).sum())
 defjvp(method("min"), lambda g, x: T.select(x.eq(x.min()), g, T.zero(g)).sum())
+
+
+# --- the linear helpers reverse rules call (forward over reverse) -----------
+def deflinear_in(keys, position):
+    """Register helpers linear in operand ``position``; the other operands (shapes, indices) pass as written."""
+    def rule(call):
+        t = call.tangents[position]
+        if t is None:
+            return None
+        args = list(call.args)
+        args[position] = t
+        return call.fn(*args)
+    _register(keys, rule)
+
+
+deflinear_in(rule_helpers.sum_to, 0)
+deflinear_in([rule_helpers.scatter, rule_helpers.scatter2, rule_helpers.trace_adjoint], 1)

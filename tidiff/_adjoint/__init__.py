@@ -1,0 +1,69 @@
+"""Source-to-source reverse mode for straight-line ``@ti.func`` code: ``vjp_func(f, active, n_outputs)``."""
+import ast
+
+import taichi as ti
+
+from .._codegen import compile_source
+from .._tangent import rule_helpers
+from .._tangent.parse import parse, python_function
+from .._tangent.sym import RULE_HELPERS
+from .transform import NotReversible, Reverser
+
+_CACHE = {}
+"""(f, active, n_outputs) -> the reverse function, or the NotReversible saying why there is none."""
+
+
+def vjp_func(f, active, n_outputs=1):
+    """The reverse function of a ``@ti.func``, or None when ``f`` is not straight-line code.
+
+    Args:
+        f: a ``@ti.func`` (or one tidiff generated).
+        active: one bool per parameter: which get a cotangent.
+        n_outputs: how many values ``f`` returns (a tuple of that many when > 1).
+
+    Returns:
+        A ``@ti.func`` ``f_vjp(p1, ..., pn, ct_1, ..., ct_m)`` taking every
+        parameter, then one cotangent per output, and returning the flat tuple
+        ``(out, ct_a1, ..., ct_ak)``: ``f``'s result, then ``J^T ct`` for each
+        active parameter. None when ``f`` has no reverse function (see
+        :func:`why_not`); derivatives then come from forward pushes.
+
+    Example::
+
+        @ti.func
+        def f(x, y):
+            return ti.sin(x) * y
+
+        g = vjp_func(f, (True, False))   # in a kernel: out, ct_x = g(x, y, 1.0)
+    """
+    key = (f, tuple(bool(a) for a in active), n_outputs)
+    if key not in _CACHE:
+        try:
+            _CACHE[key] = _generate(f, key[1], n_outputs)
+        except NotReversible as reason:
+            _CACHE[key] = reason
+    found = _CACHE[key]
+    return None if isinstance(found, NotReversible) else found
+
+
+def why_not(f, active, n_outputs=1):
+    """Why ``f`` has no reverse function for this pattern (a sentence), or None when it has one."""
+    vjp_func(f, active, n_outputs)
+    found = _CACHE[(f, tuple(bool(a) for a in active), n_outputs)]
+    return str(found) if isinstance(found, NotReversible) else None
+
+
+def _generate(f, active, n_outputs):
+    python_function(f)
+    parsed = parse(f)
+    reverser = Reverser(parsed, active, n_outputs, vjp_func)
+    tree = reverser.run()
+    text = ast.unparse(ast.Module([tree], [])) + "\n"
+    namespace = dict(parsed.namespace)
+    namespace.update(reverser.helpers)
+    namespace[reverser.taichi_name] = ti
+    namespace[RULE_HELPERS] = rule_helpers
+    g = compile_source(text, tree.name, namespace, tag="vjp")
+    g._tidiff_primal = f
+    g._tidiff_active = active
+    return g

@@ -1,0 +1,116 @@
+"""One reverse (adjoint) rule per Taichi op, in a registry keyed like the forward rules.
+
+A rule maps the cotangent ``g`` of an op's result, the result ``out`` and the
+operands (all as :class:`~tidiff._tangent.sym.Sym`) to one cotangent
+contribution per operand (``None`` where the op has no derivative). Each rule
+is the transpose of the forward rule in ``_tangent/rules.py`` for the same
+key, with ties broken the same way.
+
+Shapes are not known in the source: where an op broadcasts (``x * y`` with a
+scalar ``x``), the contribution is summed back with ``sum_to(v, x)``, which
+Taichi resolves when it compiles.
+"""
+import ast
+
+import taichi as ti
+from taichi.lang.matrix import MatrixType, VectorType
+
+from .._tangent.rules import is_dtype, is_integral
+from .._tangent.sym import helpers, ti as T
+
+ADJOINTS = {}
+"""op key -> (g, out, *operands) -> [contribution or None per operand]."""
+
+
+def defvjp(keys, *adjoints):
+    """Register one function ``adjoint(g, out, *operands)`` per operand (None: no derivative)."""
+    def rule(g, out, *args):
+        return [None if adj is None else adj(g, out, *args) for adj in adjoints] + [None] * (len(args) - len(adjoints))
+    for key in keys if isinstance(keys, (list, tuple)) else (keys,):
+        ADJOINTS[key] = rule
+
+
+def method(*names):
+    return [("method", n) for n in names]
+
+
+def lookup(callee):
+    """The adjoint rule of ``callee`` (dtype casts included), or None."""
+    try:
+        if callee in ADJOINTS:
+            return ADJOINTS[callee]
+    except TypeError:  # unhashable
+        return None
+    if is_dtype(callee) and not is_integral(callee):
+        return ADJOINTS["cast"]
+    return None
+
+
+def is_constructor(callee):
+    """``ti.math.vec3`` and its kin: a vector or matrix built from scalar entries."""
+    return isinstance(callee, (VectorType, MatrixType))
+
+
+def _sum_to(value, like):
+    return helpers.sum_to(value, like)
+
+
+def _zero(like):
+    return T.zero(like)
+
+
+# --- operators -------------------------------------------------------------
+defvjp(ast.Add, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to(g, y))
+defvjp(ast.Sub, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to(-g, y))
+defvjp(ast.Mult, lambda g, out, x, y: _sum_to(g * y, x), lambda g, out, x, y: _sum_to(x * g, y))
+defvjp(ast.Div, lambda g, out, x, y: _sum_to(g / y, x), lambda g, out, x, y: _sum_to(-g * out / y, y))
+defvjp([ast.Pow, pow, ti.pow],
+       lambda g, out, x, y: _sum_to(g * y * x ** (y - 1), x),
+       lambda g, out, x, y: _sum_to(g * out * T.log(x), y))
+defvjp(ast.Mod, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to(-g * T.floor(x / y), y))
+defvjp(ast.MatMult, lambda g, out, x, y: helpers.matmul_adjoint_left(g, x, y),
+       lambda g, out, x, y: helpers.matmul_adjoint_right(g, x, y))
+defvjp(ast.USub, lambda g, out, x: -g)
+defvjp([ast.UAdd, "cast", float], lambda g, out, x: g)
+defvjp(ti.cast, lambda g, out, x, dtype: g)
+
+# --- elementary functions ----------------------------------------------------
+defvjp(ti.sin, lambda g, out, x: g * T.cos(x))
+defvjp(ti.cos, lambda g, out, x: -g * T.sin(x))
+defvjp(ti.tan, lambda g, out, x: g / T.cos(x) ** 2)
+defvjp(ti.asin, lambda g, out, x: g / T.sqrt(1 - x * x))
+defvjp(ti.acos, lambda g, out, x: -g / T.sqrt(1 - x * x))
+defvjp(ti.atan2, lambda g, out, y, x: _sum_to(g * x / (x * x + y * y), y),
+       lambda g, out, y, x: _sum_to(-g * y / (x * x + y * y), x))
+defvjp(ti.tanh, lambda g, out, x: g * (1 - out * out))
+defvjp(ti.exp, lambda g, out, x: g * out)
+defvjp(ti.log, lambda g, out, x: g / x)
+defvjp(ti.sqrt, lambda g, out, x: g / (2 * out))
+defvjp(ti.rsqrt, lambda g, out, x: -0.5 * g * out / x)
+defvjp([abs, ti.abs], lambda g, out, x: g * T.math.sign(x))
+# ties go where the forward rules send them: min to x when x <= y, max to x when x >= y
+defvjp([min, ti.min], lambda g, out, x, y: _sum_to(T.select(x <= y, g, _zero(g)), x),
+       lambda g, out, x, y: _sum_to(T.select(x <= y, _zero(g), g), y))
+defvjp([max, ti.max], lambda g, out, x, y: _sum_to(T.select(x >= y, g, _zero(g)), x),
+       lambda g, out, x, y: _sum_to(T.select(x >= y, _zero(g), g), y))
+defvjp(ti.select, None, lambda g, out, c, a, b: _sum_to(T.select(c, g, _zero(g)), a),
+       lambda g, out, c, a, b: _sum_to(T.select(c, _zero(g), g), b))
+defvjp(ti.math.mix, lambda g, out, x, y, a: _sum_to(g * (1 - a), x), lambda g, out, x, y, a: _sum_to(g * a, y),
+       lambda g, out, x, y, a: _sum_to(g * (y - x), a))
+
+# --- vectors and matrices ----------------------------------------------------
+defvjp(method("dot") + [ti.math.dot], lambda g, out, x, y: g * y, lambda g, out, x, y: g * x)
+defvjp(method("cross") + [ti.math.cross], lambda g, out, x, y: helpers.cross_adjoint_left(g, x, y),
+       lambda g, out, x, y: helpers.cross_adjoint_right(g, x, y))
+defvjp(method("outer_product"), lambda g, out, x, y: g @ y, lambda g, out, x, y: g.transpose() @ x)
+defvjp(method("norm", "length") + [ti.math.length], lambda g, out, x, *eps: g * x / out)
+defvjp(method("norm_sqr"), lambda g, out, x: 2 * g * x)
+defvjp(method("normalized") + [ti.math.normalize],
+       lambda g, out, x, *eps: (g - out * out.dot(g)) / x.norm(*eps))
+defvjp(method("determinant") + [ti.math.determinant], lambda g, out, x: g * helpers.cofactors(x))
+defvjp(method("inverse") + [ti.math.inverse], lambda g, out, x: -(out.transpose() @ g @ out.transpose()))
+defvjp(ti.math.distance, lambda g, out, x, y: g * (x - y) / out, lambda g, out, x, y: -g * (x - y) / out)
+defvjp(method("transpose"), lambda g, out, x: g.transpose())
+defvjp(method("trace"), lambda g, out, x: helpers.trace_adjoint(x, g))
+defvjp(method("sum"), lambda g, out, x: _zero(x) + g)
+defvjp(method("max", "min"), lambda g, out, x: T.select(x.eq(out), _zero(x) + g, _zero(x)))

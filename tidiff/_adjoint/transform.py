@@ -1,0 +1,448 @@
+"""A straight-line ``@ti.func`` -> its reverse (vjp) function, or the reason it has none.
+
+The reverse function of ``f(x, mu)`` with ``x`` active reads::
+
+    @ti.func
+    def f_vjp(x, mu, ct_out):
+        <f's statements, one op per line, each variable assigned once>
+        <for each op, last first: add its operands' cotangents>
+        return (out, ct_x)
+
+Supported: assignments (plain, augmented, annotated, tuple to tuple), one
+final ``return``, and the ops with a rule in ``rules.py``, calls of other
+reversible ``@ti.func`` s included. Loops, branches, writes into matrix
+entries and custom rules make a function not reversible: its derivatives
+then come from forward pushes (``_bodies.py``), which handle everything.
+"""
+import ast
+import inspect
+from dataclasses import dataclass
+
+import taichi as ti
+
+from .._tangent.activity import loaded_names
+from .._tangent.naming import Namer, names_in
+from .._tangent.parse import MISSING, python_function, resolve
+from .._tangent.rules import CUSTOM_JVPS, RULES, lookup as forward_rule, zero
+from .._tangent.sym import TAICHI, Sym
+from . import rules
+from .rules import ADJOINTS, is_constructor
+
+
+class NotReversible(Exception):
+    """The function uses a construct the reverse transform does not handle (the message says which)."""
+
+
+@dataclass
+class Op:
+    """``target = <op>(args)`` in the forward sweep, with how to send a cotangent back."""
+
+    target: str
+    rule: object  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
+    args: list  # operand nodes: Names of SSA variables, or inactive expressions
+    callee: str = None  # for calls: the namespace name of the callee's reverse function
+
+
+def _name(identifier):
+    return ast.Name(identifier, ast.Load())
+
+
+def _assign(target, value, annotation=None):
+    if annotation is not None:
+        return ast.AnnAssign(ast.Name(target, ast.Store()), annotation, value, 1)
+    return ast.Assign([ast.Name(target, ast.Store())], value)
+
+
+_SIMPLE = (ast.Name, ast.Constant, ast.Attribute)
+_COMPONENTS = {"x": 0, "y": 1, "z": 2, "w": 3}
+_ZERO_ATTRIBUTES = {"n", "m", "shape", "dtype", "ndim"}
+
+
+class Reverser:
+    """Builds the reverse function of one parsed ``@ti.func`` for one activity pattern."""
+
+    def __init__(self, parsed, active, n_outputs, vjp_of):
+        self.parsed = parsed
+        self.tree = parsed.tree
+        self.params = [a.arg for a in self.tree.args.args]
+        self.n_outputs = n_outputs
+        self.vjp_of = vjp_of
+        self.namer = Namer(names_in(self.tree))
+        self.env = {p: p for p in self.params}  # variable -> the SSA name holding its current value
+        self.defined = set(self.params)
+        self.active = {p for p, a in zip(self.params, active) if a}
+        self.temps = set()
+        self.forward, self.backward, self.ops = [], [], []
+        self.helpers = {}
+        referenced_ti = parsed.namespace.get("ti", None)
+        uses_other_ti = "ti" in self.namer.taken and getattr(referenced_ti, "__name__", "") != "taichi"
+        self.taichi_name = self.namer.fresh("taichi") if uses_other_ti else "ti"
+
+    def run(self):
+        args = self.tree.args
+        if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
+            raise NotReversible("a parameter list with *args, **kwargs or keyword-only parameters")
+        body = self.tree.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+            raise NotReversible("no single return statement at the end")
+        for stmt in body[:-1]:
+            self.statement(stmt)
+        outputs = self.outputs(body[-1].value)
+        ct_params = [self.namer.fresh("ct_out" if self.n_outputs == 1 else f"ct_out{k}")
+                     for k in range(self.n_outputs)]
+        cts = self.sweep(outputs, ct_params)
+        result = outputs[0] if self.n_outputs == 1 else ast.Tuple(outputs, ast.Load())
+        grads = [_name(cts[p]) if p in cts else ast.Call(ast.Attribute(_name(TAICHI), "zero", ast.Load()), [_name(p)], [])
+                 for p in self.params if p in self.active]
+        self.backward.append(ast.Return(ast.Tuple([result] + grads, ast.Load())))
+        name = self.namer.fresh(self.tree.name + "_vjp")
+        decorator = ast.Attribute(_name(TAICHI), "func", ast.Load())
+        fn = ast.FunctionDef(name, ast.arguments([], args.args + [ast.arg(c) for c in ct_params], None, [], [], None, []),
+                             self.forward + self.backward, [decorator], None)
+        _RenameTaichi(self.taichi_name).visit(fn)
+        return ast.fix_missing_locations(fn)
+
+    # --- statements: the forward sweep -----------------------------------------
+    def statement(self, node):
+        handler = getattr(self, "stmt_" + type(node).__name__, None)
+        if handler is None:
+            raise NotReversible(f"a `{type(node).__name__}` statement")
+        handler(node)
+
+    def stmt_Assign(self, node):
+        if len(node.targets) != 1:
+            raise NotReversible("a chained assignment")
+        target = node.targets[0]
+        if isinstance(target, ast.Name):
+            return self.bind(target.id, self.value(node.value))
+        if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
+                and len(target.elts) == len(node.value.elts) and all(isinstance(t, ast.Name) for t in target.elts):
+            values = [self.operand(v) for v in node.value.elts]  # all read before any is written
+            for t, v in zip(target.elts, values):
+                self.bind(t.id, v)
+            return
+        raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
+
+    def stmt_AugAssign(self, node):
+        if not isinstance(node.target, ast.Name):
+            raise NotReversible(f"the update of `{ast.unparse(node.target)}`")
+        value = ast.BinOp(ast.Name(node.target.id, ast.Load()), node.op, node.value)
+        self.bind(node.target.id, self.value(value))
+
+    def stmt_AnnAssign(self, node):
+        if not isinstance(node.target, ast.Name) or node.value is None:
+            raise NotReversible(f"the declaration of `{ast.unparse(node.target)}`")
+        self.bind(node.target.id, self.value(node.value), annotation=self.rename(node.annotation))
+
+    def stmt_Expr(self, node):
+        if self.reads_active(node.value):
+            raise NotReversible(f"the statement `{ast.unparse(node)}`")
+        self.forward.append(ast.Expr(self.rename(node.value)))
+
+    def stmt_Pass(self, node):
+        pass
+
+    def bind(self, variable, value, annotation=None):
+        """``variable = value`` as a fresh SSA name (an op's own temporary is renamed instead)."""
+        ssa = variable if variable not in self.defined else self.namer.fresh(variable)
+        self.defined.add(ssa)
+        last = self.ops[-1] if self.ops else None
+        if (annotation is None and isinstance(value, ast.Name) and value.id in self.temps
+                and last is not None and last.target == value.id and isinstance(self.forward[-1], ast.Assign)
+                and self.forward[-1].targets[0].id == value.id):
+            self.forward[-1].targets[0].id = last.target = ssa  # the op computes the variable itself
+            self.active.add(ssa)
+        else:
+            self.forward.append(_assign(ssa, value, annotation))
+            if self.is_active(value):
+                self.ops.append(Op(ssa, ADJOINTS["cast"], [value]))
+                self.active.add(ssa)
+        self.env[variable] = ssa
+
+    def outputs(self, node):
+        values = node.elts if isinstance(node, ast.Tuple) else [node]
+        if len(values) != self.n_outputs:
+            raise NotReversible(f"a return of {len(values)} values where {self.n_outputs} are expected")
+        return [self.operand(v) for v in values]
+
+    # --- expressions -------------------------------------------------------------
+    def is_active(self, node):
+        return isinstance(node, ast.Name) and node.id in self.active
+
+    def reads_active(self, node):
+        return any(self.env.get(n) in self.active for n in loaded_names(node))
+
+    def rename(self, node):
+        """A copy of an expression reading the current SSA names of local variables."""
+        return _RenameLocals(self.env).visit(ast.parse(ast.unparse(node), mode="eval").body)
+
+    def operand(self, node):
+        """An expression as a Name (active, or an inactive value computed once) or a simple inactive node."""
+        value = self.value(node)
+        if self.is_active(value) or isinstance(value, _SIMPLE) or _is_number(value):
+            return value
+        name = self.namer.fresh("c")
+        self.forward.append(_assign(name, value))
+        return _name(name)
+
+    def value(self, node):
+        """Lower an expression: an active Name, or (no derivative) a renamed copy."""
+        if not self.reads_active(node):
+            return self.rename(node)
+        handler = getattr(self, "expr_" + type(node).__name__, None)
+        if handler is None:
+            raise NotReversible(f"the expression `{ast.unparse(node)}`")
+        return handler(node)
+
+    def op(self, rule, node, args, hint, callee=None):
+        """Emit ``t = node`` and remember how to send its cotangent to ``args``."""
+        target = self.namer.fresh(hint)
+        self.forward.append(_assign(target, node))
+        self.ops.append(Op(target, rule, args, callee))
+        self.active.add(target)
+        self.temps.add(target)
+        self.defined.add(target)
+        return _name(target)
+
+    def expr_Name(self, node):
+        return _name(self.env[node.id])
+
+    def expr_BinOp(self, node):
+        rule = ADJOINTS.get(type(node.op))
+        if rule is None:
+            if forward_rule(type(node.op)) is zero:  # x // y
+                return self.rename(node)
+            raise NotReversible(f"the operator in `{ast.unparse(node)}`")
+        a, b = self.operand(node.left), self.operand(node.right)
+        return self.op(rule, ast.BinOp(a, node.op, b), [a, b], _OP_HINTS.get(type(node.op), "t"))
+
+    def expr_UnaryOp(self, node):
+        if isinstance(node.op, (ast.Not, ast.Invert)):
+            return self.rename(node)
+        a = self.operand(node.operand)
+        return self.op(ADJOINTS[type(node.op)], ast.UnaryOp(node.op, a), [a], "neg")
+
+    def expr_Compare(self, node):
+        return self.rename(node)
+
+    expr_BoolOp = expr_Compare
+
+    def expr_Subscript(self, node):
+        if any(isinstance(n, ast.Slice) for n in ast.walk(node.slice)) or self.reads_active(node.slice):
+            raise NotReversible(f"the subscript `{ast.unparse(node)}`")
+        base = self.operand(node.value)
+        index = self.rename(node.slice)
+        return self._entry(base, index.elts if isinstance(index, ast.Tuple) else [index],
+                           ast.Subscript(base, index, ast.Load()))
+
+    def expr_Attribute(self, node):
+        if node.attr in _ZERO_ATTRIBUTES:
+            return self.rename(node)
+        if node.attr not in _COMPONENTS:
+            raise NotReversible(f"the attribute `{ast.unparse(node)}`")
+        base = self.operand(node.value)
+        return self._entry(base, [ast.Constant(_COMPONENTS[node.attr])], ast.Attribute(base, node.attr, ast.Load()))
+
+    def _entry(self, base, index, node):
+        if len(index) not in (1, 2):
+            raise NotReversible(f"the subscript `{ast.unparse(node)}`")
+        scatter = rules.helpers.scatter if len(index) == 1 else rules.helpers.scatter2
+        rule = lambda g, out, x: [scatter(x, g, *[Sym(i) for i in index])]  # noqa: E731
+        return self.op(rule, node, [base], f"{base.id}_entry")
+
+    def expr_Call(self, node):
+        func = node.func
+        if isinstance(func, ast.Attribute) and self._is_local(func.value):
+            return self.call_method(node)
+        if self._is_local(func):
+            raise NotReversible(f"a call of the local value `{ast.unparse(func)}`")
+        callee = resolve(func, self.parsed.namespace)
+        if callee is MISSING:
+            raise NotReversible(f"a call of the unknown name `{ast.unparse(func)}`")
+        if callee is ti.static or (_hashable(callee) and forward_rule(callee) is zero):
+            return self.rename(node)
+        if callee is ti.cast and not self._float_cast(node):
+            return self.rename(node)
+        if _hashable(callee) and callee in CUSTOM_JVPS:
+            raise NotReversible(f"a call of `{ast.unparse(func)}`, which has a custom derivative rule")
+        if any(self.reads_active(k.value) for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
+            raise NotReversible(f"the call `{ast.unparse(node)}`")
+        keywords = [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords]
+        if callee in (ti.Vector, ti.Matrix):
+            return self.construct(node, keywords)
+        if is_constructor(callee):
+            return self.construct_typed(node, callee, keywords)
+        if callee in (min, max, ti.min, ti.max) and len(node.args) > 2:  # rules are binary: min(min(a, b), c)
+            folded = node.args[0]
+            for arg in node.args[1:]:
+                folded = ast.Call(func, [folded, arg], [])
+            return self.value(folded)
+        rule = rules.lookup(callee)
+        if rule is not None:
+            args = [self.operand(a) for a in node.args]
+            return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
+        if getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__") \
+                and _hashable(callee) and forward_rule(callee) is None:
+            return self.call_function(node, callee)
+        raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
+
+    def _float_cast(self, node):
+        dtype = resolve(node.args[1], self.parsed.namespace) if len(node.args) == 2 else MISSING
+        return dtype is not MISSING and rules.is_dtype(dtype) and not rules.is_integral(dtype)
+
+    def call_method(self, node):
+        func = node.func
+        rule = ADJOINTS.get(("method", func.attr))
+        if rule is None:
+            if RULES.get(("method", func.attr)) is zero:
+                return self.rename(node)
+            raise NotReversible(f"the method `.{func.attr}()`")
+        if any(self.reads_active(k.value) for k in node.keywords):
+            raise NotReversible(f"the call `{ast.unparse(node)}`")
+        receiver = self.operand(func.value)
+        args = [self.operand(a) for a in node.args]
+        call = ast.Call(ast.Attribute(receiver, func.attr, ast.Load()), args,
+                        [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords])
+        return self.op(rule, call, [receiver] + args, f"{func.attr.lower()}_{receiver.id}")
+
+    def construct(self, node, keywords):
+        """``ti.Vector([a, b])``, ``ti.Matrix([[a, b], [c, d]])``: entry k gets ``g[k]``."""
+        if len(node.args) != 1 or not isinstance(node.args[0], (ast.List, ast.Tuple)):
+            raise NotReversible(f"the constructor `{ast.unparse(node)}`")
+        rows = node.args[0].elts
+        if all(isinstance(r, (ast.List, ast.Tuple)) for r in rows):
+            index = [(i, j) for i, r in enumerate(rows) for j in range(len(r.elts))]
+            entries = [e for r in rows for e in r.elts]
+            if any(isinstance(e, (ast.List, ast.Tuple)) for e in entries):
+                raise NotReversible(f"the constructor `{ast.unparse(node)}`")
+            args = [self.operand(e) for e in entries]
+            it = iter(args)
+            literal = ast.List([ast.List([next(it) for _ in r.elts], ast.Load()) for r in rows], ast.Load())
+        else:
+            index = [(k,) for k in range(len(rows))]
+            args = [self.operand(e) for e in rows]
+            literal = ast.List(args, ast.Load())
+        return self._constructed(ast.Call(node.func, [literal], keywords), args, index)
+
+    def construct_typed(self, node, callee, keywords):
+        """``ti.math.vec3(a, b, c)`` with one scalar per entry."""
+        shape = (callee.n,) if callee.ndim == 1 else (callee.n, callee.m)
+        size = shape[0] if len(shape) == 1 else shape[0] * shape[1]
+        if len(node.args) != size or size == 1:
+            raise NotReversible(f"the constructor `{ast.unparse(node)}` (one scalar per entry is supported)")
+        args = [self.operand(a) for a in node.args]
+        index = [(k,) for k in range(size)] if len(shape) == 1 else [divmod(k, shape[1]) for k in range(size)]
+        return self._constructed(ast.Call(node.func, args, keywords), args, index)
+
+    def _constructed(self, call, args, index):
+        rule = lambda g, out, *xs: [g[i[0]] if len(i) == 1 else g[i] for i in index]  # noqa: E731
+        return self.op(rule, call, args, "vec" if len(index[0]) == 1 else "mat")
+
+    def call_function(self, node, callee):
+        """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents."""
+        positional = _positional(node, callee)
+        args = [self.operand(a) for a in positional]
+        mask = tuple(self.is_active(a) for a in args)
+        reverse = self.vjp_of(callee, mask, 1)
+        if reverse is None:
+            raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
+        helper = self._helper(reverse, ast.unparse(node.func).split(".")[-1] + "_vjp")
+        return self.op(None, ast.Call(node.func, args, []), args, _call_hint(node.func, args), callee=helper)
+
+    def _helper(self, obj, hint):
+        for name, existing in self.helpers.items():
+            if existing is obj:
+                return name
+        name = self.namer.fresh(hint)
+        self.helpers[name] = obj
+        return name
+
+    def _is_local(self, node):
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return not isinstance(node, ast.Name) or node.id in self.env
+
+    # --- the reverse sweep ---------------------------------------------------------
+    def sweep(self, outputs, ct_params):
+        """Cotangent statements, last op first; returns {SSA name: the name of its cotangent}."""
+        cts = {}
+
+        def add(variable, contribution):
+            if variable in cts:
+                value = ast.BinOp(_name(cts[variable]), ast.Add(), contribution.node)
+            else:
+                cts[variable] = self.namer.fresh("ct_" + variable)
+                value = contribution.node
+            self.backward.append(_assign(cts[variable], value))
+
+        for out, ct in zip(outputs, ct_params):
+            if self.is_active(out):
+                add(out.id, Sym(_name(ct)))
+        for op in reversed(self.ops):
+            if op.target not in cts:
+                continue
+            g = Sym(_name(cts[op.target]))
+            if op.callee is not None:
+                result = self.namer.fresh(f"adj_{op.target}")
+                self.backward.append(_assign(result, ast.Call(_name(op.callee), op.args + [g.node], [])))
+                active = [a for a in op.args if self.is_active(a)]
+                contributions = {id(a): Sym(_name(result))[k + 1] for k, a in enumerate(active)}
+                contributions = [contributions.get(id(a)) for a in op.args]
+            else:
+                contributions = op.rule(g, Sym(_name(op.target)), *[Sym(a) for a in op.args])
+            for arg, contribution in zip(op.args, contributions):
+                if contribution is not None and self.is_active(arg):
+                    add(arg.id, contribution)
+        return cts
+
+
+_OP_HINTS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow",
+             ast.MatMult: "matmul", ast.Mod: "mod"}
+
+
+def _call_hint(func, args):
+    base = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "call")
+    return f"{base}_{args[0].id}" if len(args) == 1 and isinstance(args[0], ast.Name) else base
+
+
+def _is_number(node):
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
+
+
+def _hashable(obj):
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _positional(node, callee):
+    if not node.keywords:
+        return node.args
+    bound = inspect.signature(python_function(callee)).bind(*node.args, **{k.arg: k.value for k in node.keywords})
+    return list(bound.arguments.values())
+
+
+class _RenameLocals(ast.NodeTransformer):
+    def __init__(self, env):
+        self.env = env
+
+    def visit_Name(self, node):
+        if node.id in self.env:
+            return ast.Name(self.env[node.id], node.ctx)
+        return node
+
+
+class _RenameTaichi(ast.NodeTransformer):
+    """The rules' placeholder for the taichi module -> the name the function sees it by."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def visit_Name(self, node):
+        if node.id == TAICHI:
+            node.id = self.name
+        return node
