@@ -337,7 +337,9 @@ class Reverser:
         return self._constructed(ast.Call(node.func, args, keywords), args, index)
 
     def _constructed(self, call, args, index):
-        rule = lambda g, out, *xs: [g[i[0]] if len(i) == 1 else g[i] for i in index]  # noqa: E731
+        keys = [ast.Constant(i[0]) if len(i) == 1 else ast.Tuple([ast.Constant(k) for k in i], ast.Load())
+                for i in index]
+        rule = lambda g, out, *xs: [g[key] for key in keys]  # noqa: E731
         return self.op(rule, call, args, "vec" if len(index[0]) == 1 else "mat")
 
     def call_function(self, node, callee):

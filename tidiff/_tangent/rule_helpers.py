@@ -53,6 +53,15 @@ def sum_to(v, like):
 
 
 @ti.func
+def broadcast_like(v, other):
+    """``v`` broadcast to the shape of ``v + other``: the tangent of a sum with one active operand."""
+    if ti.static(shape_of(v) == shape_of(other) or shape_of(other) == ()):
+        return v
+    else:
+        return v + ti.zero(other)
+
+
+@ti.func
 def scatter(like, v, i):
     """A zero shaped like the vector ``like`` with ``v`` at ``[i]``: the adjoint of ``like[i]``."""
     result = ti.zero(like)

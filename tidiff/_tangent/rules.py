@@ -141,8 +141,26 @@ def stop_gradient(x):
 
 
 # --- operators -------------------------------------------------------------
-defjvp(ast.Add, lambda g, x, y: g, lambda g, x, y: g)
-defjvp(ast.Sub, lambda g, x, y: g, lambda g, x, y: -g)
+
+
+def _sum_rule(sign):
+    """``x + y`` (sign 1) or ``x - y`` (sign -1). A lone tangent is broadcast to the sum's shape:
+    ``v + s`` with only the scalar ``s`` active has a vector tangent."""
+    def rule(call):
+        (x, y), (dx, dy) = call.args, call.tangents
+        dy = None if dy is None else (dy if sign > 0 else -dy)
+        if dx is not None and dy is not None:
+            positive = _without_minus(dy.node) if sign < 0 else None
+            return dx + dy if positive is None else dx - Sym(positive)
+        if dx is None and dy is None:
+            return None
+        term, other = (dx, y) if dy is None else (dy, x)
+        return term if isinstance(other.node, ast.Constant) else helpers.broadcast_like(term, other)
+    return rule
+
+
+_register(ast.Add, _sum_rule(1))
+_register(ast.Sub, _sum_rule(-1))
 defjvp(ast.Mult, lambda g, x, y: g * y, lambda g, x, y: x * g)
 defjvp(ast.Div, lambda g, x, y: g / y, lambda g, x, y: -g * x / (y * y))
 defjvp(ast.MatMult, lambda g, x, y: g @ y, lambda g, x, y: x @ g)
@@ -265,5 +283,5 @@ def deflinear_in(keys, position):
     _register(keys, rule)
 
 
-deflinear_in(rule_helpers.sum_to, 0)
+deflinear_in([rule_helpers.sum_to, rule_helpers.broadcast_like], 0)
 deflinear_in([rule_helpers.scatter, rule_helpers.scatter2, rule_helpers.trace_adjoint], 1)
