@@ -287,8 +287,10 @@ def grad(f, argnums=0, has_aux=False):
         >>> dfdx = td.grad(p)
         >>> dfdx(1.0)              # array(4.)
 
-    Limitations: inside a kernel the gradient is computed in forward mode
-    (Taichi has no reverse mode inside a kernel), one tangent per input component.
+    Straight-line code with more than one input component is differentiated
+    by one call of its generated reverse function, other code by forward
+    pushes, one tangent per input component; the same on the host and inside
+    kernels.
     """
     return _transform("grad", f, argnums, has_aux)
 
@@ -319,7 +321,9 @@ def jacfwd(f, argnums=0):
 def jacrev(f, argnums=0):
     """Jacobian by reverse mode (one reverse pass per output component on the host).
 
-    Same shapes as :func:`jacfwd`. Inside a kernel it is computed in forward mode.
+    Same shapes as :func:`jacfwd`. Straight-line code takes one call of its reverse
+    function per output component; other code (and Jacobians whose forward pushes
+    are widened into one call) is computed by forward pushes.
     """
     return _transform("jacrev", f, argnums)
 

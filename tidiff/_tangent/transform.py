@@ -108,6 +108,9 @@ class Transformer:
         self.params = [a.arg for a in self.tree.args.args]
         self.active_params = [p for p, a in zip(self.params, active) if a]
         self.locals = local_names(self.tree)
+        self.assigned_once = _assigned_once(self.tree)
+        self.zero = set()  # variables assigned once, at the top level, with a zero tangent: no dx at all
+        self.depth = 0
         self.active = active_variables(self.tree, self.active_params)
         self.namer = Namer(names_in(self.tree))
         self.jvp_of = jvp_of
@@ -177,8 +180,10 @@ class Transformer:
     def nested(self, stmts):
         """Transform a block (a loop or branch body) into a fresh statement list."""
         outer, self.block = self.block, []
+        self.depth += 1
         for stmt in stmts:
             self.statement(stmt)
+        self.depth -= 1
         inner, self.block = self.block or [ast.Pass()], outer
         return inner
 
@@ -208,6 +213,9 @@ class Transformer:
         """``target = p`` with its tangent, ordered so both read the old values."""
         root = root_names(target)[0]
         if root not in self.active:
+            return self.emit(_assign(target, p))
+        if dp is None and isinstance(target, ast.Name) and root in self.assigned_once and self.depth == 0:
+            self.zero.add(root)  # known zero for good: ops on it drop their tangent terms
             return self.emit(_assign(target, p))
         dtarget = retarget(target, self.namer.tangent(root))
         if dp is None:
@@ -356,6 +364,8 @@ class Transformer:
         return handler(node)
 
     def expr_Name(self, node):
+        if node.id in self.zero:
+            return node, None
         return node, _name(self.namer.tangent(node.id))
 
     def expr_BinOp(self, node):
@@ -577,6 +587,23 @@ class Transformer:
         name = self.namer.fresh(hint)
         self.helpers[name] = obj
         return name
+
+
+def _assigned_once(tree):
+    """Variables written by exactly one statement (and no loop header) of a function."""
+    counts = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = [n for t in node.targets for n in root_names(t)]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)):
+            targets = root_names(node.target)
+        elif isinstance(node, ast.arg):
+            targets = [node.arg]
+        else:
+            continue
+        for name in targets:
+            counts[name] = counts.get(name, 0) + 1
+    return {name for name, n in counts.items() if n == 1}
 
 
 def _hashable(obj):
