@@ -220,17 +220,19 @@ def _block_target(out, spec, oidx, idx):
     return str(int(np.ravel_multi_index(oidx + idx, full)))
 
 
-def reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs):
-    """Jacobian blocks as :func:`jacobian_lines` gives them, by one reverse call per output component."""
+def reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs, wanted):
+    """Jacobian blocks as :func:`jacobian_lines` gives them, by one reverse call per component of
+    the outputs in ``wanted`` (the others get no block)."""
     name = writer.reverse[0]
     order = sorted(argnums)
     blocks = {}
-    for o, out in enumerate(out_specs):
+    for o in wanted:
         for a in argnums:
             blocks[o, a] = f"J_{o}_{a}"
-            if out.shape:
-                writer.line(f"J_{o}_{a} = {zero(out.shape + in_specs[a].shape, out.dtype)}")
-    for o, out in enumerate(out_specs):
+            if out_specs[o].shape:
+                writer.line(f"J_{o}_{a} = {zero(out_specs[o].shape + in_specs[a].shape, out_specs[o].dtype)}")
+    for o in wanted:
+        out = out_specs[o]
         for q, oidx in enumerate(itertools.product(*[range(n) for n in out.shape])):
             cts = [basis(c, q if k == o else None) for k, c in enumerate(out_specs)]
             result = f"r_{o}_{q}"
@@ -250,17 +252,21 @@ def _tangent_out(dout, o, single_out):
     return dout if single_out else f"{dout}[{o}]"
 
 
-def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out, forward_only=False):
+def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out, forward_only=False,
+                   wanted=None):
     """Jacobian blocks, one per (output, argnum), of shape ``out.shape + arg.shape``.
 
-    Returns ``{(o, a): name}``; the names hold the blocks after the lines.
+    ``wanted`` are the outputs whose blocks are needed (default: all; forward
+    pushes give every output's block anyway). Returns ``{(o, a): name}``; the
+    names hold the blocks after the lines.
     """
+    wanted = sorted(range(len(out_specs)) if wanted is None else wanted)
     n_in = sum(in_specs[a].size for a in argnums)
-    n_out = sum(out.size for out in out_specs)
+    n_out = sum(out_specs[o].size for o in wanted)
     widened = all(writer.widens(in_specs[a].size) for a in argnums)
     cheaper = n_out < n_in and not (widened and n_out > 1)  # reverse calls, one per output component
     if cheaper and not forward_only and writer.reverses(jvp_name, len(out_specs)):
-        return reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs)
+        return reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs, wanted)
     blocks = {}
     for a in argnums:
         spec = in_specs[a]

@@ -158,7 +158,7 @@ class Transformed(DerivedFunction):
         params = body_params(specs)
         writer = BodyWriter(identifier(self.name), params, parent_body, active)
         blocks = jacobian_lines(writer, jvp_name, params, specs, argnums, out_specs, single,
-                                forward_only=self.kind == "jacfwd")
+                                forward_only=self.kind == "jacfwd", wanted={it[1] for it in items if it[0] == "jac"})
         primal_name = identifier(self.parent.name)
         if any(it[0] == "out" for it in items):  # the value a widened push computed, else the primal's
             writer.line(f"value = {writer.primal_value or primal_name + '(' + ', '.join(params) + ')'}")
