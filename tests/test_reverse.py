@@ -96,9 +96,42 @@ def test_several_outputs_by_reverse_rows():
 @ti.func
 def looped(x: vec3) -> ti.f64:
     total = 0.0
-    for i in range(3):
+    i = 0
+    while i < 3:
         total += x[i] ** 3
+        i += 1
     return total
+
+
+@ti.func
+def unrolled(x: vec3, A: mat3) -> ti.f64:
+    total = 0.0
+    for i in range(3):
+        for j in ti.static(range(3)):
+            if ti.static(i == j):
+                total += A[i, j] * x[i] ** 2
+            elif ti.static(i < j and j < N):
+                total += ti.sin(A[i, j]) * x[j]
+    return total
+
+
+N = 3
+
+
+def test_loops_over_constant_ranges_are_unrolled():
+    assert why_not(unrolled, (True, True)) is None
+    rng = np.random.default_rng(3)
+    x, A = rng.standard_normal((5, 3)), rng.standard_normal((5, 3, 3))
+
+    def torch_unrolled(x_, A_):
+        upper = torch.triu(torch.ones(3, 3, dtype=torch.float64), diagonal=1)
+        return (torch.diagonal(A_) * x_**2).sum() + (torch.sin(A_) * upper * x_[None, :]).sum()
+
+    gx, gA = td.grad(unrolled, argnums=(0, 1))(x, A)
+    for b in range(5):
+        want = torch.autograd.functional.jacobian(torch_unrolled, (torch.tensor(x[b]), torch.tensor(A[b])))
+        np.testing.assert_allclose(gx[b], want[0].numpy(), rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(gA[b], want[1].numpy(), rtol=1e-13, atol=1e-14)
 
 
 @ti.func
@@ -117,7 +150,7 @@ def writes_entries(x: vec3) -> ti.f64:
 
 
 def test_what_is_not_reversed_takes_forward_pushes():
-    for f, construct in ((looped, "For"), (branched, "If")):
+    for f, construct in ((looped, "While"), (branched, "If")):
         assert construct in why_not(f, (True,))
     assert "y[0]" in why_not(writes_entries, (True,))
     x = np.array([0.4, -0.8, 1.5])

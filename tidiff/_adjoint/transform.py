@@ -9,10 +9,12 @@ The reverse function of ``f(x, mu)`` with ``x`` active reads::
         return (out, ct_x)
 
 Supported: assignments (plain, augmented, annotated, tuple to tuple), one
-final ``return``, and the ops with a rule in ``rules.py``, calls of other
-reversible ``@ti.func`` s included. Loops, branches, writes into matrix
-entries and custom rules make a function not reversible: its derivatives
-then come from forward pushes (``_bodies.py``), which handle everything.
+final ``return``, the ops with a rule in ``rules.py``, calls of other
+reversible ``@ti.func`` s, ``for`` loops over ranges of constants (unrolled)
+and ``if`` on a condition of constants (after unrolling: ``ti.static(i == j)``).
+Other loops and branches, writes into matrix entries and custom rules make a
+function not reversible: its derivatives then come from forward pushes
+(``_bodies.py``), which handle everything.
 """
 import ast
 import inspect
@@ -143,6 +145,47 @@ class Reverser:
 
     def stmt_Pass(self, node):
         pass
+
+    def stmt_For(self, node):
+        """A loop over a range of constants, unrolled: the counter is a constant in each copy."""
+        values = self.constant(node.iter, "range")
+        if node.orelse or not isinstance(node.target, ast.Name) or values is None:
+            raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` (not a range of constants)")
+        for value in values:
+            self.env[node.target.id] = ast.Constant(value)
+            for stmt in node.body:
+                self.statement(stmt)
+
+    def stmt_If(self, node):
+        """A branch on a condition of constants (``ti.static(i == j)`` in an unrolled loop): the taken side."""
+        taken = self.constant(node.test, "test")
+        if taken is None:
+            raise NotReversible(f"an `If` statement on `{ast.unparse(node.test)}`")
+        for stmt in node.body if taken else node.orelse:
+            self.statement(stmt)
+
+    def constant(self, node, kind):
+        """The value of ``range(...)`` (a list) or a condition made of constants, else None."""
+        node = self.rename(node)
+        if isinstance(node, ast.Call) and resolve(node.func, self.parsed.namespace) is ti.static and len(node.args) == 1:
+            node = node.args[0]
+        if kind == "range":
+            if not (isinstance(node, ast.Call) and resolve(node.func, self.parsed.namespace) is range):
+                return None
+            args = [self.constant(a, "int") for a in node.args]
+            return None if None in args or not 1 <= len(args) <= 3 else list(range(*args))
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name):
+                value = resolve(sub, self.parsed.namespace)
+                if sub.id in self.env or not isinstance(value, (int, float, bool)):
+                    return None
+            elif not isinstance(sub, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.expr_context,
+                                      ast.operator, ast.unaryop, ast.cmpop, ast.boolop)):
+                return None
+        names = {n.id: resolve(n, self.parsed.namespace) for n in ast.walk(node) if isinstance(n, ast.Name)}
+        code = compile(ast.fix_missing_locations(ast.Expression(node)), "<constant>", "eval")
+        value = eval(code, {"__builtins__": {}}, names)  # constants and operators only, checked above
+        return value if kind != "int" or isinstance(value, int) else None
 
     def bind(self, variable, value, annotation=None):
         """``variable = value`` as a fresh SSA name (an op's own temporary is renamed instead)."""
@@ -429,13 +472,16 @@ def _positional(node, callee):
 
 
 class _RenameLocals(ast.NodeTransformer):
+    """Variables -> their SSA names (or the constant an unrolled loop counter stands for)."""
+
     def __init__(self, env):
         self.env = env
 
     def visit_Name(self, node):
-        if node.id in self.env:
-            return ast.Name(self.env[node.id], node.ctx)
-        return node
+        value = self.env.get(node.id)
+        if isinstance(value, str):
+            return ast.Name(value, node.ctx)
+        return node if value is None else ast.Constant(value.value)
 
 
 class _RenameTaichi(ast.NodeTransformer):
