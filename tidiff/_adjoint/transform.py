@@ -17,14 +17,13 @@ function not reversible: its derivatives then come from forward pushes
 (``_bodies.py``), which handle everything.
 """
 import ast
-import inspect
 from dataclasses import dataclass
 
 import taichi as ti
 
 from .._tangent.activity import loaded_names
-from .._tangent.naming import Namer, names_in
-from .._tangent.parse import MISSING, python_function, resolve
+from .._tangent.naming import Namer, helper_name, names_in
+from .._tangent.parse import MISSING, hashable, positional, resolve
 from .._tangent.rules import CUSTOM_JVPS, RULES, lookup as forward_rule, zero
 from .._tangent.sym import TAICHI, Sym
 from . import rules
@@ -304,11 +303,11 @@ class Reverser:
         callee = resolve(func, self.parsed.namespace)
         if callee is MISSING:
             raise NotReversible(f"a call of the unknown name `{ast.unparse(func)}`")
-        if callee is ti.static or (_hashable(callee) and forward_rule(callee) is zero):
+        if callee is ti.static or (hashable(callee) and forward_rule(callee) is zero):
             return self.rename(node)
         if callee is ti.cast and not self._float_cast(node):
             return self.rename(node)
-        if _hashable(callee) and callee in CUSTOM_JVPS:
+        if hashable(callee) and callee in CUSTOM_JVPS:
             raise NotReversible(f"a call of `{ast.unparse(func)}`, which has a custom derivative rule")
         if any(self.reads_active(k.value) for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
             raise NotReversible(f"the call `{ast.unparse(node)}`")
@@ -327,7 +326,7 @@ class Reverser:
             args = [self.operand(a) for a in node.args]
             return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
         if getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__") \
-                and _hashable(callee) and forward_rule(callee) is None:
+                and hashable(callee) and forward_rule(callee) is None:
             return self.call_function(node, callee)
         raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
 
@@ -387,22 +386,13 @@ class Reverser:
 
     def call_function(self, node, callee):
         """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents."""
-        positional = _positional(node, callee)
-        args = [self.operand(a) for a in positional]
+        args = [self.operand(a) for a in positional(node, callee)]
         mask = tuple(self.is_active(a) for a in args)
         reverse = self.vjp_of(callee, mask, 1)
         if reverse is None:
             raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
-        helper = self._helper(reverse, ast.unparse(node.func).split(".")[-1] + "_vjp")
+        helper = helper_name(self.helpers, self.namer, reverse, ast.unparse(node.func).split(".")[-1] + "_vjp")
         return self.op(None, ast.Call(node.func, args, []), args, _call_hint(node.func, args), callee=helper)
-
-    def _helper(self, obj, hint):
-        for name, existing in self.helpers.items():
-            if existing is obj:
-                return name
-        name = self.namer.fresh(hint)
-        self.helpers[name] = obj
-        return name
 
     def _is_local(self, node):
         while isinstance(node, (ast.Attribute, ast.Subscript)):
@@ -454,21 +444,6 @@ def _call_hint(func, args):
 
 def _is_number(node):
     return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
-
-
-def _hashable(obj):
-    try:
-        hash(obj)
-    except TypeError:
-        return False
-    return True
-
-
-def _positional(node, callee):
-    if not node.keywords:
-        return node.args
-    bound = inspect.signature(python_function(callee)).bind(*node.args, **{k.arg: k.value for k in node.keywords})
-    return list(bound.arguments.values())
 
 
 class _RenameLocals(ast.NodeTransformer):

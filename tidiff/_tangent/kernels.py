@@ -46,6 +46,7 @@ from taichi.types.annotations import Template
 from .._codegen import compile_source
 from .activity import assignments
 from .emit import _generate, jvp_func
+from .naming import helper_name
 from .parse import MISSING, parse, python_function, resolve
 from .transform import Transformer, _is_taichi_func, _name
 
@@ -350,7 +351,7 @@ class KernelTransformer(Transformer):
             return super().call_function(node, callee, custom, into)
         parts = [self.atom(a) for a in self._positional(node, callee)]
         fn = self.jvp_of(callee, tuple(dp is not None for _, dp in parts))
-        helper = self.helper(fn, ast.unparse(node.func).split(".")[-1] + "_jvp")
+        helper = helper_name(self.helpers, self.namer, fn, ast.unparse(node.func).split(".")[-1] + "_jvp")
         args = [p for p, _ in parts] + [dp for _, dp in parts if dp is not None]
         self.emit(ast.Expr(ast.Call(_name(helper), args, [])))
         return ast.Constant(None), None

@@ -35,3 +35,13 @@ class Namer:
         if name not in self.tangents:
             self.tangents[name] = self.fresh("d" + name)
         return self.tangents[name]
+
+
+def helper_name(helpers, namer, obj, hint):
+    """The namespace name of a generated function in ``helpers`` (name -> object), one per object."""
+    for name, existing in helpers.items():
+        if existing is obj:
+            return name
+    name = namer.fresh(hint)
+    helpers[name] = obj
+    return name

@@ -85,3 +85,21 @@ def resolve(node, namespace):
         return MISSING if base is MISSING else getattr(base, node.attr, MISSING)
     return MISSING
 
+
+
+def hashable(obj):
+    """Whether ``obj`` can be looked up in a rule table."""
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def positional(node, callee):
+    """A call's arguments in parameter order, keywords bound by the callee's signature."""
+    if not node.keywords:
+        return node.args
+    signature = inspect.signature(python_function(callee))
+    bound = signature.bind(*node.args, **{k.arg: k.value for k in node.keywords})
+    return list(bound.arguments.values())

@@ -7,7 +7,6 @@ Expressions without an active variable are copied verbatim: conditions, loop
 ranges, integer arithmetic and ``ti.static`` stay exactly as written.
 """
 import ast
-import inspect
 
 import taichi as ti
 from taichi.lang._ndarray import Ndarray
@@ -16,8 +15,8 @@ from taichi.lang.field import Field
 from .._errors import TransformError
 from .activity import active_variables, loaded_names, local_names, root_names
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
-from .naming import Namer, names_in
-from .parse import MISSING, python_function, resolve
+from .naming import Namer, helper_name, names_in
+from .parse import MISSING, hashable, positional, resolve
 from .rules import CUSTOM_JVPS, Call, RULES, lookup, zero
 from .sym import TAICHI, Sym, zero_like
 
@@ -489,9 +488,9 @@ class Transformer:
         callee = resolve(func, self.parsed.namespace)
         if callee is MISSING:
             raise self.error(node, f"a call to unknown name `{ast.unparse(func)}`")
-        if len(node.args) > 2 and _hashable(callee) and lookup(callee) in (RULES[min], RULES[max]):
+        if len(node.args) > 2 and hashable(callee) and lookup(callee) in (RULES[min], RULES[max]):
             node = self._pairwise(node)
-        if _hashable(callee) and callee in CUSTOM_JVPS:
+        if hashable(callee) and callee in CUSTOM_JVPS:
             return self.call_function(node, callee, custom=CUSTOM_JVPS[callee])
         rule = lookup(callee)
         if rule is zero:
@@ -543,7 +542,7 @@ class Transformer:
         if not isinstance(node, ast.Call) or self._is_local(node.func):
             return None
         callee = resolve(node.func, self.parsed.namespace)
-        if _hashable(callee) and (callee in CUSTOM_JVPS or (lookup(callee) is None and _is_taichi_func(callee))):
+        if hashable(callee) and (callee in CUSTOM_JVPS or (lookup(callee) is None and _is_taichi_func(callee))):
             return callee
         return None
 
@@ -559,7 +558,7 @@ class Transformer:
             fn = custom
             tangents = [zero_like(p).node if dp is None else dp for p, dp in parts]
         base = ast.unparse(node.func).split(".")[-1]
-        helper = self.helper(fn, widened_name(base + "_jvp", self.width if custom is None else 1))
+        helper = helper_name(self.helpers, self.namer, fn, widened_name(base + "_jvp", self.width if custom is None else 1))
         call = ast.Call(_name(helper), [p for p, _ in parts] + tangents, [])
         if into is None:
             out = self.namer.fresh(_hint(node))
@@ -570,23 +569,9 @@ class Transformer:
         return _name(into[0]), _name(into[1])
 
     def _positional(self, node, callee):
-        """Arguments in parameter order, keywords bound by the callee's signature."""
         if any(isinstance(a, ast.Starred) for a in node.args):
             raise self.error(node, "a call with *args")
-        if not node.keywords:
-            return node.args
-        signature = inspect.signature(python_function(callee))
-        bound = signature.bind(*node.args, **{k.arg: k.value for k in node.keywords})
-        return list(bound.arguments.values())
-
-    def helper(self, obj, hint):
-        """A namespace name for a generated function, one per object."""
-        for name, existing in self.helpers.items():
-            if existing is obj:
-                return name
-        name = self.namer.fresh(hint)
-        self.helpers[name] = obj
-        return name
+        return positional(node, callee)
 
 
 def _assigned_once(tree):
@@ -604,14 +589,6 @@ def _assigned_once(tree):
         for name in targets:
             counts[name] = counts.get(name, 0) + 1
     return {name for name, n in counts.items() if n == 1}
-
-
-def _hashable(obj):
-    try:
-        hash(obj)
-    except TypeError:
-        return False
-    return True
 
 
 def _hint(node):
