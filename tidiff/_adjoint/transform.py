@@ -8,13 +8,14 @@ The reverse function of ``f(x, mu)`` with ``x`` active reads::
         <for each op, last first: add its operands' cotangents>
         return (out, ct_x)
 
-Supported: assignments (plain, augmented, annotated, tuple to tuple), one
-final ``return``, the ops with a rule in ``rules.py``, calls of other
-reversible ``@ti.func`` s, ``for`` loops over ranges of constants (unrolled)
-and ``if`` on a condition of constants (after unrolling: ``ti.static(i == j)``).
-Other loops and branches, writes into matrix entries and custom rules make a
-function not reversible: its derivatives then come from forward pushes
-(``_bodies.py``), which handle everything.
+Supported: assignments (plain, augmented, annotated, tuple to tuple, and
+into an entry, ``v[i, j] = e``), one final ``return``,
+the ops with a rule in ``rules.py``, calls of other reversible
+``@ti.func`` s, ``for`` loops over ranges of constants (unrolled) and ``if``
+on a condition of constants (after unrolling: ``ti.static(i == j)``). Other
+loops and branches and custom rules make a function not reversible: its
+derivatives then come from forward pushes (``_bodies.py``), which handle
+everything.
 """
 import ast
 from dataclasses import dataclass
@@ -124,13 +125,55 @@ class Reverser:
             for t, v in zip(target.elts, values):
                 self.bind(t.id, v)
             return
+        if isinstance(target, (ast.Subscript, ast.Attribute)):
+            return self.write_entry(target, node.value)
         raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
 
     def stmt_AugAssign(self, node):
-        if not isinstance(node.target, ast.Name):
-            raise NotReversible(f"the update of `{ast.unparse(node.target)}`")
-        value = ast.BinOp(ast.Name(node.target.id, ast.Load()), node.op, node.value)
-        self.bind(node.target.id, self.value(value))
+        load = ast.parse(ast.unparse(node.target), mode="eval").body
+        value = ast.BinOp(load, node.op, node.value)
+        if isinstance(node.target, ast.Name):
+            return self.bind(node.target.id, self.value(value))
+        if isinstance(node.target, (ast.Subscript, ast.Attribute)):
+            return self.write_entry(node.target, value)
+        raise NotReversible(f"the update of `{ast.unparse(node.target)}`")
+
+    def write_entry(self, target, value):
+        """``v[i, j] = e`` as a new value of ``v``: ``v_1 = v; v_1[i, j] = e``.
+
+        Its adjoint sends ``ct[i, j]`` to ``e`` and ``ct`` with that entry zeroed to the old ``v``.
+        """
+        base = target.value
+        if not isinstance(base, ast.Name) or base.id not in self.env:
+            raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
+        if isinstance(target, ast.Attribute):
+            if target.attr not in _COMPONENTS:
+                raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
+            index = [ast.Constant(_COMPONENTS[target.attr])]
+        else:
+            if any(isinstance(n, ast.Slice) for n in ast.walk(target.slice)) or self.reads_active(target.slice):
+                raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
+            index = self.rename(target.slice)
+            index = index.elts if isinstance(index, ast.Tuple) else [index]
+        if len(index) not in (1, 2):
+            raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
+        entry = self.operand(value)
+        old = _name(self.env[base.id]) if isinstance(self.env[base.id], str) else None
+        if old is None:
+            raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
+        new = self.namer.fresh(base.id)
+        self.defined.add(new)
+        self.forward.append(_assign(new, old))
+        slot = index[0] if len(index) == 1 else ast.Tuple(index, ast.Load())
+        self.forward.append(ast.Assign([ast.Subscript(ast.Name(new, ast.Load()), slot, ast.Store())], entry))
+        self.env[base.id] = new
+        if not (self.is_active(old) or self.is_active(entry)):
+            return
+        without = rules.helpers.without if len(index) == 1 else rules.helpers.without2
+        keys = [Sym(i) for i in index]
+        rule = lambda g, out, v, e: [without(g, *keys), g[slot]]  # noqa: E731
+        self.ops.append(Op(new, rule, [old, entry]))
+        self.active.add(new)
 
     def stmt_AnnAssign(self, node):
         if not isinstance(node.target, ast.Name) or node.value is None:

@@ -78,6 +78,22 @@ def scatter2(like, v, i, j):
 
 
 @ti.func
+def without(v, i):
+    """``v`` with entry ``[i]`` zeroed: the adjoint of overwriting that entry."""
+    result = v
+    result[i] = 0.0
+    return result
+
+
+@ti.func
+def without2(v, i, j):
+    """``v`` with entry ``[i, j]`` zeroed: the adjoint of overwriting that entry."""
+    result = v
+    result[i, j] = 0.0
+    return result
+
+
+@ti.func
 def trace_adjoint(like, v):
     """``v`` times the identity shaped like ``like``: the adjoint of ``like.trace()``."""
     result = ti.zero(like)

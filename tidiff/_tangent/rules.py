@@ -283,5 +283,5 @@ def deflinear_in(keys, position):
     _register(keys, rule)
 
 
-deflinear_in([rule_helpers.sum_to, rule_helpers.broadcast_like], 0)
+deflinear_in([rule_helpers.sum_to, rule_helpers.broadcast_like, rule_helpers.without, rule_helpers.without2], 0)
 deflinear_in([rule_helpers.scatter, rule_helpers.scatter2, rule_helpers.trace_adjoint], 1)
