@@ -119,19 +119,35 @@ def test_hessian_with_tuple_argnums_is_the_nested_block_matrix():
 
 
 @ti.func
-def named_like_locals(p: ti.math.vec3, e: ti.f64, t: ti.f64) -> ti.f64:
-    return e * p.dot(p) + ti.sin(t * p[0])
+def named_like_locals(p: ti.math.vec3, e: ti.f64, t: ti.f64, r: ti.f64) -> ti.f64:
+    return e * p.dot(p) + ti.sin(t * p[0]) * r
 
 
 def test_parameters_named_like_generated_locals():
     rng = np.random.default_rng(4)
-    p, e, t = rng.uniform(0.2, 1.0, (2, 3)), rng.uniform(0.2, 1.0, 2), rng.uniform(0.2, 1.0, 2)
-    grads = td.grad(named_like_locals, argnums=(0, 1, 2))(p, e, t)
-    hess = td.hessian(named_like_locals)(p, e, t)
+    p, e, t, r = rng.uniform(0.2, 1.0, (2, 3)), rng.uniform(0.2, 1.0, 2), rng.uniform(0.2, 1.0, 2), rng.uniform(0.2, 1.0, 2)
+    grads = td.grad(named_like_locals, argnums=(0, 1, 2, 3))(p, e, t, r)
+    hess = td.hessian(named_like_locals)(p, e, t, r)
+    _, vjp_fn = td.vjp(named_like_locals, p, e, t, r)
     for b in range(2):
-        args = tuple(torch.tensor(v[b]) for v in (p, e, t))
-        fn = lambda p_, e_, t_: e_ * p_.dot(p_) + torch.sin(t_ * p_[0])  # noqa: E731
+        args = tuple(torch.tensor(v[b]) for v in (p, e, t, r))
+        fn = lambda p_, e_, t_, r_: e_ * p_.dot(p_) + torch.sin(t_ * p_[0]) * r_  # noqa: E731
         for got, want in zip(grads, torch.autograd.functional.jacobian(fn, args)):
             np.testing.assert_allclose(got[b], want.numpy(), rtol=1e-13)
-        want_h = torch.autograd.functional.hessian(lambda p_: fn(p_, args[1], args[2]), args[0])
+        want_h = torch.autograd.functional.hessian(lambda p_: fn(p_, *args[1:]), args[0])
         np.testing.assert_allclose(hess[b], want_h.numpy(), rtol=1e-13, atol=1e-14)
+    for got, want in zip(vjp_fn(np.ones(2)), grads):
+        np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+@ti.func
+def scaled_by_r(p: ti.types.vector(3, ti.f64), r: ti.f64) -> ti.types.vector(3, ti.f64):
+    return p * r + ti.sin(p)
+
+
+def test_a_parameter_named_like_the_reverse_call_in_a_torch_backward():
+    p = torch.rand(2, 3, dtype=torch.float64, requires_grad=True)
+    r = torch.rand(2, dtype=torch.float64, requires_grad=True)
+    td.torch.function(scaled_by_r)(p, r).sum().backward()
+    np.testing.assert_allclose(p.grad.numpy(), (r[:, None] + torch.cos(p)).detach().numpy(), rtol=1e-14)
+    np.testing.assert_allclose(r.grad.numpy(), p.sum(1).detach().numpy(), rtol=1e-14)

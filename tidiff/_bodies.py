@@ -58,7 +58,7 @@ def basis(spec, hot):
     return literal(entries, spec.shape, spec.dtype)
 
 
-_RESERVED = re.compile(r"^(p|q|e|f|t|value|ti|[JtgH]_\d.*|ct_\d+)$")
+_RESERVED = re.compile(r"^(p|q|e|f|t|r|value|ti|[JtgHr]_\d.*|ct_\d+)$")
 """Names generated bodies use for their own locals (and ``ti``)."""
 
 
