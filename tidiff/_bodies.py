@@ -265,8 +265,8 @@ def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, singl
     wanted = sorted(range(len(out_specs)) if wanted is None else wanted)
     n_in = sum(in_specs[a].size for a in argnums)
     n_out = sum(out_specs[o].size for o in wanted)
-    widened = all(writer.widens(in_specs[a].size) for a in argnums)
-    cheaper = n_out < n_in and not (widened and n_out > 1)  # reverse calls, one per output component
+    # reverse calls, one per output component, unless the forward pushes are fewer or one widened call
+    cheaper = n_out < n_in and (n_out <= 1 or not all(writer.widens(in_specs[a].size) for a in argnums))
     if cheaper and not forward_only and writer.reverses(jvp_name, len(out_specs)):
         return reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs, wanted)
     blocks = {}
@@ -300,10 +300,10 @@ def vjp_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out
     ``cotangents`` are the parameter names holding one cotangent per output.
     Returns ``{a: name}``.
     """
-    grads = {}
     if writer.reverses(jvp_name, len(out_specs)):  # one reverse call, whatever the sizes
         writer.line(f"r = {writer.reverse[0]}({', '.join(params + cotangents)})")
         return {a: f"r[{k + 1}]" for k, a in enumerate(sorted(argnums))}
+    grads = {}
     for a in argnums:
         spec = in_specs[a]
         grads[a] = f"g_{a}"

@@ -20,8 +20,8 @@ from ._errors import TransformError
 from ._tangent import jvp_func
 from ._tangent.parse import parse
 from ._tangent import rule_helpers
-from ._tangent.sym import RULE_HELPERS, TAICHI
-from ._tangent.transform import Transformer, _name, _Rename
+from ._tangent.sym import RULE_HELPERS, TAICHI, spell_taichi
+from ._tangent.transform import Transformer, _name
 
 
 class KernelTransformer(Transformer):
@@ -66,8 +66,7 @@ class KernelTransformer(Transformer):
         decorator = ast.Attribute(_name(TAICHI), "kernel", ast.Load())
         fn = ast.FunctionDef(name, ast.arguments([], args.args + extra, None, [], [], None, []),
                              self.block or [ast.Pass()], [decorator], None)
-        _Rename({TAICHI: self.taichi_name}).visit(fn)
-        return ast.fix_missing_locations(fn)
+        return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
     def stmt_Return(self, node):
         raise self.error(node, "a kernel that returns a value", "write results into an output ndarray")

@@ -1,12 +1,5 @@
 """Source-to-source reverse mode for straight-line ``@ti.func`` code: ``vjp_func(f, active, n_outputs)``."""
-import ast
-
-import taichi as ti
-
-from .._codegen import compile_source
-from .._tangent import rule_helpers
-from .._tangent.parse import parse, python_function
-from .._tangent.sym import RULE_HELPERS
+from .._tangent.emit import generate
 from .transform import NotReversible, Reverser
 
 _CACHE = {}
@@ -39,7 +32,8 @@ def vjp_func(f, active, n_outputs=1):
     key = (f, tuple(bool(a) for a in active), n_outputs)
     if key not in _CACHE:
         try:
-            _CACHE[key] = _generate(f, key[1], n_outputs)
+            make = lambda parsed, act: Reverser(parsed, act, n_outputs, vjp_func)  # noqa: E731
+            _CACHE[key] = generate(f, key[1], make, tag="vjp")
         except NotReversible as reason:
             _CACHE[key] = reason
     found = _CACHE[key]
@@ -51,19 +45,3 @@ def why_not(f, active, n_outputs=1):
     vjp_func(f, active, n_outputs)
     found = _CACHE[(f, tuple(bool(a) for a in active), n_outputs)]
     return str(found) if isinstance(found, NotReversible) else None
-
-
-def _generate(f, active, n_outputs):
-    python_function(f)
-    parsed = parse(f)
-    reverser = Reverser(parsed, active, n_outputs, vjp_func)
-    tree = reverser.run()
-    text = ast.unparse(ast.Module([tree], [])) + "\n"
-    namespace = dict(parsed.namespace)
-    namespace.update(reverser.helpers)
-    namespace[reverser.taichi_name] = ti
-    namespace[RULE_HELPERS] = rule_helpers
-    g = compile_source(text, tree.name, namespace, tag="vjp")
-    g._tidiff_primal = f
-    g._tidiff_active = active
-    return g

@@ -26,7 +26,7 @@ from .._tangent.activity import loaded_names
 from .._tangent.naming import Namer, helper_name, names_in
 from .._tangent.parse import MISSING, hashable, positional, resolve
 from .._tangent.rules import CUSTOM_JVPS, RULES, lookup as forward_rule, zero
-from .._tangent.sym import TAICHI, Sym
+from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from . import rules
 from .rules import ADJOINTS, is_constructor
 
@@ -76,9 +76,7 @@ class Reverser:
         self.temps = set()
         self.forward, self.backward, self.ops = [], [], []
         self.helpers = {}
-        referenced_ti = parsed.namespace.get("ti", None)
-        uses_other_ti = "ti" in self.namer.taken and getattr(referenced_ti, "__name__", "") != "taichi"
-        self.taichi_name = self.namer.fresh("taichi") if uses_other_ti else "ti"
+        self.taichi_name = taichi_name(self.namer, parsed.namespace)
 
     def run(self):
         args = self.tree.args
@@ -103,8 +101,7 @@ class Reverser:
         decorator = ast.Attribute(_name(TAICHI), "func", ast.Load())
         fn = ast.FunctionDef(name, ast.arguments([], args.args + [ast.arg(c) for c in ct_params], None, [], [], None, []),
                              self.forward + self.backward, [decorator], None)
-        _RenameTaichi(self.taichi_name).visit(fn)
-        return ast.fix_missing_locations(fn)
+        return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
     # --- statements: the forward sweep -----------------------------------------
     def statement(self, node):
@@ -144,23 +141,11 @@ class Reverser:
         Its adjoint sends ``ct[i, j]`` to ``e`` and ``ct`` with that entry zeroed to the old ``v``.
         """
         base = target.value
-        if not isinstance(base, ast.Name) or base.id not in self.env:
-            raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
-        if isinstance(target, ast.Attribute):
-            if target.attr not in _COMPONENTS:
-                raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
-            index = [ast.Constant(_COMPONENTS[target.attr])]
-        else:
-            if any(isinstance(n, ast.Slice) for n in ast.walk(target.slice)) or self.reads_active(target.slice):
-                raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
-            index = self.rename(target.slice)
-            index = index.elts if isinstance(index, ast.Tuple) else [index]
-        if len(index) not in (1, 2):
+        index = self.index(target)
+        if not (isinstance(base, ast.Name) and isinstance(self.env.get(base.id), str)):  # not a loop counter
             raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
         entry = self.operand(value)
-        old = _name(self.env[base.id]) if isinstance(self.env[base.id], str) else None
-        if old is None:
-            raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
+        old = _name(self.env[base.id])
         new = self.namer.fresh(base.id)
         self.defined.add(new)
         self.forward.append(_assign(new, old))
@@ -219,7 +204,7 @@ class Reverser:
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name):
                 value = resolve(sub, self.parsed.namespace)
-                if sub.id in self.env or not isinstance(value, (int, float, bool)):
+                if sub.id in self.env or sub.id in self.defined or not isinstance(value, (int, float, bool)):
                     return None
             elif not isinstance(sub, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.expr_context,
                                       ast.operator, ast.unaryop, ast.cmpop, ast.boolop)):
@@ -314,28 +299,37 @@ class Reverser:
 
     expr_BoolOp = expr_Compare
 
-    def expr_Subscript(self, node):
+    def index(self, node):
+        """The index nodes of an entry ``v[i]``, ``v[i, j]`` or ``v.x`` (with loop counters as constants)."""
+        if isinstance(node, ast.Attribute):
+            if node.attr not in _COMPONENTS:
+                raise NotReversible(f"the attribute `{ast.unparse(node)}`")
+            return [ast.Constant(_COMPONENTS[node.attr])]
         if any(isinstance(n, ast.Slice) for n in ast.walk(node.slice)) or self.reads_active(node.slice):
             raise NotReversible(f"the subscript `{ast.unparse(node)}`")
-        base = self.operand(node.value)
         index = self.rename(node.slice)
-        return self._entry(base, index.elts if isinstance(index, ast.Tuple) else [index],
-                           ast.Subscript(base, index, ast.Load()))
+        index = index.elts if isinstance(index, ast.Tuple) else [index]
+        if len(index) not in (1, 2):
+            raise NotReversible(f"the subscript `{ast.unparse(node)}`")
+        return index
+
+    def expr_Subscript(self, node):
+        return self.read_entry(node)
 
     def expr_Attribute(self, node):
         if node.attr in _ZERO_ATTRIBUTES:
             return self.rename(node)
-        if node.attr not in _COMPONENTS:
-            raise NotReversible(f"the attribute `{ast.unparse(node)}`")
-        base = self.operand(node.value)
-        return self._entry(base, [ast.Constant(_COMPONENTS[node.attr])], ast.Attribute(base, node.attr, ast.Load()))
+        return self.read_entry(node)
 
-    def _entry(self, base, index, node):
-        if len(index) not in (1, 2):
-            raise NotReversible(f"the subscript `{ast.unparse(node)}`")
+    def read_entry(self, node):
+        """``v[i, j]``: the adjoint puts the cotangent at ``[i, j]`` of a zero shaped like ``v``."""
+        index = self.index(node)
+        base = self.operand(node.value)
+        read = ast.Attribute(base, node.attr, ast.Load()) if isinstance(node, ast.Attribute) else \
+            ast.Subscript(base, index[0] if len(index) == 1 else ast.Tuple(index, ast.Load()), ast.Load())
         scatter = rules.helpers.scatter if len(index) == 1 else rules.helpers.scatter2
         rule = lambda g, out, x: [scatter(x, g, *[Sym(i) for i in index])]  # noqa: E731
-        return self.op(rule, node, [base], f"{base.id}_entry")
+        return self.op(rule, read, [base], f"{base.id}_entry")
 
     def expr_Call(self, node):
         func = node.func
@@ -500,15 +494,3 @@ class _RenameLocals(ast.NodeTransformer):
         if isinstance(value, str):
             return ast.Name(value, node.ctx)
         return node if value is None else ast.Constant(value.value)
-
-
-class _RenameTaichi(ast.NodeTransformer):
-    """The rules' placeholder for the taichi module -> the name the function sees it by."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def visit_Name(self, node):
-        if node.id == TAICHI:
-            node.id = self.name
-        return node

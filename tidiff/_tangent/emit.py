@@ -45,12 +45,13 @@ def jvp_func(f, active=None, width=1):
         raise ValueError(f"jvp_func(f, active): f takes {n} parameters, active has {len(active)} entries")
     key = (f, active, width)
     if key not in _CACHE:
-        _CACHE[key] = _generate(f, active, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
+        _CACHE[key] = generate(f, active, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
     return _CACHE[key]
 
 
-def _generate(f, active, make):
-    """Transform ``f`` with ``make(parsed, active)`` (a :class:`Transformer`) and compile."""
+def generate(f, active, make, tag="jvp"):
+    """Transform ``f`` with ``make(parsed, active)`` (a :class:`Transformer`, or the reverse
+    transform's ``Reverser``) and compile; ``tag`` names the generator in the file name."""
     parsed = parse(f)
     transformer = make(parsed, active)
     tree = transformer.run()
@@ -59,11 +60,11 @@ def _generate(f, active, make):
     namespace.update(transformer.helpers)
     namespace[transformer.taichi_name] = ti
     namespace[RULE_HELPERS] = rule_helpers
-    g = compile_source(text + "\n", tree.name, namespace, tag="jvp")
-    g._tidiff_source = text + "\n"
+    g = compile_source(text + "\n", tree.name, namespace, tag=tag)
     g._tidiff_primal = f
     g._tidiff_active = active
-    g._tidiff_lane_cost = getattr(transformer, "lane_cost", 0)
+    if hasattr(transformer, "lane_cost"):
+        g._tidiff_lane_cost = transformer.lane_cost
     return g
 
 

@@ -45,7 +45,7 @@ from taichi.types.annotations import Template
 
 from .._codegen import compile_source
 from .activity import assignments
-from .emit import _generate, jvp_func
+from .emit import generate, jvp_func
 from .naming import helper_name
 from .parse import MISSING, parse, python_function, resolve
 from .transform import Transformer, _is_taichi_func, _name
@@ -176,7 +176,7 @@ def jvp_kernel(kernel, tangents):
             made.append(KernelTransformer(parsed, active, tangents, kernel=kernel))
             return made[0]
 
-        g = _generate(kernel, (), make)
+        g = generate(kernel, (), make)
         if made[0].template_params:
             g = _launcher(g, made[0], tangents)
         tangents.generated[key] = g
@@ -209,7 +209,7 @@ def jvp_field_func(f, active, tangents):
         raise ValueError(f"jvp_field_func(f, active): f takes {n} parameters, active has {len(active)} entries")
     key = (f, active)
     if key not in tangents.generated:
-        tangents.generated[key] = _generate(
+        tangents.generated[key] = generate(
             f, active, lambda parsed, act: KernelTransformer(parsed, act, tangents))
     return tangents.generated[key]
 

@@ -86,7 +86,6 @@ def resolve(node, namespace):
     return MISSING
 
 
-
 def hashable(obj):
     """Whether ``obj`` can be looked up in a rule table."""
     try:

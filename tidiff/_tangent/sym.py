@@ -110,6 +110,23 @@ def name(identifier):
 TAICHI = "__taichi__"
 ti = name(TAICHI)
 
+
+def taichi_name(namer, namespace):
+    """The name a generated function sees the taichi module by: ``ti``, unless the
+    function uses ``ti`` for something else."""
+    referenced = namespace.get("ti", None)
+    if "ti" in namer.taken and getattr(referenced, "__name__", "") != "taichi":
+        return namer.fresh("taichi")
+    return "ti"
+
+
+def spell_taichi(tree, name):
+    """Replace the rules' placeholder for the taichi module by ``name`` throughout ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == TAICHI:
+            node.id = name
+    return tree
+
 # Rules call the @ti.func helpers of ``rule_helpers`` by this name; every
 # generated namespace binds it to that module.
 RULE_HELPERS = "_tidiff_rules"

@@ -18,7 +18,7 @@ from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, helper_name, names_in
 from .parse import MISSING, hashable, positional, resolve
 from .rules import CUSTOM_JVPS, Call, RULES, lookup, zero
-from .sym import TAICHI, Sym, zero_like
+from .sym import TAICHI, Sym, spell_taichi, taichi_name, zero_like
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
 """Atomic updates whose tangent is the same update of the tangent (as statements)."""
@@ -115,9 +115,7 @@ class Transformer:
         self.jvp_of = jvp_of
         self.helpers = {}
         self.block = []
-        referenced_ti = parsed.namespace.get("ti", None)
-        uses_other_ti = "ti" in self.namer.taken and getattr(referenced_ti, "__name__", "") != "taichi"
-        self.taichi_name = self.namer.fresh("taichi") if uses_other_ti else "ti"
+        self.taichi_name = taichi_name(self.namer, parsed.namespace)
 
     # --- errors --------------------------------------------------------------
     def error(self, node, construct, hint=None):
@@ -150,8 +148,7 @@ class Transformer:
         decorator = ast.Attribute(_name(TAICHI), self.decorator, ast.Load())
         fn = ast.FunctionDef(name, ast.arguments([], args.args + tangent_args, None, [], [], None, []),
                              self.block or [ast.Pass()], [decorator], self.returns)
-        _Rename({TAICHI: self.taichi_name}).visit(fn)
-        return ast.fix_missing_locations(fn)
+        return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
     def _callee_cost(self, stmt):
         """Lane cost of the tangent function (or custom rule) a call statement calls."""
@@ -621,14 +618,3 @@ class _Replace(ast.NodeTransformer):
             return _name(self.name)
         return super().visit(node)
 
-
-class _Rename(ast.NodeTransformer):
-    """Rename placeholder names (the taichi module's name in rules)."""
-
-    def __init__(self, mapping):
-        self.mapping = mapping
-
-    def visit_Name(self, node):
-        if node.id in self.mapping:
-            node.id = self.mapping[node.id]
-        return node
