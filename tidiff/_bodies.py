@@ -172,9 +172,10 @@ def push_each(writer, jvp_name, params, in_specs, argnums, a, store):
     See NOTE: [Vector-mode pushes].
     """
     spec = in_specs[a]
+    order = sorted(argnums)  # the tangent function takes its tangents in parameter order
     if writer.widens(spec.size):
         name = writer.tangent_function(jvp_name, spec.size)
-        lanes = [basis(in_specs[b], p if b == a else None) for p in range(spec.size) for b in argnums]
+        lanes = [basis(in_specs[b], p if b == a else None) for p in range(spec.size) for b in order]
         writer.line(f"t_{a} = {name}({', '.join(params + lanes)})")
         writer.primal_value = writer.primal_value or f"t_{a}[0]"
         for p in range(spec.size):
@@ -184,7 +185,7 @@ def push_each(writer, jvp_name, params, in_specs, argnums, a, store):
     writer.line(f"for p in range({spec.size}):")
     writer.line(f"    e = {zero(spec.shape, spec.dtype)}")
     writer.line(f"    e[{_dynamic_index(spec.shape, 'p')}] = 1.0")
-    tangents = ["e" if b == a else basis(in_specs[b], None) for b in argnums]
+    tangents = ["e" if b == a else basis(in_specs[b], None) for b in order]
     writer.line(f"    t = {writer.tangent_function(jvp_name, 1)}({', '.join(params + tangents)})")
     for line in store("t[1]", "p", _dynamic_index(spec.shape, "p")):
         writer.line("    " + line)
