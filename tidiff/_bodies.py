@@ -14,7 +14,9 @@ import re
 
 import numpy as np
 
+from ._errors import NoForwardRule, TransformError
 from ._signature import ArgSpec
+from ._adjoint.transform import USES_BWD
 from ._tangent.lanes import widened_name
 
 # NOTE: [Flat values] A spec with more than two dims is stored as a flat
@@ -83,16 +85,23 @@ class BodyWriter:
         self.parent_wide = getattr(parent, WIDE, False)
         self.reverse = None  # (name, function): the parent's reverse function, once a body calls it
 
-    def reverses(self, jvp_name, n_outputs):
-        """Whether the parent has a reverse function (then kept to call); see NOTE: [Reverse bodies]."""
+    def reverse_function(self, n_outputs):
+        """The parent's reverse function, or None (see NOTE: [Reverse bodies])."""
         if self.parent is None:
-            return False
+            return None
         from ._adjoint import vjp_func
 
-        fn = vjp_func(self.parent, self.active, n_outputs)
-        if fn is not None:
-            self.reverse = (jvp_name.removesuffix("_jvp") + "_vjp", fn)
-        return fn is not None
+        return vjp_func(self.parent, self.active, n_outputs)
+
+    def call_reverse(self, jvp_name, n_outputs):
+        """The name the body calls the parent's reverse function by (kept for the namespace)."""
+        self.reverse = (jvp_name.removesuffix("_jvp") + "_vjp", self.reverse_function(n_outputs))
+        return self.reverse[0]
+
+    def forward_possible(self):
+        """Whether the parent has a tangent function: not when it reaches a custom_vjp function
+        without a jvp rule (see NOTE: [Mode choice])."""
+        return self.parent is not None and forward_possible(self.parent, self.active)
 
     def widens(self, size):
         """Whether pushing ``size`` basis tangents is one widened call (else a runtime loop)."""
@@ -223,10 +232,9 @@ def _block_target(out, spec, oidx, idx):
     return str(int(np.ravel_multi_index(oidx + idx, full)))
 
 
-def reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs, wanted):
-    """Jacobian blocks as :func:`jacobian_lines` gives them, by one reverse call per component of
-    the outputs in ``wanted`` (the others get no block)."""
-    name = writer.reverse[0]
+def reverse_jacobian_lines(writer, name, params, in_specs, argnums, out_specs, wanted):
+    """Jacobian blocks as :func:`jacobian_lines` gives them, by one reverse call (of ``name``) per
+    component of the outputs in ``wanted`` (the others get no block)."""
     order = sorted(argnums)
     blocks = {}
     for o in wanted:
@@ -251,25 +259,81 @@ def reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs, wanted)
     return blocks
 
 
+# NOTE: [Mode choice] A Jacobian body pushes tangents forward unless reverse
+# calls are fewer (NOTE: [Reverse bodies]) or forward mode is impossible: a
+# td.custom_vjp function without a jvp rule has none, as in JAX, and its bwd
+# must see the real cotangent. Reverse-flavoured transforms (grad, jacrev)
+# reverse whenever a custom_vjp rule is reached, so a function with both a
+# jvp and a vjp rule gets each in its own mode. A vjp body reverses whenever it can. When
+# the parent can be taken neither way (a custom_vjp call inside code the
+# reverse transform does not handle), the error says both reasons.
+
+
+def forward_possible(parent, active):
+    """Whether ``parent`` (a ``@ti.func``) has a tangent function for this activity pattern."""
+    from ._tangent import jvp_func
+
+    try:
+        jvp_func(parent, active)
+    except NoForwardRule:
+        return False
+    return True
+
+
+def _neither_way(writer, n_outputs):
+    """The error for a parent that has no reverse function and reaches a custom_vjp function."""
+    from ._adjoint import why_not
+    from ._tangent import jvp_func
+
+    try:
+        jvp_func(writer.parent, writer.active)
+    except NoForwardRule as raised:
+        error = raised
+    name = getattr(writer.parent, "__name__", "the function")
+    return TransformError(
+        f"`{name}`: reverse mode cannot handle {why_not(writer.parent, writer.active, n_outputs)}, "
+        f"and forward mode reaches `{error.function}`, a td.custom_vjp function without a jvp rule",
+        error.filename, error.lineno,
+        f"give {error.function} a jvp rule with {error.function}.defjvp(...), or write the code around "
+        "the call without runtime loops and branches",
+    )
+
+
+def _reverse_chosen(writer, in_specs, argnums, out_specs, wanted, reverse_flavoured):
+    """Whether a Jacobian body takes reverse calls rather than forward pushes (NOTE: [Mode choice])."""
+    reverse = writer.reverse_function(len(out_specs))
+    if not writer.forward_possible():
+        if reverse is None:
+            raise _neither_way(writer, len(out_specs))
+        return True
+    if reverse is None:
+        return False
+    if reverse_flavoured and getattr(reverse, USES_BWD, False):
+        return True
+    n_in = sum(in_specs[a].size for a in argnums)
+    n_out = sum(out_specs[o].size for o in wanted)
+    # one reverse call per output component, unless the forward pushes are fewer or one widened call
+    return n_out < n_in and (n_out <= 1 or not all(writer.widens(in_specs[a].size) for a in argnums))
+
+
 def _tangent_out(dout, o, single_out):
     return dout if single_out else f"{dout}[{o}]"
 
 
 def jacobian_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out, forward_only=False,
-                   wanted=None):
+                   wanted=None, reverse_flavoured=False):
     """Jacobian blocks, one per (output, argnum), of shape ``out.shape + arg.shape``.
 
     ``wanted`` are the outputs whose blocks are needed (default: all; forward
-    pushes give every output's block anyway). Returns ``{(o, a): name}``; the
-    names hold the blocks after the lines.
+    pushes give every output's block anyway). ``reverse_flavoured`` transforms
+    (grad, jacrev) take a custom_vjp rule when one is reached, even where its
+    function has a jvp rule too (NOTE: [Mode choice]). Returns ``{(o, a): name}``;
+    the names hold the blocks after the lines.
     """
     wanted = sorted(range(len(out_specs)) if wanted is None else wanted)
-    n_in = sum(in_specs[a].size for a in argnums)
-    n_out = sum(out_specs[o].size for o in wanted)
-    # reverse calls, one per output component, unless the forward pushes are fewer or one widened call
-    cheaper = n_out < n_in and (n_out <= 1 or not all(writer.widens(in_specs[a].size) for a in argnums))
-    if cheaper and not forward_only and writer.reverses(jvp_name, len(out_specs)):
-        return reverse_jacobian_lines(writer, params, in_specs, argnums, out_specs, wanted)
+    if not forward_only and _reverse_chosen(writer, in_specs, argnums, out_specs, wanted, reverse_flavoured):
+        return reverse_jacobian_lines(writer, writer.call_reverse(jvp_name, len(out_specs)), params, in_specs,
+                                      argnums, out_specs, wanted)
     blocks = {}
     for a in argnums:
         spec = in_specs[a]
@@ -301,9 +365,11 @@ def vjp_lines(writer, jvp_name, params, in_specs, argnums, out_specs, single_out
     ``cotangents`` are the parameter names holding one cotangent per output.
     Returns ``{a: name}``.
     """
-    if writer.reverses(jvp_name, len(out_specs)):  # one reverse call, whatever the sizes
-        writer.line(f"r = {writer.reverse[0]}({', '.join(params + cotangents)})")
+    if writer.reverse_function(len(out_specs)) is not None:  # one reverse call, whatever the sizes
+        writer.line(f"r = {writer.call_reverse(jvp_name, len(out_specs))}({', '.join(params + cotangents)})")
         return {a: f"r[{k + 1}]" for k, a in enumerate(sorted(argnums))}
+    if not writer.forward_possible():
+        raise _neither_way(writer, len(out_specs))
     grads = {}
     for a in argnums:
         spec = in_specs[a]

@@ -17,7 +17,7 @@ import numpy as np
 import taichi as ti
 
 from ._arrays import ArgBatch, contiguous, read_args, unbroadcast
-from ._bodies import BodyWriter, body_params, jacobian_lines, jacobian_spec, tangent_functions
+from ._bodies import BodyWriter, body_params, forward_possible, jacobian_lines, jacobian_spec, tangent_functions
 from ._codegen import compile_source
 from ._function import Function, as_function, taichi_callable
 from ._pointwise import DerivedFunction, identifier, tangent_function
@@ -158,7 +158,8 @@ class Transformed(DerivedFunction):
         params = body_params(specs)
         writer = BodyWriter(identifier(self.name), params, parent_body, active)
         blocks = jacobian_lines(writer, jvp_name, params, specs, argnums, out_specs, single,
-                                forward_only=self.kind == "jacfwd", wanted={it[1] for it in items if it[0] == "jac"})
+                                forward_only=self.kind == "jacfwd", wanted={it[1] for it in items if it[0] == "jac"},
+                                reverse_flavoured=self.kind in ("grad", "value_and_grad", "jacrev"))
         primal_name = identifier(self.parent.name)
         if any(it[0] == "out" for it in items):  # the value a widened push computed, else the primal's
             writer.line(f"value = {writer.primal_value or primal_name + '(' + ', '.join(params) + ')'}")
@@ -502,6 +503,8 @@ def _linearization(fn, specs, out_specs, main_leaves, has_aux):
     floats = tuple(k for k, s in enumerate(specs) if s.is_float)
     if not floats or fn.body_for(specs) is None:
         return None
+    if not forward_possible(fn.body_for(specs), tuple(s.is_float for s in specs)):
+        return None  # a custom_vjp rule must see the real cotangent, not basis vectors
     entries = sum(out_specs[o].size * specs[a].size for o in main_leaves for a in floats)
     if entries > sum(specs[a].size for a in floats) + sum(out_specs[o].size for o in main_leaves):
         return None

@@ -24,11 +24,15 @@ import taichi as ti
 
 from .._tangent.activity import loaded_names
 from .._tangent.naming import Namer, helper_name, names_in
-from .._tangent.parse import MISSING, hashable, positional, resolve
-from .._tangent.rules import CUSTOM_JVPS, RULES, lookup as forward_rule, zero
+from .._tangent.parse import MISSING, hashable, parse, positional, resolve
+from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, lookup as forward_rule, zero
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from . import rules
 from .rules import ADJOINTS, is_constructor
+
+
+USES_BWD = "_tidiff_uses_bwd"
+"""Attribute of a generated reverse function that calls a td.custom_vjp rule (see NOTE: [Mode choice])."""
 
 
 class NotReversible(Exception):
@@ -42,7 +46,12 @@ class Op:
     target: str
     rule: object  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
     args: list  # operand nodes: Names of SSA variables, or inactive expressions
-    callee: str = None  # for calls: the namespace name of the callee's reverse function
+    callee: str = None  # for calls: the namespace name of the callee's reverse function (or custom bwd)
+    positions: list = None  # for calls: where each operand's cotangent stands in the callee's result
+    outputs: list = None  # for calls with several outputs: the SSA names of the results, in order
+
+    def results(self):
+        return self.outputs or [self.target]
 
 
 def _name(identifier):
@@ -74,6 +83,8 @@ class Reverser:
         self.defined = set(self.params)
         self.active = {p for p, a in zip(self.params, active) if a}
         self.temps = set()
+        self.tuples = {}  # SSA name of a tuple-valued call result -> the names of its elements
+        self.uses_bwd = False  # whether a custom_vjp rule is called (here or in a callee's reverse)
         self.forward, self.backward, self.ops = [], [], []
         self.helpers = {}
         self.taichi_name = taichi_name(self.namer, parsed.namespace)
@@ -115,11 +126,22 @@ class Reverser:
             raise NotReversible("a chained assignment")
         target = node.targets[0]
         if isinstance(target, ast.Name):
+            count = self.returned_count(node.value)
+            if count > 1 and self.reads_active(node.value):  # r = h(x), h returning a tuple; r[k] later
+                names = self.call_outputs(node.value, count)
+                self.bind(target.id, _name(self.ops[-1].target))
+                self.tuples[self.env[target.id]] = names
+                return
             return self.bind(target.id, self.value(node.value))
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
                 and len(target.elts) == len(node.value.elts) and all(isinstance(t, ast.Name) for t in target.elts):
             values = [self.operand(v) for v in node.value.elts]  # all read before any is written
             for t, v in zip(target.elts, values):
+                self.bind(t.id, v)
+            return
+        if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, ast.Call) \
+                and all(isinstance(t, ast.Name) for t in target.elts):
+            for t, v in zip(target.elts, self.call_outputs(node.value, len(target.elts))):
                 self.bind(t.id, v)
             return
         if isinstance(target, (ast.Subscript, ast.Attribute)):
@@ -217,6 +239,8 @@ class Reverser:
     def bind(self, variable, value, annotation=None):
         """``variable = value`` as a fresh SSA name (an op's own temporary is renamed instead)."""
         ssa = variable if variable not in self.defined else self.namer.fresh(variable)
+        if isinstance(value, ast.Name) and value.id in self.tuples:  # r = s, s a tuple: r names the same elements
+            self.tuples[ssa] = self.tuples[value.id]
         self.defined.add(ssa)
         last = self.ops[-1] if self.ops else None
         if (annotation is None and isinstance(value, ast.Name) and value.id in self.temps
@@ -232,6 +256,13 @@ class Reverser:
         self.env[variable] = ssa
 
     def outputs(self, node):
+        if self.n_outputs > 1 and isinstance(node, ast.Call):  # return h(x), h returning a tuple
+            return self.call_outputs(node, self.n_outputs)
+        if isinstance(node, ast.Name) and self.env.get(node.id) in self.tuples:
+            names = self.tuples[self.env[node.id]]
+            if len(names) != self.n_outputs:
+                raise NotReversible(f"a return of {len(names)} values where {self.n_outputs} are expected")
+            return names
         values = node.elts if isinstance(node, ast.Tuple) else [node]
         if len(values) != self.n_outputs:
             raise NotReversible(f"a return of {len(values)} values where {self.n_outputs} are expected")
@@ -266,11 +297,11 @@ class Reverser:
             raise NotReversible(f"the expression `{ast.unparse(node)}`")
         return handler(node)
 
-    def op(self, rule, node, args, hint, callee=None):
+    def op(self, rule, node, args, hint, callee=None, positions=None):
         """Emit ``t = node`` and remember how to send its cotangent to ``args``."""
         target = self.namer.fresh(hint)
         self.forward.append(_assign(target, node))
-        self.ops.append(Op(target, rule, args, callee))
+        self.ops.append(Op(target, rule, args, callee, positions))
         self.active.add(target)
         self.temps.add(target)
         self.defined.add(target)
@@ -323,6 +354,9 @@ class Reverser:
 
     def read_entry(self, node):
         """``v[i, j]``: the adjoint puts the cotangent at ``[i, j]`` of a zero shaped like ``v``."""
+        element = self.tuple_element(node)
+        if element is not None:
+            return element
         index = self.index(node)
         base = self.operand(node.value)
         read = ast.Attribute(base, node.attr, ast.Load()) if isinstance(node, ast.Attribute) else \
@@ -344,6 +378,8 @@ class Reverser:
             return self.rename(node)
         if callee is ti.cast and not self._float_cast(node):
             return self.rename(node)
+        if hashable(callee) and callee in CUSTOM_VJPS:
+            return self.call_function(node, callee)
         if hashable(callee) and callee in CUSTOM_JVPS:
             raise NotReversible(f"a call of `{ast.unparse(func)}`, which has a custom derivative rule")
         if any(self.reads_active(k.value) for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
@@ -421,15 +457,77 @@ class Reverser:
         rule = lambda g, out, *xs: [g[key] for key in keys]  # noqa: E731
         return self.op(rule, call, args, "vec" if len(index[0]) == 1 else "mat")
 
-    def call_function(self, node, callee):
-        """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents."""
+    def call_function(self, node, callee, n_outputs=1):
+        """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents.
+
+        A ``td.custom_vjp`` function's own ``bwd(x, g)`` is called instead, with the real
+        cotangent ``g``: it returns one cotangent per operand.
+        """
         args = [self.operand(a) for a in positional(node, callee)]
-        mask = tuple(self.is_active(a) for a in args)
-        reverse = self.vjp_of(callee, mask, 1)
-        if reverse is None:
-            raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
-        helper = helper_name(self.helpers, self.namer, reverse, ast.unparse(node.func).split(".")[-1] + "_vjp")
-        return self.op(None, ast.Call(node.func, args, []), args, _call_hint(node.func, args), callee=helper)
+        base = ast.unparse(node.func).split(".")[-1]
+        if hashable(callee) and callee in CUSTOM_VJPS:
+            reverse, hint, positions = CUSTOM_VJPS[callee], base + "_bwd", list(range(len(args)))
+            self.uses_bwd = True
+        else:
+            mask = tuple(self.is_active(a) for a in args)
+            reverse = self.vjp_of(callee, mask, n_outputs)
+            if reverse is None:
+                raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
+            self.uses_bwd = self.uses_bwd or getattr(reverse, USES_BWD, False)
+            rank = iter(range(1, len(args) + 1))  # the result is (out, ct of each active operand...)
+            hint, positions = base + "_vjp", [next(rank) if active else None for active in mask]
+        helper = helper_name(self.helpers, self.namer, reverse, hint)
+        return self.op(None, ast.Call(node.func, args, []), args, _call_hint(node.func, args), callee=helper,
+                       positions=positions)
+
+    def tuple_element(self, node):
+        """``r[k]`` of a tuple-valued call result ``r``: the name bound to its element ``k``, or None."""
+        if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)):
+            return None
+        names = self.tuples.get(self.env.get(node.value.id))
+        index = self.rename(node.slice)
+        if names is None or not (isinstance(index, ast.Constant) and isinstance(index.value, int)):
+            return None
+        return names[index.value]
+
+    def returned_count(self, node):
+        """How many values a call returns: the length of its callee's final ``return (a, b, ...)``, else 1."""
+        if not isinstance(node, ast.Call) or self._is_local(node.func):
+            return 1
+        callee = resolve(node.func, self.parsed.namespace)
+        if hashable(callee) and callee in CUSTOM_VJPS:
+            callee = callee.tifunc
+        if not (getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__")):
+            return 1
+        body = parse(callee).tree.body
+        last = body[-1] if body else None
+        if isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple):
+            return len(last.value.elts)
+        return 1
+
+    def call_outputs(self, node, count):
+        """``a, b = h(x)`` for a @ti.func (or custom_vjp function) returning ``count`` values:
+        one call op whose results are bound to names of their own."""
+        func = node.func
+        callee = MISSING if self._is_local(func) else resolve(func, self.parsed.namespace)
+        custom = hashable(callee) and callee in CUSTOM_VJPS
+        reversible = getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__") \
+            and hashable(callee) and forward_rule(callee) is None and callee not in CUSTOM_JVPS
+        if not (custom or reversible):
+            raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
+        if not any(self.reads_active(a) for a in node.args + [k.value for k in node.keywords]):
+            value = self.operand(node)
+            return [ast.Subscript(value, ast.Constant(k), ast.Load()) for k in range(count)]
+        tuple_name = self.call_function(node, callee, n_outputs=count)
+        op = self.ops[-1]
+        op.outputs = []
+        for k in range(count):
+            name = self.namer.fresh(f"{tuple_name.id}_{k}")
+            self.forward.append(_assign(name, ast.Subscript(tuple_name, ast.Constant(k), ast.Load())))
+            self.active.add(name)
+            self.defined.add(name)
+            op.outputs.append(name)
+        return [_name(n) for n in op.outputs]
 
     def _is_local(self, node):
         while isinstance(node, (ast.Attribute, ast.Subscript)):
@@ -453,16 +551,16 @@ class Reverser:
             if self.is_active(out):
                 add(out.id, Sym(_name(ct)))
         for op in reversed(self.ops):
-            if op.target not in cts:
+            if not any(r in cts for r in op.results()):
                 continue
-            g = Sym(_name(cts[op.target]))
             if op.callee is not None:
+                gs = [_name(cts[r]) if r in cts else ast.Call(ast.Attribute(_name(TAICHI), "zero", ast.Load()),
+                                                              [_name(r)], []) for r in op.results()]
                 result = self.namer.fresh(f"adj_{op.target}")
-                self.backward.append(_assign(result, ast.Call(_name(op.callee), op.args + [g.node], [])))
-                active = [a for a in op.args if self.is_active(a)]
-                contributions = {id(a): Sym(_name(result))[k + 1] for k, a in enumerate(active)}
-                contributions = [contributions.get(id(a)) for a in op.args]
+                self.backward.append(_assign(result, ast.Call(_name(op.callee), op.args + gs, [])))
+                contributions = [None if k is None else Sym(_name(result))[k] for k in op.positions]
             else:
+                g = Sym(_name(cts[op.target]))
                 contributions = op.rule(g, Sym(_name(op.target)), *[Sym(a) for a in op.args])
             for arg, contribution in zip(op.args, contributions):
                 if contribution is not None and self.is_active(arg):

@@ -27,6 +27,10 @@ RULES = {}
 CUSTOM_JVPS = {}
 """callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
 
+CUSTOM_VJPS = {}
+"""callee -> a @ti.func ``bwd(*primals, *cotangents) -> (cotangent of each primal, ...)``: the
+reverse transform calls it with the real cotangent; forward mode of such a callee needs a jvp rule too."""
+
 
 @dataclass
 class Call:

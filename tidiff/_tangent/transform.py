@@ -12,12 +12,12 @@ import taichi as ti
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.field import Field
 
-from .._errors import TransformError
+from .._errors import NoForwardRule, TransformError
 from .activity import active_variables, loaded_names, local_names, root_names
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, helper_name, names_in
 from .parse import MISSING, hashable, positional, resolve
-from .rules import CUSTOM_JVPS, Call, RULES, lookup, zero
+from .rules import CUSTOM_JVPS, CUSTOM_VJPS, Call, RULES, lookup, zero
 from .sym import TAICHI, Sym, spell_taichi, taichi_name, zero_like
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
@@ -489,6 +489,8 @@ class Transformer:
             node = self._pairwise(node)
         if hashable(callee) and callee in CUSTOM_JVPS:
             return self.call_function(node, callee, custom=CUSTOM_JVPS[callee])
+        if hashable(callee) and callee in CUSTOM_VJPS:
+            raise NoForwardRule(getattr(callee, "name", ast.unparse(func)), self.parsed.filename, self.parsed.lineno(node))
         rule = lookup(callee)
         if rule is zero:
             return node, None
