@@ -115,3 +115,10 @@ def contiguous(array):
     """A C-contiguous array of the same shape (``np.ascontiguousarray`` turns 0-d into 1-d)."""
     array = np.asarray(array)
     return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def owned_copy(array):
+    """A copy no caller holds (a NumPy array, or a torch tensor for the engines that take them)."""
+    if is_tensor(array):
+        return array.detach().clone()
+    return np.array(array, copy=True)

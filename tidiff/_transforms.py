@@ -16,7 +16,7 @@ the whole batched function.
 import numpy as np
 import taichi as ti
 
-from ._arrays import ArgBatch, contiguous, read_args, unbroadcast
+from ._arrays import ArgBatch, contiguous, owned_copy, read_args, unbroadcast
 from ._bodies import BodyWriter, body_params, forward_possible, jacobian_lines, jacobian_spec, tangent_functions
 from ._codegen import compile_source
 from ._function import Function, as_function, taichi_callable
@@ -463,6 +463,8 @@ def vjp(f, *primals, has_aux=False):
         main_tree, aux_tree = tree, None
     main_leaves = leaves(main_tree)
     lin = _linearization(fn, batch.specs, out_specs, main_leaves, has_aux)
+    if lin is None:  # vjp_fn runs at the primals as they are now, whatever the caller does to them later
+        batch.arrays = [owned_copy(a) for a in batch.arrays]
     with counter.tally():
         outs = (lin or fn)._evaluate(batch, counter)
     outs, jacobians = outs[:len(out_specs)], outs[len(out_specs):]
