@@ -24,8 +24,9 @@ import taichi as ti
 
 from .._tangent.activity import loaded_names
 from .._tangent.naming import Namer, helper_name, names_in
-from .._tangent.parse import MISSING, hashable, parse, positional, resolve
-from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, lookup as forward_rule, zero
+from .._tangent.parse import MISSING, hashable, parse, positional, resolve, static_call
+from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, lookup as forward_rule, zero
+from .._tangent.transform import _callee_hint, callable_positional
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from . import rules
 from .rules import ADJOINTS, is_constructor
@@ -37,6 +38,10 @@ USES_BWD = "_tidiff_uses_bwd"
 
 class NotReversible(Exception):
     """The function uses a construct the reverse transform does not handle (the message says which)."""
+
+
+def _not_reversible(node, construct, hint=None):
+    return NotReversible(f"{construct} ({hint})" if hint else construct)
 
 
 @dataclass
@@ -367,6 +372,9 @@ class Reverser:
 
     def expr_Call(self, node):
         func = node.func
+        made = self._made_callee(func)
+        if made is not MISSING:  # td.grad(E)(x): a tidiff Function made at the call site
+            return self.call_function(node, made)
         if isinstance(func, ast.Attribute) and self._is_local(func.value):
             return self.call_method(node)
         if self._is_local(func):
@@ -382,6 +390,8 @@ class Reverser:
             return self.call_function(node, callee)
         if hashable(callee) and callee in CUSTOM_JVPS:
             raise NotReversible(f"a call of `{ast.unparse(func)}`, which has a custom derivative rule")
+        if callable_rule(callee) is not None:  # a tidiff Function
+            return self.call_function(node, callee)
         if any(self.reads_active(k.value) for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
             raise NotReversible(f"the call `{ast.unparse(node)}`")
         keywords = [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords]
@@ -463,14 +473,16 @@ class Reverser:
         A ``td.custom_vjp`` function's own ``bwd(x, g)`` is called instead, with the real
         cotangent ``g``: it returns one cotangent per operand.
         """
-        args = [self.operand(a) for a in positional(node, callee)]
-        base = ast.unparse(node.func).split(".")[-1]
+        rule = callable_rule(callee)
+        nodes = callable_positional(node, callee, _not_reversible) if rule is not None else positional(node, callee)
+        args = [self.operand(a) for a in nodes]
+        base = _callee_hint(node.func, callee)
         if hashable(callee) and callee in CUSTOM_VJPS:
             reverse, hint, positions = CUSTOM_VJPS[callee], base + "_bwd", list(range(len(args)))
             self.uses_bwd = True
         else:
             mask = tuple(self.is_active(a) for a in args)
-            reverse = self.vjp_of(callee, mask, n_outputs)
+            reverse = rule.reverse(callee, mask, n_outputs) if rule is not None else self.vjp_of(callee, mask, n_outputs)
             if reverse is None:
                 raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
             self.uses_bwd = self.uses_bwd or getattr(reverse, USES_BWD, False)
@@ -492,9 +504,16 @@ class Reverser:
 
     def returned_count(self, node):
         """How many values a call returns: the length of its callee's final ``return (a, b, ...)``, else 1."""
-        if not isinstance(node, ast.Call) or self._is_local(node.func):
+        if not isinstance(node, ast.Call):
+            return 1
+        made = self._made_callee(node.func)
+        if made is not MISSING:
+            return callable_rule(made).outputs(made)
+        if self._is_local(node.func):
             return 1
         callee = resolve(node.func, self.parsed.namespace)
+        if callable_rule(callee) is not None:
+            return callable_rule(callee).outputs(callee)
         if hashable(callee) and callee in CUSTOM_VJPS:
             callee = callee.tifunc
         if not (getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__")):
@@ -505,12 +524,20 @@ class Reverser:
             return len(last.value.elts)
         return 1
 
+    def _made_callee(self, func):
+        """A callee made by a call of module-level objects (``td.grad(E)``) that the transforms call
+        through, or MISSING."""
+        made = static_call(func, self.parsed.namespace, set(self.env) | self.defined)
+        return made if callable_rule(made) is not None else MISSING
+
     def call_outputs(self, node, count):
-        """``a, b = h(x)`` for a @ti.func (or custom_vjp function) returning ``count`` values:
-        one call op whose results are bound to names of their own."""
+        """``a, b = h(x)`` for a @ti.func (or custom_vjp function, or tidiff Function) returning
+        ``count`` values: one call op whose results are bound to names of their own."""
         func = node.func
-        callee = MISSING if self._is_local(func) else resolve(func, self.parsed.namespace)
-        custom = hashable(callee) and callee in CUSTOM_VJPS
+        callee = self._made_callee(func)
+        if callee is MISSING:
+            callee = MISSING if self._is_local(func) else resolve(func, self.parsed.namespace)
+        custom = (hashable(callee) and callee in CUSTOM_VJPS) or callable_rule(callee) is not None
         reversible = getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__") \
             and hashable(callee) and forward_rule(callee) is None and callee not in CUSTOM_JVPS
         if not (custom or reversible):
