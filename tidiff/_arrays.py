@@ -21,6 +21,11 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
+def torch_module() -> Any:
+    """torch, which is imported wherever a tensor exists (tidiff never imports it for NumPy callers)."""
+    return sys.modules["torch"]
+
+
 def is_tensor(value: Any) -> bool:
     torch = _torch()
     return torch is not None and isinstance(value, torch.Tensor)

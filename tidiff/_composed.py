@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import Batch, is_tensor
+from ._arrays import Batch, is_tensor, torch_module
+from ._pointwise import cotangent_map
 from ._protocol import Function
 from ._signature import ArgSpec
 from ._tree import Tree
@@ -70,11 +71,7 @@ class Output:
 
 def _xp(values: Sequence[Any]) -> Any:
     """The array module of ``values``: torch if any is a tensor, else NumPy."""
-    if any(is_tensor(v) for v in values):
-        import torch
-
-        return torch
-    return np
+    return torch_module() if any(is_tensor(v) for v in values) else np
 
 
 def _assemble(values: list[Any], output: Output) -> Any:
@@ -239,8 +236,7 @@ def like(value: Any, spec: ArgSpec, inner: Batch) -> Any:
     if value is None:
         value = np.zeros(spec.shape, spec.dtype)
     if any(is_tensor(a) for a in inner.arrays):
-        import torch
-
+        torch = torch_module()
         t = value if is_tensor(value) else torch.as_tensor(np.asarray(value))
         device = next(a.device for a in inner.arrays if is_tensor(a))
         return t.detach().to(device=device, dtype=getattr(torch, spec.dtype.name)).expand(spec.shape)
@@ -367,8 +363,6 @@ class CotangentMapTangent(Derived, Composed):
 def cotangent_map_of(fn: Function) -> Function:
     """``vjp_fn(f)`` as a Function, made once: pointwise for a pointwise ``f``, else a :class:`CotangentMap`."""
     if fn.pointwise:
-        from ._pointwise import cotangent_map
-
         return cotangent_map(fn)  # type: ignore[arg-type]
     if "cotangent map" not in fn.derived:
         fn.derived["cotangent map"] = CotangentMap(fn)

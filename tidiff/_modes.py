@@ -28,9 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._adjoint import vjp_func, why_not
 from ._adjoint.transform import USES_BWD
 from ._errors import NoForwardRule, TransformError
 from ._signature import ArgSpec
+from ._tangent import jvp_func
 
 # NOTE: [Vector-mode pushes] A Jacobian by an argument of n components is
 # best one call of the parent's tangent function widened to carry all n
@@ -60,15 +62,11 @@ class Mode:
 
 
 def tangent_function(parent: Any, active: tuple[bool, ...], width: int = 1) -> Any:
-    from ._tangent import jvp_func
-
     return jvp_func(parent, active, width)
 
 
 def reverse_function(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Any:
     """The parent's reverse function, or None where the reverse transform does not take it."""
-    from ._adjoint import vjp_func
-
     return vjp_func(parent, active, n_outputs)
 
 
@@ -99,8 +97,6 @@ def jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgS
             raise neither_way(parent, active, len(out_specs))
         return Mode("reverse", "forward mode reaches a custom_vjp rule without a jvp rule")
     if reverse is None:
-        from ._adjoint import why_not
-
         return Mode("forward", f"the reverse transform does not take {why_not(parent, active, len(out_specs))}")
     if flavour == "rev" and getattr(reverse, USES_BWD, False):
         return Mode("reverse", "a reverse-mode transform reaches a custom_vjp rule")
@@ -135,8 +131,6 @@ def composed_mode(flavour: str, n_in: int, n_out: int) -> Mode:
 
 def neither_way(parent: Any, active: tuple[bool, ...], n_outputs: int) -> TransformError:
     """The error for a parent that has no reverse function and reaches a custom_vjp rule without a jvp rule."""
-    from ._adjoint import why_not
-
     try:
         tangent_function(parent, active)
     except NoForwardRule as raised:

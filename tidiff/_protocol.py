@@ -31,6 +31,7 @@ from taichi.lang import impl
 
 from ._arrays import Batch, adapt, read_args
 from ._cache import Counter
+from ._codegen.batch import spec_of_expr
 from ._signature import ArgSpec, default_float, default_int
 from ._tree import Tree, unflatten
 
@@ -80,8 +81,6 @@ def spec_of_value(name: str, value: Any) -> ArgSpec:
     """The spec of one argument of an unannotated function: a Taichi expression's inside a kernel,
     else the host value's whole shape (its dtype's kind; floats keep their precision)."""
     if hasattr(value, "ptr"):
-        from ._codegen.batch import spec_of_expr
-
         return spec_of_expr(name, value)
     a = value if hasattr(value, "shape") and hasattr(value, "dtype") else np.asarray(value)
     kind = getattr(a.dtype, "is_floating_point", None)

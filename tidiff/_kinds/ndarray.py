@@ -48,6 +48,7 @@ import numpy as np
 
 from .._arrays import Batch, is_tensor, to_numpy
 from .._cache import uses
+from .._ndarray_kernels import tangent_kernel
 from .._protocol import Function, register_kind
 from .._signature import ArgSpec
 from .._tangent.parse import kernel_function
@@ -274,8 +275,6 @@ class NdarrayFunction(Function):
         mask = tuple(s.is_float for s in specs)
 
         def make() -> NdarrayFunction:
-            from .._ndarray_kernels import tangent_kernel
-
             active = [p for p, m in zip(self.inputs, mask, strict=True) if m]
             kernel, d_inputs, d_outputs = tangent_kernel(self.kernel, active, self.outputs)
             n = len(self.inputs)

@@ -9,8 +9,14 @@ from .parse import parse, python_function
 from .sym import RULE_HELPERS
 from .transform import Transformer
 
-_CACHE = {}
-"""(f, active) -> generated function: each pattern is transformed once."""
+
+
+def owned_cache(f, name):
+    """A dict stored on ``f`` itself: what is generated from ``f`` lives as long as ``f`` does."""
+    cache = f.__dict__.get(name)
+    if cache is None:
+        cache = f.__dict__[name] = {}
+    return cache
 
 
 def jvp_func(f, active=None, width=1):
@@ -43,10 +49,11 @@ def jvp_func(f, active=None, width=1):
     active = (True,) * n if active is None else tuple(bool(a) for a in active)
     if len(active) != n:
         raise ValueError(f"jvp_func(f, active): f takes {n} parameters, active has {len(active)} entries")
-    key = (f, active, width)
-    if key not in _CACHE:
-        _CACHE[key] = generate(f, active, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
-    return _CACHE[key]
+    cache = owned_cache(f, "_tidiff_jvps")  # each pattern is transformed once
+    key = (active, width)
+    if key not in cache:
+        cache[key] = generate(f, active, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
+    return cache[key]
 
 
 def generate(f, active, make, tag="jvp"):

@@ -12,6 +12,7 @@ operand, giving that operand's contribution for tangent ``g``; zero tangents
 are skipped and the rest summed.
 """
 import ast
+import weakref
 from dataclasses import dataclass, field
 
 import taichi as ti
@@ -24,7 +25,7 @@ from .sym import Sym, helpers, ti as T, zero_like
 RULES = {}
 """op key -> rule(call) -> tangent Sym or None."""
 
-CUSTOM_JVPS = {}
+CUSTOM_JVPS = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
 
 CALLABLE_TYPES = {}
@@ -47,7 +48,7 @@ def callable_rule(obj):
         return None
 
 
-CUSTOM_VJPS = {}
+CUSTOM_VJPS = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``bwd(*primals, *cotangents) -> (cotangent of each primal, ...)``: the
 reverse transform calls it with the real cotangent; forward mode of such a callee needs a jvp rule too."""
 
