@@ -18,11 +18,14 @@ derivatives then come from forward pushes (``_bodies.py``), which handle
 everything.
 """
 import ast
+import builtins
+import functools
 from dataclasses import dataclass
 
 import taichi as ti
 
 from .._tangent.activity import loaded_names
+from .._tangent.callees import call_name, expand_partial, hint_name, transformable
 from .._tangent.naming import Namer, helper_name, names_in
 from .._tangent.parse import MISSING, hashable, positional, resolve
 from .._tangent.rules import CUSTOM_JVPS, RULES, lookup as forward_rule, zero
@@ -340,6 +343,11 @@ class Reverser:
         callee = resolve(func, self.parsed.namespace)
         if callee is MISSING:
             raise NotReversible(f"a call of the unknown name `{ast.unparse(func)}`")
+        if isinstance(callee, functools.partial):  # p(x) -> h(2.0, x), as Python calls it
+            if any(k.arg is None for k in node.keywords):
+                raise NotReversible(f"the call `{ast.unparse(node)}`")
+            name_of = lambda value: self.parsed.name_for(value, self.namer, hint_name(value))  # noqa: E731
+            return self.value(expand_partial(node, callee, name_of))
         if callee is ti.static or (hashable(callee) and forward_rule(callee) is zero):
             return self.rename(node)
         if callee is ti.cast and not self._float_cast(node):
@@ -362,8 +370,7 @@ class Reverser:
         if rule is not None:
             args = [self.operand(a) for a in node.args]
             return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
-        if getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__") \
-                and hashable(callee) and forward_rule(callee) is None:
+        if hashable(callee) and forward_rule(callee) is None and transformable(callee):  # a @ti.func or a helper
             return self.call_function(node, callee)
         raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
 
@@ -423,13 +430,31 @@ class Reverser:
 
     def call_function(self, node, callee):
         """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents."""
-        args = [self.operand(a) for a in positional(node, callee)]
+        name_of = lambda value: self.parsed.name_for(value, self.namer, hint_name(value))  # noqa: E731
+        try:
+            nodes = positional(node, callee, name_of)
+        except TypeError as e:
+            raise NotReversible(f"the call `{ast.unparse(node)}` ({e})") from None
+        # an inactive argument of compile-time values stays as written: a helper may need it as a
+        # constant (NOTE: [Python helpers]), and reading it again in the sweep costs nothing
+        args = [self.rename(a) if self._compile_time(a) else self.operand(a) for a in nodes]
         mask = tuple(self.is_active(a) for a in args)
         reverse = self.vjp_of(callee, mask, 1)
         if reverse is None:
             raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
-        helper = helper_name(self.helpers, self.namer, reverse, ast.unparse(node.func).split(".")[-1] + "_vjp")
+        helper = helper_name(self.helpers, self.namer, reverse, call_name(node.func, callee) + "_vjp")
         return self.op(None, ast.Call(node.func, args, []), args, _call_hint(node.func, args), callee=helper)
+
+    def _compile_time(self, node):
+        """An inactive expression whose calls are all ``ti.static`` or Python builtins (``len(v)``)."""
+        if self.reads_active(node):
+            return False
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Call):
+                callee = resolve(sub.func, self.parsed.namespace) if not self._is_local(sub.func) else MISSING
+                if callee is not ti.static and not (hashable(callee) and getattr(builtins, getattr(callee, "__name__", ""), None) is callee):
+                    return False
+        return True
 
     def _is_local(self, node):
         while isinstance(node, (ast.Attribute, ast.Subscript)):

@@ -1,10 +1,12 @@
 """Tangent ``FunctionDef`` -> source text -> a live ``@ti.func``, cached and keeping its source."""
 import ast
+import copy
 
 import taichi as ti
 
 from .._codegen import compile_source
 from . import rule_helpers
+from .activity import assignments
 from .parse import parse, python_function
 from .sym import RULE_HELPERS
 from .transform import Transformer
@@ -55,6 +57,8 @@ def generate(f, active, make, tag="jvp"):
     parsed = parse(f)
     transformer = make(parsed, active)
     tree = transformer.run()
+    if parsed.kind == "helper":
+        _by_reference(tree, transformer.taichi_name)
     text = ast.unparse(ast.Module([tree], []))
     namespace = dict(parsed.namespace)
     namespace.update(transformer.helpers)
@@ -66,6 +70,16 @@ def generate(f, active, make, tag="jvp"):
     if hasattr(transformer, "lane_cost"):
         g._tidiff_lane_cost = transformer.lane_cost
     return g
+
+
+def _by_reference(tree, taichi):
+    """Parameters the body never writes become ``ti.template()``, the rest plain (NOTE: [Python helpers])."""
+    writes, loop_vars = assignments(tree.body)
+    written = loop_vars | {name for names, _ in writes for name in names}
+    template = ast.Call(ast.Attribute(ast.Name(taichi, ast.Load()), "template", ast.Load()), [], [])
+    for arg in tree.args.args:
+        arg.annotation = None if arg.arg in written else copy.deepcopy(template)
+    ast.fix_missing_locations(tree)
 
 
 def source(g):
