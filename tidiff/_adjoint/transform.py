@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import taichi as ti
 
 from .._tangent.activity import loaded_names
-from .._tangent.callees import call_name, expand_partial, hint_name, transformable
+from .._tangent.callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, is_helper, quiet, transformable
 from .._tangent.naming import Namer, helper_name, names_in
 from .._tangent.parse import MISSING, hashable, positional, resolve
 from .._tangent.rules import CUSTOM_JVPS, RULES, lookup as forward_rule, zero
@@ -348,7 +348,7 @@ class Reverser:
                 raise NotReversible(f"the call `{ast.unparse(node)}`")
             name_of = lambda value: self.parsed.name_for(value, self.namer, hint_name(value))  # noqa: E731
             return self.value(expand_partial(node, callee, name_of))
-        if callee is ti.static or (hashable(callee) and forward_rule(callee) is zero):
+        if callee is ti.static or (hashable(callee) and (forward_rule(callee) is zero or callee in STATIC_BUILTINS)):
             return self.rename(node)
         if callee is ti.cast and not self._float_cast(node):
             return self.rename(node)
@@ -442,8 +442,12 @@ class Reverser:
         reverse = self.vjp_of(callee, mask, 1)
         if reverse is None:
             raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
-        helper = helper_name(self.helpers, self.namer, reverse, call_name(node.func, callee) + "_vjp")
-        return self.op(None, ast.Call(node.func, args, []), args, _call_hint(node.func, args), callee=helper)
+        base = call_name(node.func, callee)
+        helper = helper_name(self.helpers, self.namer, reverse, base + "_vjp")
+        func = node.func
+        if is_helper(callee):  # called as Taichi would, without its warning (NOTE: [Python helpers])
+            func = _name(helper_name(self.helpers, self.namer, quiet(callee), base))
+        return self.op(None, ast.Call(func, args, []), args, _call_hint(node.func, args), callee=helper)
 
     def _compile_time(self, node):
         """An inactive expression whose calls are all ``ti.static`` or Python builtins (``len(v)``)."""

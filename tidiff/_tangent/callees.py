@@ -16,15 +16,21 @@ Two differences from a ``@ti.func`` are kept:
   generated function of a helper takes every parameter its body never
   assigns as ``ti.template()`` (passed as is, by reference, which is safe
   since nothing writes it) and only the others by value (``emit.generate``).
+  For the same reason an inactive argument is passed as written, not first
+  stored in a Taichi variable.
 - A ``functools.partial`` is called as Python calls it: ``p(x)`` for
   ``p = partial(h, 2.0)`` is ``h(2.0, x)``, the bound values passed in as
   constants (:func:`expand_partial`). The generated function is then the
-  one of ``h``, shared by every partial of it.
+  one of ``h``, shared by every partial of it (the cache key is ``h`` and
+  the activity pattern; the bound values are arguments).
 
-Defaults are filled in at the call (``positional``), so generated
-functions take every parameter. A callee whose source cannot be read or
-that is not plain Python (a builtin, a C extension, a method of an object,
-a library's function) is refused at the call with :func:`refusal`.
+Defaults are filled in at the call (``parse.positional``), so generated
+functions take every parameter. Generated code that calls a helper itself
+(a reverse function's forward sweep, for the primal value) calls it through
+:class:`Quiet`, so that Taichi does not warn about code the user did not
+write. A callee whose source cannot be read, or that is not plain Python (a
+builtin, a C extension, a method of an object, a library's function), is
+refused at the call: :func:`refusal` says why.
 """
 import ast
 import functools
@@ -32,6 +38,9 @@ import inspect
 import sysconfig
 import types
 
+STATIC_BUILTINS = frozenset({len, isinstance, range, bool, any, all, type, hasattr, callable, id})
+"""Builtins Taichi evaluates while compiling (``len(v)``) or whose results are booleans: no
+derivative, so their calls are copied as written even with differentiable arguments."""
 _LIBRARIES = {"taichi", "tidiff", "numpy", "torch", "scipy", "jax"}
 """Packages whose functions are never transformed as helpers (Taichi's own are ops with rules)."""
 _CONSTANTS = (int, float, bool, str, type(None))
@@ -64,15 +73,9 @@ def refusal(obj):
     if isinstance(obj, types.FunctionType) and not is_helper(obj):
         return f"a function of {_package(obj) or 'a library'}, which tidiff does not differentiate"
     if is_helper(obj):
-        try:
-            from .parse import source_tree
-
-            source_tree(obj)
-        except (OSError, TypeError) as e:
-            return f"a Python function whose source is not available ({e})"
-        except SyntaxError as e:
-            return f"a Python function whose source cannot be parsed ({e.msg})"
-        return None
+        if obj not in _SOURCE_REFUSALS:
+            _SOURCE_REFUSALS[obj] = _source_refusal(obj)
+        return _SOURCE_REFUSALS[obj]
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)) or type(obj).__name__ in (
             "method_descriptor", "wrapper_descriptor", "ufunc", "cython_function_or_method"):
         return "a builtin or C extension function, which has no Python source"
@@ -81,6 +84,52 @@ def refusal(obj):
     if isinstance(obj, type):
         return "a class, which tidiff does not transform"
     return f"a callable {type(obj).__name__} object, which tidiff does not transform"
+
+
+class Quiet:
+    """A helper as generated code calls it: Taichi calls it the same way, without its warning of a
+    "non-taichi function" (the user's own call has it; see NOTE: [Python helpers]).
+
+    ``parse.resolve`` sees through it, so generated code transformed again
+    transforms the helper.
+    """
+
+    _is_taichi_function = True  # what Taichi checks before it warns; it then reads func.has_print
+
+    class func:
+        has_print = False
+
+    def __init__(self, helper):
+        self.helper = helper
+
+    def __call__(self, *args, **kwargs):
+        return self.helper(*args, **kwargs)
+
+
+_QUIET = {}
+
+
+def quiet(helper):
+    """The one :class:`Quiet` of ``helper``."""
+    if helper not in _QUIET:
+        _QUIET[helper] = Quiet(helper)
+    return _QUIET[helper]
+
+
+_SOURCE_REFUSALS = {}
+"""helper -> why its source cannot be read, or None: asked at every call of it."""
+
+
+def _source_refusal(fn):
+    from .parse import source_tree
+
+    try:
+        source_tree(fn)
+    except (OSError, TypeError) as e:
+        return f"a Python function whose source is not available ({e})"
+    except SyntaxError as e:
+        return f"a Python function whose source cannot be parsed ({e.msg})"
+    return None
 
 
 def value_node(value, name_of):

@@ -290,7 +290,9 @@ class KernelTransformer(Transformer):
         def visit(n):
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in self._field_names:
                 if n.attr in _GRADIENT_ATTRIBUTES:
-                    raise self.error(n, f"the attribute `{ast.unparse(n)}` of a field")
+                    raise self.error(n, f"the attribute `{ast.unparse(n)}` of a field",
+                                     "compute from the fields' values: tidiff owns gradients and duals while it "
+                                     "differentiates the program")
                 return
             if isinstance(n, ast.Name):
                 found.add(n.id)
@@ -334,7 +336,9 @@ class KernelTransformer(Transformer):
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
                 obj = self.fields.get(node.value.id)
                 if isinstance(obj, Ndarray):
-                    raise self.error(node, f"ndarray access `{ast.unparse(node)}` in a kernel over fields")
+                    raise self.error(node, f"ndarray access `{ast.unparse(node)}` in a kernel over fields",
+                                     "copy the data into a field, or make the program one kernel over ndarrays "
+                                     "(td.function(kernel, inputs=[...], outputs={...}))")
                 if obj is not None and _is_float_field(obj) and node.value.id not in self.sources:
                     raise self.error(node, f"the field `{node.value.id}`, which has no tangent field",
                                      "give every float field the kernel reaches a tangent field")

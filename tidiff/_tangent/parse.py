@@ -7,7 +7,7 @@ import linecache
 import textwrap
 from dataclasses import dataclass
 
-from .callees import is_helper, is_taichi_func, signature_of
+from .callees import Quiet, is_helper, is_taichi_func, signature_of
 
 
 @dataclass
@@ -167,7 +167,8 @@ def resolve(node, namespace):
     """The object a dotted name (``ti.math.sin``, ``h``, ``abs``, ``OPS["sin"]``) stands for, or MISSING."""
     if isinstance(node, ast.Name):
         if node.id in namespace:
-            return namespace[node.id]
+            value = namespace[node.id]
+            return value.helper if isinstance(value, Quiet) else value
         return getattr(builtins, node.id, MISSING)
     if isinstance(node, ast.Attribute):
         base = resolve(node.value, namespace)

@@ -15,7 +15,7 @@ from taichi.lang.field import Field
 
 from .._errors import TransformError, where_hint
 from .activity import active_variables, loaded_names, local_names, root_names
-from .callees import call_name, expand_partial, hint_name, refusal, transformable
+from .callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refusal, transformable
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, helper_name, names_in
 from .parse import MISSING, hashable, positional, resolve
@@ -132,7 +132,8 @@ class Transformer:
         """The tangent ``FunctionDef``: primal params, then one tangent per active param."""
         args = self.tree.args
         if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
-            raise self.error(self.tree, "a parameter list with *args, **kwargs or keyword-only parameters")
+            raise self.error(self.tree, "a parameter list with *args, **kwargs or keyword-only parameters",
+                             "name the parameters one by one (Taichi passes them positionally)")
         self._check_fields()
         tangent_args = [ast.arg(self.namer.tangent(a.arg), a.annotation)
                         for a in args.args if a.arg in self.active_params]
@@ -491,9 +492,13 @@ class Transformer:
             return self.call_method(node)
         callee = resolve(func, self.parsed.namespace)
         if callee is MISSING:
-            raise self.error(node, f"a call to unknown name `{ast.unparse(func)}`", call=True)
+            raise self.error(node, f"a call to unknown name `{ast.unparse(func)}`",
+                             "call the function by a global or closure name, an attribute (`mod.h`) or a table "
+                             "entry with a constant key (`OPS[\"sin\"](x)`)")
         if isinstance(callee, functools.partial):
             return self.expr_Call(self._expand_partial(node, callee))
+        if hashable(callee) and callee in STATIC_BUILTINS:
+            return node, None
         if len(node.args) > 2 and hashable(callee) and lookup(callee) in (RULES[min], RULES[max]):
             node = self._pairwise(node)
         if hashable(callee) and callee in CUSTOM_JVPS:
@@ -520,7 +525,7 @@ class Transformer:
     def _expand_partial(self, node, partial):
         """``p(x)`` -> ``h(2.0, x)`` for ``p = functools.partial(h, 2.0)`` (NOTE: [Python helpers])."""
         if any(k.arg is None for k in node.keywords):
-            raise self.error(node, "a call with **kwargs", call=True)
+            raise self.error(node, "a call with **kwargs", "pass the keyword arguments one by one")
         return expand_partial(node, partial, lambda value: self.parsed.name_for(value, self.namer, hint_name(value)))
 
     def _static(self, node):
@@ -588,7 +593,7 @@ class Transformer:
 
     def _positional(self, node, callee):
         if any(isinstance(a, ast.Starred) for a in node.args):
-            raise self.error(node, "a call with *args", call=True)
+            raise self.error(node, "a call with *args", "pass the arguments one by one")
         try:
             return positional(node, callee, lambda value: self.parsed.name_for(value, self.namer, hint_name(value)))
         except TypeError as e:
