@@ -82,6 +82,14 @@ def pair(x, y):
     return x * y, x + y
 
 
+def poly(x, coeffs):
+    """A tuple of Python numbers as an argument, read in a static loop."""
+    s = 0.0
+    for k in ti.static(range(len(coeffs))):
+        s = s + coeffs[k] * x ** k
+    return s
+
+
 # --- @ti.func bodies calling them ----------------------------------------------------------------
 @ti.func
 def straight(v: VEC3, s: ti.f64) -> ti.f64:
@@ -99,11 +107,23 @@ def straight_torch(v, s):
 def looped(v: VEC3, s: ti.f64) -> ti.f64:
     """A static loop over an int argument, a tuple returned and unpacked."""
     a, b = pair(v[0], s)
-    return power_sum(v[2], ti.static(N)) * a + b * OPS["exp"](v[1] * s) + power_sum(s, 2)
+    return (power_sum(v[2], ti.static(N)) * a + b * OPS["exp"](v[1] * s) + power_sum(s, 2)
+            + poly(v[1], (1.0, 2.0, 3.0)))
 
 
 def looped_torch(v, s):
-    return (v[2] ** 2 + v[2] ** 3 + v[2] ** 4) * v[0] * s + (v[0] + s) * torch.exp(v[1] * s) + s ** 2 + s ** 3
+    return ((v[2] ** 2 + v[2] ** 3 + v[2] ** 4) * v[0] * s + (v[0] + s) * torch.exp(v[1] * s) + s ** 2 + s ** 3
+            + 1.0 + 2.0 * v[1] + 3.0 * v[1] ** 2)
+
+
+@ti.func
+def paired(x, y):
+    """A helper's tuple as the function's outputs."""
+    return pair(ti.sin(x), y)
+
+
+def paired_torch(x, y):
+    return torch.sin(x) * y, torch.sin(x) + y
 
 
 def batch():
@@ -117,6 +137,12 @@ def test_func_against_torch_and_central_differences(f, torch_f):
     # value, jacfwd, jacrev, jacobian, jvp, vjp, grad, value_and_grad, hessian, jacrev(grad), hvp
     tt.check_against_torch(f, torch_f, batch(), order=2)
     tt.check_grads(f, batch(), order=2)
+
+
+def test_helper_tuple_as_outputs():
+    args = (np.array([0.3, 0.5]), np.array([1.2, 0.4]))
+    tt.check_against_torch(paired, paired_torch, args, order=2)  # jacfwd(jacrev) and jacrev(jacrev)
+    tt.check_grads(paired, args, order=2)
 
 
 def test_straight_line_helpers_go_through_the_reverse_transform():
@@ -268,6 +294,10 @@ def test_ndarray_kernel_second_order():
     ref_out, ref_t = torch.func.jvp(vjp_torch, (a, b, c), (da, db, dc))
     for got, ref in zip(list(outs) + list(touts), list(ref_out) + list(ref_t)):
         np.testing.assert_allclose(got, ref.numpy(), rtol=1e-12, atol=1e-13)
+    op = td.torch.function(F)  # forward AD and double backward: the tangent kernel again
+    a, b = a.requires_grad_(), b.requires_grad_()
+    assert torch.autograd.gradcheck(op, (a, b), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(op, (a, b))
 
 
 # --- what cannot be transformed is refused at the call, with what to do there --------------------

@@ -16,10 +16,12 @@ _CACHE = {}
 
 
 def jvp_func(f, active=None, width=1):
-    """Forward-mode (tangent) transform of a ``@ti.func``.
+    """Forward-mode (tangent) transform of a ``@ti.func`` or a plain Python helper.
 
     Args:
-        f: a ``@ti.func``, or a function this returned (for higher orders).
+        f: a ``@ti.func``, a function this returned (for higher orders), or a
+            plain Python function or lambda whose body is Taichi code
+            (NOTE: [Python helpers] in ``callees.py``).
         active: one bool per parameter of ``f``; only active parameters get a
             tangent parameter, the others have zero tangent. Default: all.
         width: how many tangent directions one call carries (vector mode,
