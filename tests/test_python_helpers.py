@@ -342,6 +342,19 @@ def calls_lambda_calling_builtin(x: ti.f64) -> ti.f64:
 
 
 BAD = {"mul": lambda x: operator.mul(x, x)}
+
+
+@ti.func
+def square(x):
+    return x * x
+
+
+dsquare = td.grad(square)
+
+
+@ti.func
+def calls_transform(x: ti.f64) -> ti.f64:
+    return x * dsquare(x) / 2.0
 FUNC_HINT = "td.custom_jvp to give its derivative, or move the call into a @ti.func of its own and wrap that"
 
 
@@ -353,7 +366,8 @@ FUNC_HINT = "td.custom_jvp to give its derivative, or move the call into a @ti.f
     (calls_helper_calling_builtin, "`operator.mul`",
      "decorate the helper `uses_builtin` with @ti.func and give it a rule with td.custom_jvp"),
     (calls_lambda_calling_builtin, "`operator.mul`", "write the lambda as a @ti.func and give it a rule"),
-], ids=["builtin", "method", "no-source", "in-helper", "in-lambda"])
+    (calls_transform, "`dsquare`: a function tidiff made", "compose the transforms instead"),
+], ids=["builtin", "method", "no-source", "in-helper", "in-lambda", "transform"])
 def test_refused_call_in_a_func_names_it_and_the_fix_there(f, construct, hint):
     np.testing.assert_allclose(td.function(f)(1.5), 2.25)  # valid Taichi code, only not differentiable
     for transform in (td.grad, td.jacfwd):
