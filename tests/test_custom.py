@@ -1,4 +1,4 @@
-"""td.custom_jvp and td.stop_gradient are honoured by every transform, host and device."""
+"""td.custom_jvp, td.custom_vjp and td.stop_gradient are honoured by every transform, host and device."""
 import numpy as np
 import pytest
 import taichi as ti
@@ -91,17 +91,136 @@ def calls_scaled_square(x: ti.math.vec2) -> ti.f64:
     return ti.sin(scaled_square(x, 2.0))
 
 
-def test_vjp_rule_used_by_every_transform():
+def test_vjp_rule_used_by_every_reverse_transform():
     x, k = np.array([0.3, -0.4]), 2.0
     rule = 3.0 * x
     np.testing.assert_allclose(td.grad(scaled_square)(x, k), rule, rtol=1e-15)
-    np.testing.assert_allclose(td.jacfwd(scaled_square)(x, k), rule, rtol=1e-15)
-    _, tangent = td.jvp(scaled_square, (x, k), (np.array([1.0, 2.0]), 0.5))
-    assert tangent == pytest.approx(rule @ [1.0, 2.0] + 0.5 * x @ x, rel=1e-15)
-    np.testing.assert_allclose(td.hessian(scaled_square)(x, k), 3.0 * np.eye(2), rtol=1e-15)
+    np.testing.assert_allclose(td.jacrev(scaled_square)(x, k), rule, rtol=1e-15)
+    _, vjp_fn = td.vjp(scaled_square, x, k)
+    gx, gk = vjp_fn(np.array(0.5))
+    np.testing.assert_allclose(gx, 0.5 * rule, rtol=1e-15)
+    assert gk == pytest.approx(0.5 * x @ x, rel=1e-15)
     inner = 2.0 * x @ x
     np.testing.assert_allclose(td.grad(calls_scaled_square)(x), np.cos(inner) * rule, rtol=1e-14)
-    np.testing.assert_allclose(td.jacfwd(calls_scaled_square)(x), np.cos(inner) * rule, rtol=1e-14)
+    # reverse over reverse differentiates bwd's own code: d/dx (3 x) = 3 I
+    np.testing.assert_allclose(td.jacrev(td.grad(scaled_square))(x, k), 3.0 * np.eye(2), rtol=1e-15)
+
+
+def test_forward_mode_of_a_vjp_rule_is_an_error_as_in_jax():
+    x, k = np.array([0.3, -0.4]), 2.0
+    for call in (lambda: td.jacfwd(scaled_square)(x, k),
+                 lambda: td.jvp(scaled_square, (x, k), (x, 0.0)),
+                 lambda: td.hessian(calls_scaled_square)(x)):
+        with pytest.raises(td.TransformError, match=r"scaled_square.*custom_vjp function without a jvp rule"):
+            call()
+
+
+@td.custom_vjp
+@ti.func
+def clip_gradient(x: ti.f64) -> ti.f64:
+    return x
+
+
+@clip_gradient.defvjp
+@ti.func
+def clip_gradient_bwd(x, ct):
+    return (ti.math.clamp(ct, -1.0, 1.0),)  # nonlinear in the cotangent
+
+
+@ti.func
+def ten_clipped(x: ti.f64) -> ti.f64:
+    return 10.0 * clip_gradient(x)
+
+
+@ti.func
+def clipped_in_a_loop(x: ti.f64) -> ti.f64:
+    out = 0.0
+    i = 0
+    while i < 2:  # a while loop: the reverse transform does not take it
+        out += clip_gradient(x)
+        i += 1
+    return out
+
+
+def test_vjp_rule_sees_the_real_cotangent():
+    """JAX's clip_gradient: the rule clips the incoming cotangent, so only the real one gives these."""
+    assert td.grad(ten_clipped)(2.0) == 1.0
+    assert td.grad(clip_gradient)(2.0) == 1.0
+    _, vjp_fn = td.vjp(clip_gradient, 1.0)
+    assert vjp_fn(5.0) == (1.0,)
+    assert vjp_fn(-0.25) == (-0.25,)
+    _, vjp_fn = td.vjp(clip_gradient, np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(vjp_fn(np.array([3.0, 0.5]))[0], [1.0, 0.5])
+    _, vjp_fn = td.vjp(ten_clipped, np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(vjp_fn(np.array([0.01, -1.0]))[0], [0.1, -1.0])
+
+
+def test_vjp_rule_in_the_torch_backward():
+    import torch
+
+    op = td.torch.function(clip_gradient)
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    op(x).backward(torch.tensor([5.0, -0.5], dtype=torch.float64))
+    np.testing.assert_array_equal(x.grad.numpy(), [1.0, -0.5])
+
+
+def test_a_vjp_rule_where_neither_mode_applies_is_a_clear_error():
+    with pytest.raises(td.TransformError, match=r"reverse mode cannot handle.*While.*clip_gradient"):
+        td.grad(clipped_in_a_loop)(1.0)
+
+
+@td.custom_vjp
+@ti.func
+def polar(p: ti.math.vec2):
+    return p.norm(), ti.atan2(p[1], p[0])
+
+
+@polar.defvjp
+@ti.func
+def polar_bwd(p, ct_r, ct_theta):
+    r2 = p.dot(p)
+    return (ct_r * p / ti.sqrt(r2) + ct_theta * ti.Vector([-p[1], p[0]]) / r2,)
+
+
+@ti.func
+def uses_polar(p: ti.math.vec2) -> ti.f64:
+    r, theta = polar(p)
+    return r * r + 3.0 * theta
+
+
+def test_vjp_rule_with_several_outputs_unpacked_by_the_caller():
+    p = np.array([0.6, -0.8])
+    r2 = p @ p
+    expected = 2.0 * p + 3.0 * np.array([-p[1], p[0]]) / r2
+    np.testing.assert_allclose(td.grad(uses_polar)(p), expected, rtol=1e-14)
+    _, vjp_fn = td.vjp(polar, p)
+    np.testing.assert_allclose(vjp_fn((2.0, 0.5))[0], 2.0 * p / np.sqrt(r2) + 0.5 * np.array([-p[1], p[0]]) / r2,
+                               rtol=1e-14)
+
+
+@td.custom_vjp
+@ti.func
+def both_rules(x: ti.f64) -> ti.f64:
+    return ti.sin(x)
+
+
+@both_rules.defvjp
+@ti.func
+def both_rules_bwd(x, ct):
+    return (ct * 7.0,)
+
+
+@both_rules.defjvp
+@ti.func
+def both_rules_jvp(x, dx):
+    return ti.sin(x), 5.0 * dx
+
+
+def test_a_function_with_both_rules_uses_each_in_its_mode():
+    assert td.grad(both_rules)(0.3) == 7.0
+    assert td.jacrev(both_rules)(0.3) == 7.0
+    assert td.jacfwd(both_rules)(0.3) == 5.0
+    assert td.jvp(both_rules, (0.3,), (2.0,))[1] == 10.0
 
 
 def test_vjp_rule_must_return_one_cotangent_per_primal():

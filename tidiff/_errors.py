@@ -12,7 +12,7 @@ class TransformError(TypeError):
         self.construct = construct
         self.filename = filename
         self.lineno = lineno
-        where = f"{filename}:{lineno}: " if filename else ""
+        where = f"{filename}:{lineno}: " if filename and not filename.startswith("<tidiff-") else ""
         hint = hint or "wrap the enclosing @ti.func with td.custom_jvp to give its derivative"
         super().__init__(f"{where}cannot differentiate {construct}; {hint}")
 
@@ -41,3 +41,21 @@ def where_hint(kind, name, call=False):
 def describe_shape(shape):
     """`()` reads as 'a scalar', `(3,)` as 'shape (3,)'."""
     return "a scalar" if tuple(shape) == () else f"shape {tuple(shape)}"
+
+
+class NoForwardRule(TransformError):
+    """Forward mode reached a ``td.custom_vjp`` function that has no jvp rule.
+
+    As in JAX, a cotangent rule gives reverse mode only; transforms that can
+    run in reverse mode choose it when they meet this.
+    """
+
+    def __init__(self, function, filename=None, lineno=None):
+        self.function = function
+        super().__init__(
+            f"`{function}` in forward mode: it is a td.custom_vjp function without a jvp rule "
+            "(as in JAX, its bwd rule gives reverse mode only)",
+            filename, lineno,
+            f"use reverse mode (td.grad, td.vjp, td.jacrev), or give it a forward rule too with "
+            f"{function}.defjvp(...)",
+        )

@@ -15,6 +15,7 @@ import ast
 import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
 
+from .._tangent import rule_helpers
 from .._tangent.rules import is_dtype, is_integral
 from .._tangent.sym import helpers, ti as T
 
@@ -114,3 +115,14 @@ defvjp(method("transpose"), lambda g, out, x: g.transpose())
 defvjp(method("trace"), lambda g, out, x: helpers.trace_adjoint(x, g))
 defvjp(method("sum"), lambda g, out, x: _zero(x) + g)
 defvjp(method("max", "min"), lambda g, out, x: T.select(x.eq(out), _zero(x) + g, _zero(x)))
+
+# --- the linear helpers forward and reverse rules call (reverse over reverse) ---
+# Keyed by the helper functions themselves, as generated code calls them
+# (``_tidiff_rules.sum_to``); each is linear in one operand, the others give shapes or indices.
+defvjp(rule_helpers.sum_to, lambda g, out, v, like: helpers.broadcast_like(g, v))
+defvjp(rule_helpers.broadcast_like, lambda g, out, v, other: _sum_to(g, v))
+defvjp(rule_helpers.scatter, None, lambda g, out, like, v, i: g[i])
+defvjp(rule_helpers.scatter2, None, lambda g, out, like, v, i, j: g[i, j])
+defvjp(rule_helpers.without, lambda g, out, v, i: helpers.without(g, i))
+defvjp(rule_helpers.without2, lambda g, out, v, i, j: helpers.without2(g, i, j))
+defvjp(rule_helpers.trace_adjoint, None, lambda g, out, like, v: g.trace())

@@ -25,17 +25,26 @@ from dataclasses import dataclass
 import taichi as ti
 
 from .._tangent.activity import loaded_names
-from .._tangent.callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, is_helper, quiet, transformable
+from .._tangent.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
 from .._tangent.naming import Namer, helper_name, names_in
-from .._tangent.parse import MISSING, hashable, positional, resolve
-from .._tangent.rules import CUSTOM_JVPS, RULES, lookup as forward_rule, zero
+from .._tangent.parse import MISSING, hashable, parse, positional, resolve, static_call
+from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, lookup as forward_rule, zero
+from .._tangent.transform import _callee_hint, callable_positional
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from . import rules
 from .rules import ADJOINTS, is_constructor
 
 
+USES_BWD = "_tidiff_uses_bwd"
+"""Attribute of a generated reverse function that calls a td.custom_vjp rule (see NOTE: [Mode choice])."""
+
+
 class NotReversible(Exception):
     """The function uses a construct the reverse transform does not handle (the message says which)."""
+
+
+def _not_reversible(node, construct, hint=None):
+    return NotReversible(f"{construct} ({hint})" if hint else construct)
 
 
 @dataclass
@@ -45,7 +54,12 @@ class Op:
     target: str
     rule: object  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
     args: list  # operand nodes: Names of SSA variables, or inactive expressions
-    callee: str = None  # for calls: the namespace name of the callee's reverse function
+    callee: str = None  # for calls: the namespace name of the callee's reverse function (or custom bwd)
+    positions: list = None  # for calls: where each operand's cotangent stands in the callee's result
+    outputs: list = None  # for calls with several outputs: the SSA names of the results, in order
+
+    def results(self):
+        return self.outputs or [self.target]
 
 
 def _name(identifier):
@@ -77,6 +91,8 @@ class Reverser:
         self.defined = set(self.params)
         self.active = {p for p, a in zip(self.params, active) if a}
         self.temps = set()
+        self.tuples = {}  # SSA name of a tuple-valued call result -> the names of its elements
+        self.uses_bwd = False  # whether a custom_vjp rule is called (here or in a callee's reverse)
         self.forward, self.backward, self.ops = [], [], []
         self.helpers = {}
         self.taichi_name = taichi_name(self.namer, parsed.namespace)
@@ -118,11 +134,22 @@ class Reverser:
             raise NotReversible("a chained assignment")
         target = node.targets[0]
         if isinstance(target, ast.Name):
+            count = self.returned_count(node.value)
+            if count > 1 and self.reads_active(node.value):  # r = h(x), h returning a tuple; r[k] later
+                names = self.call_outputs(node.value, count)
+                self.bind(target.id, _name(self.ops[-1].target))
+                self.tuples[self.env[target.id]] = names
+                return
             return self.bind(target.id, self.value(node.value))
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
                 and len(target.elts) == len(node.value.elts) and all(isinstance(t, ast.Name) for t in target.elts):
             values = [self.operand(v) for v in node.value.elts]  # all read before any is written
             for t, v in zip(target.elts, values):
+                self.bind(t.id, v)
+            return
+        if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, ast.Call) \
+                and all(isinstance(t, ast.Name) for t in target.elts):
+            for t, v in zip(target.elts, self.call_outputs(node.value, len(target.elts))):
                 self.bind(t.id, v)
             return
         if isinstance(target, (ast.Subscript, ast.Attribute)):
@@ -220,6 +247,8 @@ class Reverser:
     def bind(self, variable, value, annotation=None):
         """``variable = value`` as a fresh SSA name (an op's own temporary is renamed instead)."""
         ssa = variable if variable not in self.defined else self.namer.fresh(variable)
+        if isinstance(value, ast.Name) and value.id in self.tuples:  # r = s, s a tuple: r names the same elements
+            self.tuples[ssa] = self.tuples[value.id]
         self.defined.add(ssa)
         last = self.ops[-1] if self.ops else None
         if (annotation is None and isinstance(value, ast.Name) and value.id in self.temps
@@ -235,6 +264,13 @@ class Reverser:
         self.env[variable] = ssa
 
     def outputs(self, node):
+        if self.n_outputs > 1 and isinstance(node, ast.Call):  # return h(x), h returning a tuple
+            return self.call_outputs(node, self.n_outputs)
+        if isinstance(node, ast.Name) and self.env.get(node.id) in self.tuples:
+            names = self.tuples[self.env[node.id]]
+            if len(names) != self.n_outputs:
+                raise NotReversible(f"a return of {len(names)} values where {self.n_outputs} are expected")
+            return names
         values = node.elts if isinstance(node, ast.Tuple) else [node]
         if len(values) != self.n_outputs:
             raise NotReversible(f"a return of {len(values)} values where {self.n_outputs} are expected")
@@ -269,11 +305,11 @@ class Reverser:
             raise NotReversible(f"the expression `{ast.unparse(node)}`")
         return handler(node)
 
-    def op(self, rule, node, args, hint, callee=None):
+    def op(self, rule, node, args, hint, callee=None, positions=None):
         """Emit ``t = node`` and remember how to send its cotangent to ``args``."""
         target = self.namer.fresh(hint)
         self.forward.append(_assign(target, node))
-        self.ops.append(Op(target, rule, args, callee))
+        self.ops.append(Op(target, rule, args, callee, positions))
         self.active.add(target)
         self.temps.add(target)
         self.defined.add(target)
@@ -326,6 +362,9 @@ class Reverser:
 
     def read_entry(self, node):
         """``v[i, j]``: the adjoint puts the cotangent at ``[i, j]`` of a zero shaped like ``v``."""
+        element = self.tuple_element(node)
+        if element is not None:
+            return element
         index = self.index(node)
         base = self.operand(node.value)
         read = ast.Attribute(base, node.attr, ast.Load()) if isinstance(node, ast.Attribute) else \
@@ -336,6 +375,9 @@ class Reverser:
 
     def expr_Call(self, node):
         func = node.func
+        made = self._made_callee(func)
+        if made is not MISSING:  # td.grad(E)(x): a tidiff Function made at the call site
+            return self.call_function(node, made)
         if isinstance(func, ast.Attribute) and self._is_local(func.value):
             return self.call_method(node)
         if self._is_local(func):
@@ -352,9 +394,17 @@ class Reverser:
             return self.rename(node)
         if callee is ti.cast and not self._float_cast(node):
             return self.rename(node)
+        if hashable(callee) and callee in CUSTOM_VJPS:
+            return self.call_function(node, callee)
         if hashable(callee) and callee in CUSTOM_JVPS:
             raise NotReversible(f"a call of `{ast.unparse(func)}`, which has a custom derivative rule")
-        if any(self.reads_active(k.value) for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
+        if callable_rule(callee) is not None:  # a tidiff Function
+            return self.call_function(node, callee)
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise NotReversible(f"the call `{ast.unparse(node)}`")
+        if hashable(callee) and forward_rule(callee) is None and transformable(callee):  # a @ti.func or a helper
+            return self.call_function(node, callee)  # keywords bound to parameters there
+        if any(self.reads_active(k.value) for k in node.keywords):
             raise NotReversible(f"the call `{ast.unparse(node)}`")
         keywords = [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords]
         if callee in (ti.Vector, ti.Matrix):
@@ -370,8 +420,6 @@ class Reverser:
         if rule is not None:
             args = [self.operand(a) for a in node.args]
             return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
-        if hashable(callee) and forward_rule(callee) is None and transformable(callee):  # a @ti.func or a helper
-            return self.call_function(node, callee)
         raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
 
     def _float_cast(self, node):
@@ -428,26 +476,42 @@ class Reverser:
         rule = lambda g, out, *xs: [g[key] for key in keys]  # noqa: E731
         return self.op(rule, call, args, "vec" if len(index[0]) == 1 else "mat")
 
-    def call_function(self, node, callee):
-        """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents."""
-        name_of = lambda value: self.parsed.name_for(value, self.namer, hint_name(value))  # noqa: E731
-        try:
-            nodes = positional(node, callee, name_of)
-        except TypeError as e:
-            raise NotReversible(f"the call `{ast.unparse(node)}` ({e})") from None
+    def call_function(self, node, callee, n_outputs=1):
+        """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents.
+
+        A ``td.custom_vjp`` function's own ``bwd(x, g)`` is called instead, with the real
+        cotangent ``g``: it returns one cotangent per operand.
+        """
+        rule = callable_rule(callee)
+        if rule is not None:
+            nodes = callable_positional(node, callee, _not_reversible)
+        else:
+            name_of = lambda value: self.parsed.name_for(value, self.namer, hint_name(value))  # noqa: E731
+            try:
+                nodes = positional(node, callee, name_of)
+            except TypeError as e:
+                raise NotReversible(f"the call `{ast.unparse(node)}` ({e})") from None
         # an inactive argument of compile-time values stays as written: a helper may need it as a
         # constant (NOTE: [Python helpers]), and reading it again in the sweep costs nothing
         args = [self.rename(a) if self._compile_time(a) else self.operand(a) for a in nodes]
-        mask = tuple(self.is_active(a) for a in args)
-        reverse = self.vjp_of(callee, mask, 1)
-        if reverse is None:
-            raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
-        base = call_name(node.func, callee)
-        helper = helper_name(self.helpers, self.namer, reverse, base + "_vjp")
+        base = _callee_hint(node.func, callee)
+        if hashable(callee) and callee in CUSTOM_VJPS:
+            reverse, hint, positions = CUSTOM_VJPS[callee], base + "_bwd", list(range(len(args)))
+            self.uses_bwd = True
+        else:
+            mask = tuple(self.is_active(a) for a in args)
+            reverse = rule.reverse(callee, mask, n_outputs) if rule is not None else self.vjp_of(callee, mask, n_outputs)
+            if reverse is None:
+                raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
+            self.uses_bwd = self.uses_bwd or getattr(reverse, USES_BWD, False)
+            rank = iter(range(1, len(args) + 1))  # the result is (out, ct of each active operand...)
+            hint, positions = base + "_vjp", [next(rank) if active else None for active in mask]
+        helper = helper_name(self.helpers, self.namer, reverse, hint)
         func = node.func
         if is_helper(callee):  # called as Taichi would, without its warning (NOTE: [Python helpers])
             func = _name(helper_name(self.helpers, self.namer, quiet(callee), base))
-        return self.op(None, ast.Call(func, args, []), args, _call_hint(node.func, args), callee=helper)
+        return self.op(None, ast.Call(func, args, []), args, _call_hint(node.func, args), callee=helper,
+                       positions=positions)
 
     def _compile_time(self, node):
         """An inactive expression whose calls are all ``ti.static`` or Python builtins (``len(v)``)."""
@@ -459,6 +523,70 @@ class Reverser:
                 if callee is not ti.static and not (hashable(callee) and getattr(builtins, getattr(callee, "__name__", ""), None) is callee):
                     return False
         return True
+
+    def tuple_element(self, node):
+        """``r[k]`` of a tuple-valued call result ``r``: the name bound to its element ``k``, or None."""
+        if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)):
+            return None
+        names = self.tuples.get(self.env.get(node.value.id))
+        index = self.rename(node.slice)
+        if names is None or not (isinstance(index, ast.Constant) and isinstance(index.value, int)):
+            return None
+        return names[index.value]
+
+    def returned_count(self, node):
+        """How many values a call returns: the length of its callee's final ``return (a, b, ...)``, else 1."""
+        if not isinstance(node, ast.Call):
+            return 1
+        made = self._made_callee(node.func)
+        if made is not MISSING:
+            return callable_rule(made).outputs(made)
+        if self._is_local(node.func):
+            return 1
+        callee = resolve(node.func, self.parsed.namespace)
+        if callable_rule(callee) is not None:
+            return callable_rule(callee).outputs(callee)
+        if hashable(callee) and callee in CUSTOM_VJPS:
+            callee = callee.tifunc
+        if not transformable(callee):  # a @ti.func or a helper (NOTE: [Python helpers])
+            return 1
+        body = parse(callee).tree.body
+        last = body[-1] if body else None
+        if isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple):
+            return len(last.value.elts)
+        return 1
+
+    def _made_callee(self, func):
+        """A callee made by a call of module-level objects (``td.grad(E)``) that the transforms call
+        through, or MISSING."""
+        made = static_call(func, self.parsed.namespace, set(self.env) | self.defined)
+        return made if callable_rule(made) is not None else MISSING
+
+    def call_outputs(self, node, count):
+        """``a, b = h(x)`` for a @ti.func (or custom_vjp function, or tidiff Function) returning
+        ``count`` values: one call op whose results are bound to names of their own."""
+        func = node.func
+        callee = self._made_callee(func)
+        if callee is MISSING:
+            callee = MISSING if self._is_local(func) else resolve(func, self.parsed.namespace)
+        custom = (hashable(callee) and callee in CUSTOM_VJPS) or callable_rule(callee) is not None
+        reversible = transformable(callee) and hashable(callee) and forward_rule(callee) is None \
+            and callee not in CUSTOM_JVPS
+        if not (custom or reversible):
+            raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
+        if not any(self.reads_active(a) for a in node.args + [k.value for k in node.keywords]):
+            value = self.operand(node)
+            return [ast.Subscript(value, ast.Constant(k), ast.Load()) for k in range(count)]
+        tuple_name = self.call_function(node, callee, n_outputs=count)
+        op = self.ops[-1]
+        op.outputs = []
+        for k in range(count):
+            name = self.namer.fresh(f"{tuple_name.id}_{k}")
+            self.forward.append(_assign(name, ast.Subscript(tuple_name, ast.Constant(k), ast.Load())))
+            self.active.add(name)
+            self.defined.add(name)
+            op.outputs.append(name)
+        return [_name(n) for n in op.outputs]
 
     def _is_local(self, node):
         while isinstance(node, (ast.Attribute, ast.Subscript)):
@@ -482,16 +610,16 @@ class Reverser:
             if self.is_active(out):
                 add(out.id, Sym(_name(ct)))
         for op in reversed(self.ops):
-            if op.target not in cts:
+            if not any(r in cts for r in op.results()):
                 continue
-            g = Sym(_name(cts[op.target]))
             if op.callee is not None:
+                gs = [_name(cts[r]) if r in cts else ast.Call(ast.Attribute(_name(TAICHI), "zero", ast.Load()),
+                                                              [_name(r)], []) for r in op.results()]
                 result = self.namer.fresh(f"adj_{op.target}")
-                self.backward.append(_assign(result, ast.Call(_name(op.callee), op.args + [g.node], [])))
-                active = [a for a in op.args if self.is_active(a)]
-                contributions = {id(a): Sym(_name(result))[k + 1] for k, a in enumerate(active)}
-                contributions = [contributions.get(id(a)) for a in op.args]
+                self.backward.append(_assign(result, ast.Call(_name(op.callee), op.args + gs, [])))
+                contributions = [None if k is None else Sym(_name(result))[k] for k in op.positions]
             else:
+                g = Sym(_name(cts[op.target]))
                 contributions = op.rule(g, Sym(_name(op.target)), *[Sym(a) for a in op.args])
             for arg, contribution in zip(op.args, contributions):
                 if contribution is not None and self.is_active(arg):

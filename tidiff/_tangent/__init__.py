@@ -2,7 +2,8 @@
 for a kernel over global fields, and the generated ``source``."""
 from .emit import jvp_func as jvp_func, source as source
 from .kernels import FieldTangents as FieldTangents, jvp_kernel as jvp_kernel
-from .rules import CUSTOM_JVPS as CUSTOM_JVPS, RULES as RULES, stop_gradient as stop_gradient
+from .rules import CUSTOM_JVPS as CUSTOM_JVPS, CUSTOM_VJPS as CUSTOM_VJPS, RULES as RULES
+from .rules import stop_gradient as stop_gradient
 
 
 def register_jvp(f, jvp):
@@ -14,4 +15,14 @@ def register_jvp(f, jvp):
     CUSTOM_JVPS[f] = jvp
 
 
-__all__ = ["jvp_func", "jvp_kernel", "FieldTangents", "source", "register_jvp", "stop_gradient", "RULES", "CUSTOM_JVPS"]
+def register_vjp(f, bwd):
+    """Make the reverse transform call ``bwd`` wherever ``f`` is called (the td.custom_vjp hook).
+
+    ``bwd`` is a ``@ti.func`` taking all primals, then one cotangent per output, and
+    returning a tuple with one cotangent per primal.
+    """
+    CUSTOM_VJPS[f] = bwd
+
+
+__all__ = ["jvp_func", "jvp_kernel", "FieldTangents", "source", "register_jvp", "register_vjp", "stop_gradient", "RULES",
+           "CUSTOM_JVPS", "CUSTOM_VJPS"]

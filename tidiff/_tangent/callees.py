@@ -83,9 +83,6 @@ def refusal(obj):
         return "a method of an object, which tidiff does not transform"
     if isinstance(obj, type):
         return "a class, which tidiff does not transform"
-    if _package(type(obj)) == "tidiff":
-        return ("a function tidiff made (a transform or td.function), which it does not transform inside "
-                "other code (compose the transforms instead: td.grad(td.grad(p)))")
     return f"a callable {type(obj).__name__} object, which tidiff does not transform"
 
 

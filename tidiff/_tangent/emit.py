@@ -71,6 +71,8 @@ def generate(f, active, make, tag="jvp"):
     g._tidiff_active = active
     if hasattr(transformer, "lane_cost"):
         g._tidiff_lane_cost = transformer.lane_cost
+    if getattr(transformer, "uses_bwd", False):
+        g._tidiff_uses_bwd = True
     return g
 
 

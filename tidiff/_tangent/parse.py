@@ -184,6 +184,27 @@ def resolve(node, namespace):
     return MISSING
 
 
+_STATIC_NODES = (ast.Call, ast.Name, ast.Attribute, ast.Constant, ast.Tuple, ast.List, ast.keyword, ast.Load,
+                 ast.UnaryOp, ast.USub)
+
+
+def static_call(node, namespace, local_names):
+    """The value of a call made only of module-level names and constants (``td.grad(E, argnums=1)``),
+    evaluated now as Taichi would evaluate it when it compiles; MISSING for anything else."""
+    if not isinstance(node, ast.Call):
+        return MISSING
+    for sub in ast.walk(node):
+        if not isinstance(sub, _STATIC_NODES):
+            return MISSING
+        if isinstance(sub, ast.Name) and (sub.id in local_names or resolve(sub, namespace) is MISSING):
+            return MISSING
+    try:
+        code = compile(ast.fix_missing_locations(ast.Expression(copy.deepcopy(node))), "<static call>", "eval")
+        return eval(code, dict(namespace))  # names checked above: module-level objects and constants
+    except Exception:
+        return MISSING
+
+
 def hashable(obj):
     """Whether ``obj`` can be looked up in a rule table."""
     try:

@@ -27,6 +27,23 @@ RULES = {}
 CUSTOM_JVPS = {}
 """callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
 
+CALLABLE_TYPES = {}
+"""type -> an object with ``tangent(obj, active, width)``, ``reverse(obj, active, n_outputs)`` and
+``outputs(obj)``: callees the transforms call through (tidiff Functions called inside a @ti.func)."""
+
+
+def callable_rule(obj):
+    """The rule for calling through ``obj`` (see CALLABLE_TYPES), or None."""
+    for kind, rule in CALLABLE_TYPES.items():
+        if isinstance(obj, kind):
+            return rule
+    return None
+
+
+CUSTOM_VJPS = {}
+"""callee -> a @ti.func ``bwd(*primals, *cotangents) -> (cotangent of each primal, ...)``: the
+reverse transform calls it with the real cotangent; forward mode of such a callee needs a jvp rule too."""
+
 
 @dataclass
 class Call:

@@ -13,13 +13,13 @@ import taichi as ti
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.field import Field
 
-from .._errors import TransformError, where_hint
+from .._errors import NoForwardRule, TransformError, where_hint
 from .activity import active_variables, loaded_names, local_names, root_names
 from .callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refusal, transformable
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, helper_name, names_in
-from .parse import MISSING, hashable, positional, resolve
-from .rules import CUSTOM_JVPS, Call, RULES, lookup, zero
+from .parse import MISSING, hashable, positional, resolve, static_call
+from .rules import CUSTOM_JVPS, CUSTOM_VJPS, Call, RULES, callable_rule, lookup, zero
 from .sym import TAICHI, Sym, spell_taichi, taichi_name, zero_like
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
@@ -488,6 +488,9 @@ class Transformer:
     # --- calls ---------------------------------------------------------------
     def expr_Call(self, node):
         func = node.func
+        made = self._made_callee(func)
+        if made is not MISSING:  # td.grad(E)(x): a tidiff Function made at the call site
+            return self.call_function(node, made)
         if self._is_local(func):
             return self.call_method(node)
         callee = resolve(func, self.parsed.namespace)
@@ -503,6 +506,10 @@ class Transformer:
             node = self._pairwise(node)
         if hashable(callee) and callee in CUSTOM_JVPS:
             return self.call_function(node, callee, custom=CUSTOM_JVPS[callee])
+        if hashable(callee) and callee in CUSTOM_VJPS:
+            raise NoForwardRule(getattr(callee, "name", ast.unparse(func)), self.parsed.filename, self.parsed.lineno(node))
+        if callable_rule(callee) is not None:  # a tidiff Function (td.grad(E) bound to a name)
+            return self.call_function(node, callee)
         rule = lookup(callee)
         if rule is zero:
             return node, None
@@ -559,13 +566,26 @@ class Transformer:
                           [receiver] + args, [dreceiver] + [dp for _, dp in parts], node.keywords)
 
     def _nested_callee(self, node):
-        """The @ti.func (or helper) a call goes to when it will be transformed recursively, else None."""
-        if not isinstance(node, ast.Call) or self._is_local(node.func):
+        """The @ti.func, helper or tidiff Function a call goes to when it will be transformed recursively, else None."""
+        if not isinstance(node, ast.Call):
+            return None
+        made = self._made_callee(node.func)
+        if made is not MISSING:
+            return made
+        if self._is_local(node.func):
             return None
         callee = resolve(node.func, self.parsed.namespace)
+        if callable_rule(callee) is not None and not (hashable(callee) and callee in CUSTOM_VJPS):
+            return callee
         if hashable(callee) and (callee in CUSTOM_JVPS or (lookup(callee) is None and transformable(callee))):
             return callee
         return None
+
+    def _made_callee(self, func):
+        """A callee made by a call of module-level objects (``td.grad(E, argnums=1)``) that the
+        transforms call through, or MISSING."""
+        made = static_call(func, self.parsed.namespace, self.locals)
+        return made if callable_rule(made) is not None else MISSING
 
     def call_function(self, node, callee, custom=None, into=None):
         """``y, dy = h_jvp(x, dx)``: call the tangent function of a @ti.func (or a custom rule)."""
@@ -573,14 +593,18 @@ class Transformer:
         # an inactive argument is passed as written: it is read once, and a helper may need it as
         # a compile-time value (NOTE: [Python helpers]); a custom rule repeats it in zero tangents
         parts = [self.atom(a) if custom is not None or self.is_active(a) else (a, None) for a in arg_nodes]
+        rule = callable_rule(callee) if custom is None else None
         if custom is None:
             mask = tuple(dp is not None for _, dp in parts)
             tangents = [dp for _, dp in parts if dp is not None]
-            fn = self.jvp_of(callee, mask) if self.width == 1 else self.jvp_of(callee, mask, self.width)
+            if rule is not None:
+                fn = rule.tangent(callee, mask, self.width)
+            else:
+                fn = self.jvp_of(callee, mask) if self.width == 1 else self.jvp_of(callee, mask, self.width)
         else:
             fn = custom
             tangents = [zero_like(p).node if dp is None else dp for p, dp in parts]
-        base = call_name(node.func, callee)
+        base = _callee_hint(node.func, callee)
         helper = helper_name(self.helpers, self.namer, fn, widened_name(base + "_jvp", self.width if custom is None else 1))
         call = ast.Call(_name(helper), [p for p, _ in parts] + tangents, [])
         if into is None:
@@ -594,10 +618,31 @@ class Transformer:
     def _positional(self, node, callee):
         if any(isinstance(a, ast.Starred) for a in node.args):
             raise self.error(node, "a call with *args", "pass the arguments one by one")
+        if callable_rule(callee) is not None:
+            return callable_positional(node, callee, self.error)
         try:
             return positional(node, callee, lambda value: self.parsed.name_for(value, self.namer, hint_name(value)))
         except TypeError as e:
             raise self.error(node, f"the call `{ast.unparse(node)}` ({e})", "pass the arguments the callee takes") from None
+
+
+def callable_positional(node, callee, error):
+    """A call's arguments in parameter order for a tidiff Function callee (keywords by its parameter names)."""
+    if not node.keywords:
+        return list(node.args)
+    try:
+        return list(callee.bind(node.args, {k.arg: k.value for k in node.keywords}, callee.name))
+    except TypeError as e:
+        raise error(node, f"the call `{ast.unparse(node)}`", str(e)) from None
+
+
+def _callee_hint(func, callee):
+    """A readable name hint for a callee: ``h`` for ``m.h``, ``sin`` for ``OPS["sin"]``, the Function's
+    name for ``td.grad(E)``."""
+    if isinstance(func, (ast.Name, ast.Attribute, ast.Subscript)):
+        return call_name(func, callee)
+    name = "".join(c if c.isalnum() else "_" for c in getattr(callee, "name", "f"))
+    return "_".join(p for p in name.split("_") if p) or "f"
 
 
 def _assigned_once(tree):

@@ -1,38 +1,45 @@
 """``td.custom_jvp`` and ``td.custom_vjp``: a ``@ti.func`` with a derivative rule of the user's.
 
-A vjp rule becomes a jvp rule by transposition (``J u`` assembled from
-``J^T e_q``, one call per output component), so both kinds act alike.
-The rule replaces the tangent transform of the function wherever it is
+A jvp rule replaces the tangent transform of the function wherever it is
 called: in its own transforms, in every function that calls it, on the host
-and inside kernels; reverse mode of ``@ti.func`` code is forward mode
-transposed (``_pointwise``), so it uses the rule too.
+and inside kernels. A vjp rule ``bwd`` is called by the reverse transform
+(``_adjoint``) with the real cotangent, so it may be nonlinear in it (JAX's
+``clip_gradient``); as in JAX, forward mode of a custom_vjp function needs a
+jvp rule as well (``defjvp``), else it raises ``td.TransformError``.
+
+The function's body is a generated wrapper that calls the Function object
+itself, which the transforms find in their rule tables (``CUSTOM_JVPS``,
+``CUSTOM_VJPS``); inside a kernel Taichi calls the object, which runs the
+user's func.
 """
+from __future__ import annotations
+
 import inspect
+from collections.abc import Sequence
+from typing import Any
 
-import taichi as ti
-
-from ._batch import probe_outputs
-from ._bodies import BodyWriter, _dynamic_index, basis, zero
-from ._codegen import compile_source
-from ._pointwise import FuncFunction, identifier
-from ._signature import ArgSpec
-from ._tangent import register_jvp
+from .._cache import uses
+from .._codegen.batch import identifier, probe_outputs
+from .._codegen.bodies import BodyWriter
+from .._signature import ArgSpec
+from .._tangent import register_jvp, register_vjp
+from .func import FuncFunction, python_function
 
 
 class CustomJvpFunction(FuncFunction):
     """A ``@ti.func`` whose tangent is given by a rule (see :func:`custom_jvp`)."""
 
-    def __init__(self, tifunc):
-        super().__init__(tifunc)
-        pyfunc = getattr(tifunc, "__wrapped__", None) or tifunc.func.func
-        self.__signature__ = inspect.signature(pyfunc)
-        self.rule = None
-        params = ", ".join(self._names)
-        name = identifier(self.name)
-        source = f"@ti.func\ndef {name}({params}):\n    return {name}_custom({params})\n"
-        self._wrapper = compile_source(source, name, {"ti": ti, f"{name}_custom": self}, "custom")
+    rule: Any = None
+    bwd: Any = None
 
-    def defjvp(self, rule):
+    def __init__(self, tifunc: Any) -> None:
+        super().__init__(tifunc)
+        self.__signature__ = inspect.signature(python_function(tifunc))
+        w = BodyWriter(identifier(self.name), self.param_names())
+        self._wrapper = w.compile([w.callee(self, identifier(self.name) + "_custom")(*w.args())], single=True,
+                                  tag="custom")
+
+    def defjvp(self, rule: Any) -> Any:
         """Attach the rule: a ``@ti.func`` ``(*primals, *tangents) -> (out, tangent_out)``.
 
         Every primal gets a tangent (zeros for those not differentiated).
@@ -44,19 +51,19 @@ class CustomJvpFunction(FuncFunction):
         register_jvp(self, rule)
         return rule
 
-    def body_for(self, in_specs):
-        if self.rule is None:
+    def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
+        if self.rule is None and self.bwd is None:
             raise TypeError(f"{self.name} is a td.custom_jvp function without a rule: call {self.name}.defjvp(rule) first")
         return self._wrapper
 
-    def call_in_kernel(self, *args):
+    def call_in_kernel(self, *args: Any) -> Any:
         return self.tifunc(*args)
 
 
 class CustomVjpFunction(CustomJvpFunction):
     """A ``@ti.func`` whose cotangent map is given by a rule (see :func:`custom_vjp`)."""
 
-    def defvjp(self, bwd):
+    def defvjp(self, bwd: Any) -> Any:
         """Attach the rule: a ``@ti.func`` ``(*primals, *cotangents) -> tuple of primal cotangents``.
 
         One cotangent per output comes in; a tuple with one entry per primal
@@ -69,10 +76,11 @@ class CustomVjpFunction(CustomJvpFunction):
         specs = self.declared_specs()
         if specs is None:
             raise TypeError(f"{call}: td.custom_vjp needs annotated parameters (or td.function(f, signature=...))")
-        out_specs, tree = self.signature(specs)
+        out_specs, _ = self.signature(specs)
         cts = [ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in out_specs]
         got, is_tuple, kernel = probe_outputs(bwd, specs + cts, identifier(self.name) + "_bwd")
         self._counter.add(kernel)
+        uses(kernel)
         shapes = [s.shape for s in specs]
         if not is_tuple or [g.shape for g in got] != shapes:
             returned = [g.shape for g in got] if is_tuple else got[0].shape
@@ -81,43 +89,16 @@ class CustomVjpFunction(CustomJvpFunction):
                 f"it returned {'a tuple shaped ' if is_tuple else 'a single value shaped '}{returned}"
             )
         self.bwd = bwd
-        self.defjvp(self._transposed(bwd, specs, out_specs, not isinstance(tree, tuple)))
+        register_vjp(self, bwd)
         return bwd
 
-    def _transposed(self, bwd, specs, out_specs, single):
-        """The jvp rule ``u -> J u`` with row ``q`` of ``J`` read as ``bwd(x, e_q)``."""
-        name = identifier(self.name)
-        params = [s.name for s in specs]
-        tangents = [f"d{p}" for p in params]
-        w = BodyWriter(f"{name}_jvp_by_vjp", params + tangents)
-        w.line(f"out = {name}_primal({', '.join(params)})")
-        for o, spec in enumerate(out_specs):
-            if spec.shape:
-                w.line(f"dout_{o} = {zero(spec.shape, spec.dtype)}")
-            cotangents = [basis(c, None) for c in out_specs]
-            if spec.size == 1:
-                cotangents[o] = basis(spec, 0)
-                indent, target = "", f"dout_{o}" + ("[0]" if spec.shape else "")
-            else:
-                w.line(f"for q in range({spec.size}):")
-                w.line(f"    c = {zero(spec.shape, spec.dtype)}")
-                w.line(f"    c[{_dynamic_index(spec.shape, 'q')}] = 1.0")
-                cotangents[o] = "c"
-                indent, target = "    ", f"dout_{o}[{_dynamic_index(spec.shape, 'q')}]"
-            w.line(f"{indent}row = {name}_bwd({', '.join(params + cotangents)})")
-            terms = [
-                f"row[{k}] * {t}" if s.shape == () else f"(row[{k}] * {t}).sum()"
-                for k, (s, t) in enumerate(zip(specs, tangents)) if s.is_float
-            ]
-            w.line(f"{indent}{target} = {' + '.join(terms) or '0.0'}")
-        douts = [f"dout_{o}" for o in range(len(out_specs))]
-        w.line("dout = " + (douts[0] if single else "(" + ", ".join(douts) + ",)"))
-        source = w.source(["out", "dout"], single=False)
-        namespace = {"ti": ti, f"{name}_primal": self.tifunc, f"{name}_bwd": bwd}
-        return compile_source(source, w.name, namespace, "custom_vjp")
+    def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
+        if self.bwd is None and self.rule is None:
+            raise TypeError(f"{self.name} is a td.custom_vjp function without a rule: call {self.name}.defvjp(bwd) first")
+        return self._wrapper
 
 
-def custom_vjp(f):
+def custom_vjp(f: Any) -> CustomVjpFunction:
     """Give a ``@ti.func`` a cotangent rule of your own (JAX's ``jax.custom_vjp``).
 
     Args:
@@ -129,9 +110,11 @@ def custom_vjp(f):
         returns a tuple with one cotangent per primal (JAX's ``bwd``, without
         residuals: per-element code recomputes what it needs).
 
-    Every transform uses the rule: reverse mode directly, forward mode
-    through its transpose (``J u`` from one rule call per output
-    component), and second order by transforming the rule's code.
+    Reverse-mode transforms (``grad``, ``vjp``, ``jacrev``, the torch
+    backward) call the rule with the real cotangent. As in JAX, forward mode
+    (``jvp``, ``jacfwd``, ``hessian``) needs a jvp rule too: give one with
+    ``defjvp`` or it raises ``td.TransformError``. Reverse over reverse
+    (``td.grad(td.grad(f))``) differentiates ``bwd``'s own code.
 
     Example:
         >>> @td.custom_vjp
@@ -148,7 +131,7 @@ def custom_vjp(f):
     return CustomVjpFunction(f)
 
 
-def custom_jvp(f):
+def custom_jvp(f: Any) -> CustomJvpFunction:
     """Give a ``@ti.func`` a derivative rule of your own (JAX's ``jax.custom_jvp``).
 
     Args:
