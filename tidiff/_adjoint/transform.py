@@ -388,8 +388,7 @@ class Reverser:
         if isinstance(callee, functools.partial):  # p(x) -> h(2.0, x), as Python calls it
             if any(k.arg is None for k in node.keywords):
                 raise NotReversible(f"the call `{ast.unparse(node)}`")
-            name_of = lambda value: self.parsed.name_for(value, self.namer, hint_name(value))  # noqa: E731
-            return self.value(expand_partial(node, callee, name_of))
+            return self.value(expand_partial(node, callee, self.bind_value))
         if callee is ti.static or (hashable(callee) and (forward_rule(callee) is zero or callee in STATIC_BUILTINS)):
             return self.rename(node)
         if callee is ti.cast and not self._float_cast(node):
@@ -486,9 +485,8 @@ class Reverser:
         if rule is not None:
             nodes = callable_positional(node, callee, _not_reversible)
         else:
-            name_of = lambda value: self.parsed.name_for(value, self.namer, hint_name(value))  # noqa: E731
             try:
-                nodes = positional(node, callee, name_of)
+                nodes = positional(node, callee, self.bind_value)
             except TypeError as e:
                 raise NotReversible(f"the call `{ast.unparse(node)}` ({e})") from None
         # an inactive argument of compile-time values stays as written: a helper may need it as a
@@ -513,6 +511,10 @@ class Reverser:
         return self.op(None, ast.Call(func, args, []), args, _call_hint(node.func, args), callee=helper,
                        positions=positions)
 
+    def bind_value(self, value):
+        """The name generated code reads a Python value by (a partial's bound value, a default)."""
+        return self.parsed.name_for(value, self.namer, hint_name(value))
+
     def _compile_time(self, node):
         """An inactive expression whose calls are all ``ti.static`` or Python builtins (``len(v)``)."""
         if self.reads_active(node):
@@ -520,7 +522,8 @@ class Reverser:
         for sub in ast.walk(node):
             if isinstance(sub, ast.Call):
                 callee = resolve(sub.func, self.parsed.namespace) if not self._is_local(sub.func) else MISSING
-                if callee is not ti.static and not (hashable(callee) and getattr(builtins, getattr(callee, "__name__", ""), None) is callee):
+                builtin = getattr(builtins, getattr(callee, "__name__", ""), None) is callee
+                if callee is not ti.static and not builtin:
                     return False
         return True
 

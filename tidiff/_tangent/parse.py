@@ -1,4 +1,5 @@
-"""Source of a ``@ti.func``, a kernel or a plain Python helper -> its AST, where it came from, and the names it can see."""
+"""Source of a ``@ti.func``, a kernel or a plain Python helper -> its AST, where it came from, and the
+names it can see."""
 import ast
 import builtins
 import copy
@@ -114,7 +115,8 @@ def _lambda_tree(fn, filename):
         spots = [(line, col, end_line, end_col) for line, end_line, col, end_col in code.co_positions()
                  if None not in (line, col, end_line, end_col) and (col, end_col) != (0, 0)]
         found = [node for node in found if all(_within(node.body, spot) for spot in spots)]
-        found.sort(key=lambda node: (node.body.end_lineno - node.body.lineno, node.body.end_col_offset - node.body.col_offset))
+        found.sort(key=lambda node: (node.body.end_lineno - node.body.lineno,  # the innermost lambda
+                                     node.body.end_col_offset - node.body.col_offset))
         found = found[:1]
     if len(found) != 1:
         raise OSError(f"{len(found)} lambdas with parameters {params} on line {code.co_firstlineno} of {filename}")
@@ -143,7 +145,8 @@ def _lambda_name(module, lam):
 def _within(node, spot):
     """Whether the source span ``spot`` (line, col, end line, end col) lies inside ``node``'s."""
     line, col, end_line, end_col = spot
-    return (node.lineno, node.col_offset) <= (line, col) and (end_line, end_col) <= (node.end_lineno, node.end_col_offset)
+    start, end = (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
+    return start <= (line, col) and (end_line, end_col) <= end
 
 
 MISSING = object()

@@ -529,11 +529,15 @@ class Transformer:
             raise self.error(node, f"a call to Taichi op `{ast.unparse(func)}` (no derivative rule)", call=True)
         raise self.error(node, f"a call to `{ast.unparse(func)}`: {refusal(callee)}", call=True)
 
+    def bind_value(self, value):
+        """The name generated code reads a Python value by (a partial's bound value, a default)."""
+        return self.parsed.name_for(value, self.namer, hint_name(value))
+
     def _expand_partial(self, node, partial):
         """``p(x)`` -> ``h(2.0, x)`` for ``p = functools.partial(h, 2.0)`` (NOTE: [Python helpers])."""
         if any(k.arg is None for k in node.keywords):
             raise self.error(node, "a call with **kwargs", "pass the keyword arguments one by one")
-        return expand_partial(node, partial, lambda value: self.parsed.name_for(value, self.namer, hint_name(value)))
+        return expand_partial(node, partial, self.bind_value)
 
     def _static(self, node):
         """The compile-time value of a global argument (a dtype), or None."""
@@ -621,9 +625,10 @@ class Transformer:
         if callable_rule(callee) is not None:
             return callable_positional(node, callee, self.error)
         try:
-            return positional(node, callee, lambda value: self.parsed.name_for(value, self.namer, hint_name(value)))
+            return positional(node, callee, self.bind_value)
         except TypeError as e:
-            raise self.error(node, f"the call `{ast.unparse(node)}` ({e})", "pass the arguments the callee takes") from None
+            raise self.error(node, f"the call `{ast.unparse(node)}` ({e})",
+                             "pass the arguments the callee takes") from None
 
 
 def callable_positional(node, callee, error):
