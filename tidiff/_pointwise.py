@@ -82,6 +82,14 @@ class Pointwise(Function):
         return result
 
 
+def value_and_cotangents(fn: Function) -> PointwiseValueAndCotangents:
+    """``(x..., c...) -> (f(x)..., J^T c...)`` as a pointwise function, made once (for calls inside
+    differentiated code, ``_inline``)."""
+    if "value and cotangents" not in fn.derived:
+        fn.derived["value and cotangents"] = PointwiseValueAndCotangents(fn)
+    return fn.derived["value and cotangents"]  # type: ignore[return-value]
+
+
 def cotangent_map(fn: Pointwise) -> PointwiseCotangentMap:
     """``vjp_fn(f)`` as a pointwise function of its own, made once."""
     if "cotangent map" not in fn.derived:
@@ -173,3 +181,28 @@ class PointwiseCotangentMap(Derived):
         cts = w.args(n, len(outs))
         grads = cotangent_blocks(w, self.parent.body_for(primal), primal, outs, not isinstance(tree, tuple), cts)
         return w.compile([grads[a] for a in sorted(grads)], single=False, tag="vjp")
+
+
+class PointwiseValueAndCotangents(PointwiseCotangentMap):
+    """``(x..., one cotangent per output) -> (outputs..., J^T c for each float x...)``, flat."""
+
+    def __init__(self, parent: Function) -> None:
+        Derived.__init__(self, f"value_and_vjp_fn({parent.name})", parent, listed=False)
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        outs, _ = self.parent.signature(in_specs[: self.arity()])
+        grads, _ = super().signature(in_specs)
+        flat = list(outs) + grads
+        return flat, tuple(range(len(flat)))
+
+    def make_body(self, in_specs: list[ArgSpec]) -> Any:
+        n = self.arity()
+        primal = in_specs[:n]
+        outs, tree = self.parent.signature(primal)
+        V = cotangent_map(self.parent)  # type: ignore[arg-type]
+        w = BodyWriter(identifier(self.name), [s.name for s in primal] + [f"ct_{o.name}" for o in outs])
+        value = w.let("value", w.callee(self.parent.body_for(primal), identifier(self.parent.name))(*w.args(0, n)))
+        grads = w.let("grads", w.callee(V.body_for(in_specs), identifier(V.name))(*w.args()))
+        n_grads = sum(s.is_float for s in primal)
+        values = [value] if not isinstance(tree, tuple) else [value[j] for j in range(len(outs))]
+        return w.compile(values + [grads[k] for k in range(n_grads)], single=False, tag="vjp")

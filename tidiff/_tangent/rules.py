@@ -32,12 +32,19 @@ CALLABLE_TYPES = {}
 ``outputs(obj)``: callees the transforms call through (tidiff Functions called inside a @ti.func)."""
 
 
+CALLABLE_OBJECTS = {}
+"""object -> such a rule, for callees that are one particular object (``td.jvp``)."""
+
+
 def callable_rule(obj):
-    """The rule for calling through ``obj`` (see CALLABLE_TYPES), or None."""
+    """The rule for calling through ``obj`` (see CALLABLE_TYPES, CALLABLE_OBJECTS), or None."""
     for kind, rule in CALLABLE_TYPES.items():
         if isinstance(obj, kind):
             return rule
-    return None
+    try:
+        return CALLABLE_OBJECTS.get(obj)
+    except TypeError:  # unhashable
+        return None
 
 
 CUSTOM_VJPS = {}
