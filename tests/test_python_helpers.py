@@ -181,7 +181,9 @@ def test_generated_helper_functions_are_ti_funcs_taking_arguments_as_is():
 def test_helpers_are_transformed_once_and_partials_share_their_function():
     assert jvp_func(weighted, (True, False, False)) is jvp_func(weighted, (True, False, False))
     text = td.source(td.jacfwd(straight, argnums=(0, 1)))
-    assert text.count("def weighted_jvp(") == 1  # weighted(...) and half(...) call the same one
+    # weighted(...) and half(...) call one tangent function of weighted per tangent function of straight
+    helpers, callers = re.findall(r"def weighted_jvp\d*\(", text), re.findall(r"def straight_jvp\d*\(", text)
+    assert len(helpers) == len(callers) >= 1
 
 
 def test_inactive_helper_calls_and_compile_time_builtins_are_copied():
