@@ -53,7 +53,8 @@ class KernelTransformer(Transformer):
     def run(self):
         args = self.tree.args
         if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs or args.defaults:
-            raise self.error(self.tree, "a kernel parameter list with defaults, *args or keyword-only parameters")
+            raise self.error(self.tree, "a kernel parameter list with defaults, *args or keyword-only parameters",
+                             "give the kernel plain positional parameters")
         self._check_fields()
         by_name = {a.arg: a for a in args.args}
         extra = [ast.arg(self.namer.tangent(p), by_name[p].annotation) for p in self.inputs + self.outputs]

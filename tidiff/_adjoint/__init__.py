@@ -21,7 +21,7 @@ def vjp_func(f, active, n_outputs=1):
     """The reverse function of a ``@ti.func``, or None when ``f`` is not straight-line code.
 
     Args:
-        f: a ``@ti.func`` (or one tidiff generated).
+        f: a ``@ti.func`` (or one tidiff generated, or a plain Python helper).
         active: one bool per parameter: which get a cotangent.
         n_outputs: how many values ``f`` returns (a tuple of that many when > 1).
 

@@ -1,10 +1,12 @@
 """Tangent ``FunctionDef`` -> source text -> a live ``@ti.func``, cached and keeping its source."""
 import ast
+import copy
 
 import taichi as ti
 
 from .._codegen import compile_source
 from . import rule_helpers
+from .activity import assignments
 from .parse import parse, python_function
 from .sym import RULE_HELPERS
 from .transform import Transformer
@@ -20,10 +22,12 @@ def owned_cache(f, name):
 
 
 def jvp_func(f, active=None, width=1):
-    """Forward-mode (tangent) transform of a ``@ti.func``.
+    """Forward-mode (tangent) transform of a ``@ti.func`` or a plain Python helper.
 
     Args:
-        f: a ``@ti.func``, or a function this returned (for higher orders).
+        f: a ``@ti.func``, a function this returned (for higher orders), or a
+            plain Python function or lambda whose body is Taichi code
+            (NOTE: [Python helpers] in ``callees.py``).
         active: one bool per parameter of ``f``; only active parameters get a
             tangent parameter, the others have zero tangent. Default: all.
         width: how many tangent directions one call carries (vector mode,
@@ -62,6 +66,8 @@ def generate(f, active, make, tag="jvp"):
     parsed = parse(f)
     transformer = make(parsed, active)
     tree = transformer.run()
+    if parsed.kind == "helper":
+        _by_reference(tree, transformer.taichi_name)
     text = ast.unparse(ast.Module([tree], []))
     namespace = dict(parsed.namespace)
     namespace.update(transformer.helpers)
@@ -75,6 +81,16 @@ def generate(f, active, make, tag="jvp"):
     if getattr(transformer, "uses_bwd", False):
         g._tidiff_uses_bwd = True
     return g
+
+
+def _by_reference(tree, taichi):
+    """Parameters the body never writes become ``ti.template()``, the rest plain (NOTE: [Python helpers])."""
+    writes, loop_vars = assignments(tree.body)
+    written = loop_vars | {name for names, _ in writes for name in names}
+    template = ast.Call(ast.Attribute(ast.Name(taichi, ast.Load()), "template", ast.Load()), [], [])
+    for arg in tree.args.args:
+        arg.annotation = None if arg.arg in written else copy.deepcopy(template)
+    ast.fix_missing_locations(tree)
 
 
 def source(g):
