@@ -26,8 +26,10 @@ import numpy as np
 
 from . import _composed, _modes, _pointwise
 from ._arrays import Batch
-from ._codegen.batch import identifier
-from ._codegen.bodies import BodyWriter, jacobian_blocks
+from ._cache import uses
+from ._codegen.batch import flatten_batch, identifier
+from ._codegen.blocks import BlocksKernel
+from ._codegen.bodies import BodyWriter, LocalBlocks, jacobian_blocks
 from ._composed import Call, Composite, Const, Output
 from ._protocol import Function
 from ._signature import ArgSpec
@@ -205,14 +207,35 @@ class PointwiseJacobian(Jacobian, _pointwise.Derived):
         out_specs, tree = self.parent.signature(specs)
         parent_body = self.parent.body_for(specs)
         w = BodyWriter(identifier(self.name), [s.name for s in specs])
-        blocks, value = jacobian_blocks(w, parent_body, specs, lay.argnums, out_specs, not isinstance(tree, tuple),
-                                        lay.wanted(), FLAVOUR[self.kind])
+        sink = LocalBlocks(w)
+        value = jacobian_blocks(w, parent_body, specs, lay.argnums, out_specs, not isinstance(tree, tuple),
+                                lay.wanted(), FLAVOUR[self.kind], sink)
         if any(it[0] == "out" for it in lay.items) and value is None:
             value = w.let("value", w.callee(parent_body, identifier(self.parent.name))(*w.args()))
         single = not isinstance(tree, tuple)
-        results = [blocks[it[1], it[2]] if it[0] == "jac" else (value if single else value[it[1]])
+        results = [sink.blocks[it[1], it[2]] if it[0] == "jac" else (value if single else value[it[1]])
                    for it in lay.items]
-        return w.compile(results, single=not isinstance(lay.tree, tuple), tag=self.kind)
+        body = w.compile(results, single=not isinstance(lay.tree, tuple), tag=self.kind)
+        body._tidiff_looped = w.looped
+        return body
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        """One launch; a Jacobian whose pushes run in a loop writes its blocks straight into the outputs
+        (NOTE: [Blocks written to the output] in ``_codegen/bodies``)."""
+        specs = list(batch.specs)
+        if not getattr(self.body_for(specs), "_tidiff_looped", False):
+            return super().evaluate(batch)
+        kernel = self.memo.get(("blocks kernel", tuple(specs)), lambda: self._blocks_kernel(specs))
+        uses(kernel.kernel)
+        n, inputs = flatten_batch(batch.arrays, specs, batch.shape)
+        return [o.reshape(batch.shape + o.shape[1:]) for o in kernel(n, inputs)]
+
+    def _blocks_kernel(self, specs: list[ArgSpec]) -> BlocksKernel:
+        lay = self.layout(specs)
+        out_specs, tree = self.parent.signature(specs)
+        return BlocksKernel(identifier(self.name), self.parent.body_for(specs), specs, lay.argnums, lay.items,
+                            lay.specs, out_specs, not isinstance(tree, tuple), lay.wanted(), FLAVOUR[self.kind],
+                            self.kind)
 
 
 class ComposedJacobian(Jacobian, _composed.Composed):

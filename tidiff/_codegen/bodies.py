@@ -114,6 +114,7 @@ class BodyWriter:
         self.stmts: list[ast.stmt] = []
         self._bound: dict[int, str] = {}
         self.wide = False  # whether the body holds vector-mode pushes
+        self.looped = False  # whether some pushes run in a runtime loop
 
     def args(self, k: int | None = None, n: int | None = None) -> list[Sym]:
         """The parameters ``k:k+n`` as names (all by default)."""
@@ -175,6 +176,17 @@ def name_of(fn: Any) -> str:
     return getattr(fn, "__name__", "f")
 
 
+def _unravel(shape: tuple[int, ...], p: Sym) -> tuple[Sym, ...]:
+    """The multi-index of flat position ``p`` (a runtime value) in ``shape``, row-major."""
+    index = []
+    stride = int(np.prod(shape))
+    for k, n in enumerate(shape):
+        stride //= n
+        q = p if stride == 1 else Sym(ast.BinOp(p.node, ast.FloorDiv(), ast.Constant(stride)))
+        index.append(q if k == 0 else Sym(ast.BinOp(q.node, ast.Mod(), ast.Constant(n))))
+    return tuple(index)
+
+
 class _Pushes:
     """Calls of the parent's tangent (or reverse) function from inside a body being written."""
 
@@ -182,12 +194,13 @@ class _Pushes:
         self.w, self.parent, self.specs, self.active = w, parent, specs, active
         self.primals = w.args(0, len(specs))
         self.value: Sym | None = None  # the parent's outputs, as a widened push or a reverse call returned them
+        self.looped = False  # whether some pushes run in a runtime loop
 
     def each(self, argnums: Sequence[int], a: int, store: Any) -> None:
         """Push the basis tangent of every component of argument ``a``; ``store(dout, index)`` consumes each.
 
         ``dout`` is the parent's tangent output for that push; ``index`` the
-        component's index in ``a``'s shape (constants, or runtime names in a loop).
+        component's multi-index in ``a``'s shape (constants, or runtime values in a loop).
         """
         w, spec = self.w, self.specs[a]
         order = sorted(argnums)  # the tangent function takes its tangents in parameter order
@@ -201,13 +214,14 @@ class _Pushes:
             for p in range(width):
                 store(t[p + 1], _static_index(spec.shape, p))
             return
+        self.looped = True
         fn = _modes.tangent_function(self.parent, self.active)
         with w.loop("p", spec.size) as p:
             e = w.let("e", zero(spec.shape, spec.dtype))
             w.store(entry(e, (spec.size,) if len(spec.shape) > 2 else spec.shape, _dynamic_index(spec.shape, p)), 1.0)
             tangents = [e if b == a else basis(self.specs[b], None) for b in order]
             t = w.let("t", w.callee(fn, name_of(self.parent) + "_jvp")(*self.primals, *tangents))
-            store(t[1], _dynamic_index(spec.shape, p) if len(spec.shape) <= 2 else (p,))
+            store(t[1], _unravel(spec.shape, p))
 
     def reverse(self, n_outputs: int, cotangents: Sequence[Any]) -> Sym:
         """One call of the parent's reverse function: ``(out, ct of each active argument...)``."""
@@ -221,70 +235,113 @@ def _out(dout: Sym, o: int, single_out: bool) -> Sym:
     return dout if single_out else dout[o]
 
 
+class LocalBlocks:
+    """Jacobian blocks held in local values of a body, which returns them (NOTE: [Flat values])."""
+
+    def __init__(self, w: BodyWriter) -> None:
+        self.w = w
+        self.blocks: dict[tuple[int, int], Sym] = {}
+
+    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any) -> None:
+        if full:
+            self.blocks[o, a] = self.w.let(f"J_{o}_{a}", zero(full, dtype))
+
+    def put(self, o: int, a: int, full: tuple[int, ...], index: Sequence[Any], value: Any) -> None:
+        """Entry ``index`` (a multi-index into ``full``, constants or runtime values) of block (o, a)."""
+        if not full:
+            self.blocks[o, a] = self.w.let(f"J_{o}_{a}", value)
+        elif len(full) <= 2:
+            self.w.store(_subscript(self.blocks[o, a], list(index)), value)
+        else:
+            self.w.store(_subscript(self.blocks[o, a], [_flat_position(full, tuple(index))]), value)
+
+    def put_whole(self, o: int, a: int, full: tuple[int, ...], value: Any) -> None:
+        """All of block (o, a) at once (a block as the arguments' shape)."""
+        self.blocks[o, a] = self.w.let(f"J_{o}_{a}", value)
+
+
+class OutputBlocks:
+    """Jacobian blocks written straight into a kernel's output arrays at element ``index``.
+
+    NOTE: [Blocks written to the output] A Jacobian assembled in a local value
+    of a body, column by column at a runtime index (pushes in a runtime
+    loop), makes Taichi's store-to-load forwarding and reaching-definition
+    passes cost about the square of the block's size: ``td.hessian`` of a
+    32-vector function compiled in 6.9 s, 285 s at 64. Written into the
+    output array instead, it compiles in 0.44 s (0.95 s at 64) and runs as
+    fast (2.7 against 3.0 ms, B = 1000). Host calls use a kernel doing that
+    (``_transforms.PointwiseJacobian``); inside kernels a body must return
+    the value, so it keeps the local one.
+    """
+
+    def __init__(self, w: BodyWriter, arrays: dict[tuple[int, int], Sym], index: Sym) -> None:
+        self.w, self.arrays, self.index = w, arrays, index
+
+    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any) -> None:
+        pass
+
+    def put(self, o: int, a: int, full: tuple[int, ...], index: Sequence[Any], value: Any) -> None:
+        self.w.store(_subscript(self.arrays[o, a], [self.index, *index]), value)
+
+    def put_whole(self, o: int, a: int, full: tuple[int, ...], value: Any) -> None:
+        for idx in itertools.product(*[range(n) for n in full]):
+            self.put(o, a, full, idx, entry(value, full, idx))
+
+
 def jacobian_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], argnums: Sequence[int],
                     out_specs: Sequence[ArgSpec], single_out: bool, wanted: Sequence[int],
-                    flavour: str) -> tuple[dict[tuple[int, int], Sym], Sym | None]:
-    """Jacobian blocks, one per (output in ``wanted``, argnum), of shape ``out.shape + arg.shape``.
-
-    Returns ``({(o, a): name}, value)``: the names hold the blocks after the
-    written statements; ``value`` is the parent's outputs where a push or
-    reverse call computed them on the way (else None).
-    """
+                    flavour: str, sink: LocalBlocks | OutputBlocks) -> Sym | None:
+    """Write Jacobian blocks, one per (output in ``wanted``, argnum), of shape ``out.shape + arg.shape``,
+    into ``sink``; returns the parent's outputs where a push or reverse call computed them (else None)."""
     active = tuple(k in argnums for k in range(len(specs)))
     pushes = _Pushes(w, parent, specs, active)
     mode = _modes.jacobian_mode(parent, active, specs, argnums, out_specs, wanted, flavour)
-    blocks: dict[tuple[int, int], Sym] = {}
     order = sorted(argnums)
     if mode.way == "reverse":
         for o in wanted:
             for a in argnums:
-                full = out_specs[o].shape + specs[a].shape
-                blocks[o, a] = w.let(f"J_{o}_{a}", zero(full, out_specs[o].dtype)) if out_specs[o].shape else None
+                if out_specs[o].shape:
+                    sink.open(o, a, out_specs[o].shape + specs[a].shape, out_specs[o].dtype)
         for o in wanted:
             out = out_specs[o]
             for q, oidx in enumerate(itertools.product(*[range(n) for n in out.shape])):
                 r = pushes.reverse(len(out_specs), [basis(c, q if k == o else None) for k, c in enumerate(out_specs)])
                 for a in argnums:
                     spec, ct = specs[a], r[order.index(a) + 1]
+                    full = out.shape + spec.shape
                     if not out.shape:
-                        blocks[o, a] = w.let(f"J_{o}_{a}", ct)
+                        sink.put_whole(o, a, full, ct)
                         continue
                     for idx in itertools.product(*[range(n) for n in spec.shape]):
-                        w.store(entry(blocks[o, a], out.shape + spec.shape, oidx + idx), entry(ct, spec.shape, idx))
-        return blocks, pushes.value
+                        sink.put(o, a, full, oidx + idx, entry(ct, spec.shape, idx))
+        return pushes.value
     for a in argnums:
         spec = specs[a]
         for o, out in enumerate(out_specs):
-            full = out.shape + spec.shape
-            blocks[o, a] = w.let(f"J_{o}_{a}", zero(full, out.dtype)) if full else Sym(ast.Name("_", ast.Load()))
+            if o in wanted:
+                sink.open(o, a, out.shape + spec.shape, out.dtype)
 
         def store(dout: Sym, index: tuple[Any, ...], a: int = a, spec: ArgSpec = spec) -> None:
-            for o, out in enumerate(out_specs):
-                full = out.shape + spec.shape
+            for o in wanted:
+                out = out_specs[o]
                 for oidx in itertools.product(*[range(n) for n in out.shape]):
-                    value = entry(_out(dout, o, single_out), out.shape, oidx)
-                    if not full:
-                        blocks[o, a] = w.let(f"J_{o}_{a}", value)
-                    elif len(full) <= 2:
-                        w.store(_subscript(blocks[o, a], list(oidx) + list(index)), value)
-                    else:  # flat (NOTE: [Flat values]): row-major position of oidx + index
-                        first = int(np.ravel_multi_index(oidx, out.shape)) * spec.size if oidx else 0
-                        position = Sym(ast.BinOp(ast.Constant(first), ast.Add(),
-                                                 node_of(_flat_position(spec.shape, index))))
-                        w.store(_subscript(blocks[o, a], [position]), value)
+                    sink.put(o, a, out.shape + spec.shape, oidx + tuple(index),
+                             entry(_out(dout, o, single_out), out.shape, oidx))
 
         pushes.each(argnums, a, store)
-    return {k: v for k, v in blocks.items() if k[0] in wanted}, pushes.value
+    w.looped = w.looped or pushes.looped
+    return pushes.value
 
 
 def _flat_position(shape: tuple[int, ...], index: tuple[Any, ...]) -> Any:
-    """The row-major flat position of ``index`` (constants or runtime names) in ``shape``."""
+    """The row-major flat position of ``index`` (constants or runtime values) in ``shape``."""
     if all(isinstance(i, int) for i in index):
         return int(np.ravel_multi_index(index, shape)) if shape else 0
-    if len(index) == 1:
-        return index[0]
-    i, j = index
-    return Sym(ast.BinOp(ast.BinOp(node_of(i), ast.Mult(), ast.Constant(shape[1])), ast.Add(), node_of(j)))
+    position: Any = None
+    for n, i in zip(shape, index, strict=True):
+        position = node_of(i) if position is None else ast.BinOp(ast.BinOp(position, ast.Mult(), ast.Constant(n)),
+                                                                 ast.Add(), node_of(i))
+    return Sym(position)
 
 
 def cotangent_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], out_specs: Sequence[ArgSpec],
@@ -310,7 +367,9 @@ def cotangent_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], out_s
             total = terms[0]
             for term in terms[1:]:
                 total = total + term
-            if spec.shape:
+            if len(spec.shape) > 2:  # flat (NOTE: [Flat values])
+                w.store(_subscript(grads[a], [_flat_position(spec.shape, tuple(index))]), total)
+            elif spec.shape:
                 w.store(_subscript(grads[a], list(index)), total)
             else:
                 grads[a] = w.let(f"g_{a}", total)
