@@ -41,3 +41,37 @@ def torch_simulate(s):
     for h in (0.1, 0.2, 0.3):
         s = s + h * c * torch.sin(torch.roll(s, -1))
     return s, (s**2).sum()
+
+
+class Program:
+    """A field program through the public API, with the calls the field tests make.
+
+    ``primal(args)``, ``vjp(args, cotangents)`` and ``jvp(args, tangents)``
+    return flat lists, whatever the number of outputs.
+    """
+
+    def __init__(self, program, inputs, outputs, name=None):
+        import tidiff as td
+
+        self.td = td
+        self.fn = td.function(program, inputs=inputs, outputs=outputs, name=name)
+        self.in_specs = self.fn.declared_specs()
+        self.out_specs, _ = self.fn.signature(self.in_specs)
+
+    def _flat(self, value):
+        return list(value) if len(self.out_specs) > 1 else [value]
+
+    def primal(self, args):
+        return self._flat(self.fn(*args))
+
+    def vjp(self, args, cotangents):
+        outs, vjp_fn = self.td.vjp(self.fn, *args)
+        cts = [np.zeros(s.shape, s.dtype) if c is None else c for c, s in zip(cotangents, self.out_specs)]
+        return self._flat(outs), list(vjp_fn(tuple(cts) if len(cts) > 1 else cts[0]))
+
+    def jvp(self, args, tangents):
+        outs, touts = self.td.jvp(self.fn, tuple(args), tuple(tangents))
+        return self._flat(outs), self._flat(touts)
+
+    def compiles(self):
+        return self.fn._counter.compiles()

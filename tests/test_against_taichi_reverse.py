@@ -52,10 +52,10 @@ def taichi_gradient(body, specs, xs, out_shape, out_index=None):
 
 
 def _reduction_kernel(body, specs, out_shape, out_index):
-    from tidiff._batch import _ndarray_annotation
     from tidiff._codegen import compile_source
 
-    params = ", ".join(f"a{k}: {_ndarray_annotation(s)}" for k, s in enumerate(specs))
+    types = {f"T{k}": ti.types.ndarray(dtype=s.ti_type(), ndim=1) for k, s in enumerate(specs)}
+    params = ", ".join(f"a{k}: T{k}" for k in range(len(specs)))
     call = ", ".join(f"a{k}[i]" for k in range(len(specs)))
     value = "r" if out_index is None else f"r[{out_index}]"
     total = value if out_shape == () else f"{value}.sum()"
@@ -65,7 +65,7 @@ def _reduction_kernel(body, specs, out_shape, out_index):
         f"        r = body({call})\n"
         f"        loss[0] += {total}\n"
     )
-    return compile_source(source, "reduce_", {"ti": ti, "body": body}, "test")
+    return compile_source(source, "reduce_", {"ti": ti, "body": body, **types}, "test")
 
 
 @pytest.mark.parametrize("row", ROWS_HERE, ids=[r.name for r in ROWS_HERE])

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import tidiff as td
-from tidiff._bodies import LANE_BUDGET
+from tidiff._modes import LANE_BUDGET
 from tidiff._tangent import jvp_func
 
 vec3 = ti.types.vector(3, ti.f64)

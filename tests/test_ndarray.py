@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import tidiff as td
-from tidiff._vjp_function import vjp_function
+from tidiff._composed import cotangent_map_of as vjp_function
 
 F64 = torch.float64
 EPS = 0.25
@@ -170,9 +170,10 @@ def test_vmap_loops_over_an_unbatched_kernel():
 
 
 def test_tangent_kernel_source_is_readable():
-    conv._jvp(conv.read((np.ones((1, 1, 2)), np.ones((1, 1, 2)))), [None, None], conv._counter)
-    assert "dout[b, c, t] = " in conv.tangent_source
-    assert "def causal_conv_jvp(k" in conv.tangent_source
+    ones = np.ones((1, 1, 2))
+    text = td.source(conv.tangent(), ones, ones, ones, ones)
+    assert "dout[b, c, t] = " in text
+    assert "def causal_conv_jvp(k" in text
 
 
 def test_clear_errors():
@@ -191,3 +192,64 @@ def test_clear_errors():
         bad(outputs=["out"])
     with pytest.raises(TypeError, match="expected 2 arguments"):
         conv(np.ones((1, 1, 2)))
+
+
+@ti.kernel
+def conv_energy(k: ti.types.ndarray(), w: ti.types.ndarray(), out: ti.types.ndarray()):
+    """A scalar energy of the convolution: sum over (b, c, t) of sin(conv)^2."""
+    for b, c, t in k:
+        T = k.shape[2]
+        s = 0.0
+        for u in range(t + 1):
+            s += w[c, 0, T - 1 - (t - u)] * k[b, c, u]
+        out[None] += ti.sin(s) ** 2
+
+
+def conv_energy_torch(k, w):
+    T = k.shape[-1]
+    return (torch.sin(F.conv1d(F.pad(k, (T - 1, 0)), w, groups=k.shape[1])) ** 2).sum()
+
+
+energy_fn = td.function(conv_energy, inputs=["k", "w"], outputs={"out": ()})
+
+
+def test_hessian_and_hvp_of_an_ndarray_kernel():
+    """Issue 10, item 11: second order of ndarray kernels through the protocol."""
+    k, w = _rand(1, 2, 4, grad=False), _rand(2, 1, 4, seed=1, grad=False)
+    dk, dw = _rand(1, 2, 4, seed=2, grad=False), _rand(2, 1, 4, seed=3, grad=False)
+    H = td.hessian(energy_fn, argnums=(0, 1))(k.numpy(), w.numpy())
+    ref = torch.autograd.functional.hessian(conv_energy_torch, (k, w))
+    for got_row, want_row in zip(H, ref):
+        for got, want in zip(got_row, want_row):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
+    value, (hk, hw) = td.hvp(energy_fn, (k.numpy(), w.numpy()), (dk.numpy(), dw.numpy()))
+    ref_value, (rk, rw) = torch.autograd.functional.hvp(conv_energy_torch, (k, w), (dk, dw))
+    np.testing.assert_allclose(value, ref_value.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(hk, rk.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(hw, rw.numpy(), rtol=1e-10, atol=1e-12)
+    # and with torch tensors, which stay tensors
+    Ht = td.hessian(energy_fn)(k, w)
+    assert isinstance(Ht, torch.Tensor)
+    np.testing.assert_allclose(Ht.numpy(), ref[0][0].numpy(), rtol=1e-10, atol=1e-12)
+
+
+@ti.kernel
+def frozen_scale(x: ti.types.ndarray(), s: ti.types.ndarray(needs_grad=False), out: ti.types.ndarray()):
+    for i in x:
+        out[i] = s[i] * x[i] ** 2
+
+
+def test_needs_grad_false_means_no_derivative_in_every_mode():
+    """Issue 10, item 7: one meaning for ``needs_grad=False``: that input has zero derivatives (vjp, jvp)."""
+    fn = td.function(frozen_scale, inputs=["x", "s"], outputs={"out": lambda x, s: x.shape})
+    x, s = np.array([1.0, 2.0, 3.0]), np.array([0.5, -1.0, 2.0])
+    _, vjp_fn = td.vjp(fn, x, s)
+    gx, gs = vjp_fn(np.ones(3))
+    np.testing.assert_allclose(gx, 2 * s * x)
+    np.testing.assert_array_equal(gs, np.zeros(3))
+    _, tangent = td.jvp(fn, (x, s), (np.zeros(3), np.ones(3)))
+    np.testing.assert_array_equal(tangent, np.zeros(3))
+    _, tangent = td.jvp(fn, (x, s), (np.ones(3), np.ones(3)))
+    np.testing.assert_allclose(tangent, 2 * s * x)
+    np.testing.assert_array_equal(td.jacrev(fn, argnums=1)(x, s), np.zeros((3, 3)))
+    np.testing.assert_array_equal(td.jacfwd(fn, argnums=1)(x, s), np.zeros((3, 3)))

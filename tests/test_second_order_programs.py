@@ -2,7 +2,7 @@
 
 hessian, hvp, grad of grad, jacfwd/jacrev of jacrev, vjp of grad and the jvp/vjp
 of the vjp function, all by reverse passes of the tangent program
-(NOTE: [Second order of a field program] in tidiff/_programs.py), compared
+(NOTE: [Cotangent map without a body] in tidiff/_composed.py), compared
 with torch.autograd.functional in float64.
 """
 import numpy as np
@@ -11,7 +11,7 @@ import taichi as ti
 import torch
 
 import tidiff as td
-from tidiff._vjp_function import vjp_function
+from tidiff._composed import cotangent_map_of as vjp_function
 
 RTOL, ATOL = 1e-7, 1e-12
 
@@ -247,9 +247,20 @@ def test_compiles_once_and_leaves_no_state():
     assert loss[None] == 0.0
 
 
-def test_third_order_is_absent_and_says_so():
-    with pytest.raises(NotImplementedError, match="second order of grad"):
-        td.hessian(td.grad(E))(X0, W0)
+def test_third_order_through_the_tangent_program_of_the_tangent_program():
+    """Every order comes from the protocol: the tangent program's own tangent program gives the third."""
+    x_, w_ = tensors(X0, W0)
+
+    def torch_hessian_x(z):
+        return torch.autograd.functional.hessian(lambda y: torch_energy(y, w_), z, create_graph=True)
+
+    close(td.jacfwd(td.hessian(E))(X0, W0), torch.autograd.functional.jacobian(torch_hessian_x, x_))
+
+    def torch_grad_w(v):
+        return torch.autograd.grad(torch_energy(x_, v), v, create_graph=True)[0]
+
+    close(td.hessian(td.grad(E, argnums=1), argnums=1)(X0, W0),
+          torch.autograd.functional.hessian(torch_grad_w, w_.clone().requires_grad_(True)))
 
 
 # --- template kernels over double buffers, a Python helper, fill (tests/programs.py) ---------------

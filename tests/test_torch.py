@@ -143,7 +143,7 @@ def test_compiles_once_across_calls_and_batch_sizes():
     h = td.function(f, name="f_for_compile_count")
     g = td.torch.function(h)
     g(_rand(3, 3), _rand(seed=1)).sum().backward()
-    before = td.cache_info()["f_for_compile_count"].compiles
+    before = td.cache_info()["f_for_compile_count"].compiles  # the op's forward and backward count here
     for n in (3, 7, 1, 12):
         for seed in range(5):
             g(_rand(n, 3, seed=seed), _rand(seed=seed + 1)).sum().backward()
@@ -152,13 +152,30 @@ def test_compiles_once_across_calls_and_batch_sizes():
     assert info.calls >= 42 and info.calls - info.hits <= 2
 
 
-def test_third_order_raises_clearly():
-    x = _rand(3)
+def _second_derivative_sum(fn, z, s):
+    """``d/dz sum(d/dz sum(fn(z, s)))``: the Hessian times ones, as a function of ``z``."""
+    (g,) = torch.autograd.grad(fn(z, s).sum(), z, create_graph=True)
+    (h,) = torch.autograd.grad(g.sum(), z, create_graph=True)
+    return h
+
+
+def test_every_order_of_the_torch_op():
+    """Backward of backward of backward, and forward over them: each rule is the op of another
+    Function (NOTE: [One recursion] in tidiff/_torch.py), so no order is special."""
     s = torch.tensor(0.7, dtype=F64)
-    (g,) = torch.autograd.grad(op(x, s), x, create_graph=True)
-    (h,) = torch.autograd.grad(g.sum(), x, create_graph=True)
-    with pytest.raises(NotImplementedError, match="second order"):
-        torch.autograd.grad(h.sum(), x)
+    x = _rand(3)
+    xr = x.detach().clone().requires_grad_(True)
+    got, want = op(x, s), f_torch(xr, s)
+    for _ in range(3):
+        (got,) = torch.autograd.grad(got.sum(), x, create_graph=True)
+        (want,) = torch.autograd.grad(want.sum(), xr, create_graph=True)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    t = _rand(3, seed=4, grad=False)
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x.detach().clone(), t).requires_grad_(True)
+        tangent = torch.autograd.forward_ad.unpack_dual(_second_derivative_sum(op, dual, s)).tangent
+    third = torch.autograd.functional.jacobian(lambda z: _second_derivative_sum(f_torch, z, s), x.detach())
+    torch.testing.assert_close(tangent, third @ t, rtol=1e-10, atol=1e-12)
 
 
 x_field = ti.field(ti.f64, shape=4)

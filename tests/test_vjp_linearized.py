@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import tidiff as td
-from tidiff._transforms import _linearization
+from tidiff._api import _linearization
 
 
 @ti.func

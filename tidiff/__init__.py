@@ -1,27 +1,30 @@
 """tidiff: JAX-style function transforms for Taichi code."""
+from . import _inline  # lets the source transforms call through tidiff Functions
+from . import _kinds  # registers the kinds of function with td.function
+from . import testing as testing
+from ._api import function as function
+from ._api import grad as grad
+from ._api import hessian as hessian
+from ._api import hvp as hvp
+from ._api import jacfwd as jacfwd
+from ._api import jacobian as jacobian
+from ._api import jacrev as jacrev
+from ._api import jvp as jvp
+from ._api import value_and_grad as value_and_grad
+from ._api import vjp as vjp
 from ._cache import CacheInfo as CacheInfo
 from ._cache import cache_info as cache_info
-from ._custom import custom_jvp as custom_jvp
-from ._custom import custom_vjp as custom_vjp
 from ._errors import TransformError as TransformError
-from ._function import Function as Function
-from ._function import function as function
+from ._kinds.custom import custom_jvp as custom_jvp
+from ._kinds.custom import custom_vjp as custom_vjp
+from ._protocol import Function as Function
 from ._source import source as source
 from ._tangent import stop_gradient as stop_gradient
-from ._transforms import grad as grad
-from ._transforms import hessian as hessian
-from ._transforms import hvp as hvp
-from ._transforms import jacfwd as jacfwd
-from ._transforms import jacobian as jacobian
-from ._transforms import jacrev as jacrev
-from ._transforms import jvp as jvp
-from ._transforms import value_and_grad as value_and_grad
-from ._transforms import vjp as vjp
-from . import testing as testing
+
+del _inline, _kinds
 
 
-
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     # td.torch imports torch, an optional dependency: only when first used
     if name == "torch":
         import importlib

@@ -3,40 +3,63 @@
 Every host call goes through :func:`read_args`: it checks each argument's
 trailing dims against its core shape and its dtype against the spec, and
 finds the broadcast batch shape, so that a bad argument is refused before
-anything runs.
+anything runs. The result is a :class:`Batch`.
 """
+from __future__ import annotations
+
+import dataclasses
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from ._errors import describe_shape
+from ._signature import ArgSpec, default_float
 
 
-def _torch():
+def _torch() -> Any:
     return sys.modules.get("torch")
 
 
-def is_tensor(value):
+def torch_module() -> Any:
+    """torch, which is imported wherever a tensor exists (tidiff never imports it for NumPy callers)."""
+    return sys.modules["torch"]
+
+
+def is_tensor(value: Any) -> bool:
     torch = _torch()
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-class ArgBatch:
-    """Arguments of one host call as NumPy arrays, with their common batch shape."""
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Checked arguments of one host call.
 
-    def __init__(self, arrays, batch_shape, torch_device=None):
-        self.arrays = arrays
-        self.batch_shape = batch_shape
-        self.torch_device = torch_device
+    ``arrays`` are NumPy arrays, or torch tensors for kinds that take them as
+    they are (``Function.native_tensors``); ``shape`` is the broadcast batch
+    shape (``()`` for kinds that take no batch dims); ``device`` is the torch
+    device results go to, when the caller gave tensors.
+    """
 
-    def wrap(self, array):
+    arrays: tuple[Any, ...]
+    specs: tuple[ArgSpec, ...]
+    shape: tuple[int, ...] = ()
+    device: Any = None
+
+    def wrap(self, array: Any) -> Any:
         """Return a result the way the caller gave arguments: NumPy, or torch on their device."""
-        if self.torch_device is None or array is None:
+        if self.device is None or array is None or is_tensor(array):
             return array
-        return _torch().from_numpy(contiguous(array)).to(self.torch_device)
+        return _torch().from_numpy(contiguous(array)).to(self.device)
+
+    def but(self, arrays: Sequence[Any], specs: Sequence[ArgSpec] | None = None) -> Batch:
+        """The same call with other arrays (and specs); the batch shape is recomputed."""
+        specs = tuple(self.specs if specs is None else specs)
+        shapes = [np.shape(a)[: np.ndim(a) - len(s.shape)] for a, s in zip(arrays, specs, strict=True)]
+        return Batch(tuple(arrays), specs, tuple(np.broadcast_shapes(*shapes)) if shapes else (), self.device)
 
 
-def to_numpy(value, name, call):
+def to_numpy(value: Any, name: str, call: str) -> np.ndarray:
     """A NumPy view (or copy) of ``value``; refuses what holds no numbers."""
     if is_tensor(value):
         value = value.detach()
@@ -45,7 +68,10 @@ def to_numpy(value, name, call):
         return value.cpu().numpy()
     if isinstance(value, (bool, np.bool_)):
         return np.asarray(value, dtype=np.int32)
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except ValueError as error:  # a ragged list
+        raise ValueError(f"{call}: argument {name!r} is not a rectangular array of numbers ({error})") from None
     if array.dtype.kind not in "fiub":
         raise TypeError(
             f"{call}: argument {name!r} must hold real numbers "
@@ -55,55 +81,64 @@ def to_numpy(value, name, call):
     return array
 
 
-def cast_to_spec(array, spec, name, call):
+def adapt(spec: ArgSpec, value: Any) -> ArgSpec:
+    """The spec of one call's argument: a float spec takes the value's float precision
+    (NOTE: [Float precision] in ``_signature``); Python numbers take ``default_fp``."""
+    if not spec.is_float:
+        return spec
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or isinstance(value, (float, int)):
+        return spec if spec.dtype == default_float() else ArgSpec(spec.name, spec.shape, default_float())
+    dtype = np.dtype(str(dtype).removeprefix("torch.")) if not isinstance(dtype, np.dtype) else dtype
+    if dtype.kind == "f" and dtype != spec.dtype:
+        return ArgSpec(spec.name, spec.shape, dtype)
+    return spec
+
+
+def cast_to_spec(array: np.ndarray, spec: ArgSpec, name: str, call: str) -> np.ndarray:
     """Cast to the spec's dtype: integers widen to floats, never floats to integers."""
     if array.dtype == spec.dtype:
         return array
     if not spec.is_float and array.dtype.kind == "f":
-        raise TypeError(
-            f"{call}: argument {name!r} expects integer values ({spec.dtype}), got {array.dtype}"
-        )
+        raise TypeError(f"{call}: argument {name!r} expects integer values ({spec.dtype}), got {array.dtype}")
     return array.astype(spec.dtype)
 
 
-def read_args(specs, args, call):
+def read_args(specs: Sequence[ArgSpec], args: Sequence[Any], call: str) -> Batch:
     """Check and convert the arguments of a host call against their specs.
 
-    Returns an :class:`ArgBatch`. Raises ``TypeError`` for a wrong count or
+    Returns a :class:`Batch`. Raises ``TypeError`` for a wrong count or
     dtype and ``ValueError`` for a wrong core shape or batch dims that do not
     broadcast, naming the argument.
     """
     if len(args) != len(specs):
         names = ", ".join(s.name for s in specs)
         raise TypeError(f"{call}: expected {len(specs)} arguments ({names}), got {len(args)}")
-    device = None
-    for value in args:
-        if is_tensor(value):
-            device = value.device
-            break
+    device = next((value.device for value in args if is_tensor(value)), None)
     arrays = []
-    for spec, value in zip(specs, args):
+    for spec, value in zip(specs, args, strict=True):
         array = cast_to_spec(to_numpy(value, spec.name, call), spec, spec.name, call)
         core = array.shape[array.ndim - len(spec.shape):] if spec.shape else ()
         if array.ndim < len(spec.shape) or core != spec.shape:
             raise ValueError(
-                f"{call}: argument {spec.name!r} must have core shape {spec.shape} "
-                f"({describe_shape(spec.shape)}) in its trailing dims, got an array of shape {array.shape}"
+                f"{call}: argument {spec.name!r} must have core shape {spec.shape}"
+                f"{' (a scalar)' if not spec.shape else ''} in its trailing dims, got an array of shape {array.shape}"
             )
         arrays.append(array)
-    batches = [a.shape[: a.ndim - len(s.shape)] for a, s in zip(arrays, specs)]
+    batches = [a.shape[: a.ndim - len(s.shape)] for a, s in zip(arrays, specs, strict=True)]
     try:
         batch_shape = np.broadcast_shapes(*batches)
     except ValueError:
-        listed = ", ".join(f"{s.name}: {b}" for s, b in zip(specs, batches))
+        listed = ", ".join(f"{s.name}: {b}" for s, b in zip(specs, batches, strict=True))
         raise ValueError(f"{call}: batch dims do not broadcast ({listed})") from None
-    return ArgBatch(arrays, tuple(batch_shape), device)
+    return Batch(tuple(arrays), tuple(specs), tuple(batch_shape), device)
 
 
-def unbroadcast(array, shape):
+def unbroadcast(array: Any, shape: Sequence[int]) -> np.ndarray:
     """Sum a batch-shaped cotangent back onto an argument of ``shape`` (NumPy broadcasting reversed)."""
     array = np.asarray(array)
-    if array.shape == tuple(shape):
+    shape = tuple(shape)
+    if array.shape == shape:
         return array
     lead = array.ndim - len(shape)
     array = array.sum(axis=tuple(range(lead))) if lead else array
@@ -111,13 +146,12 @@ def unbroadcast(array, shape):
     return np.asarray(array.sum(axis=axes, keepdims=True)) if axes else np.asarray(array)
 
 
-def contiguous(array):
+def contiguous(array: Any) -> np.ndarray:
     """A C-contiguous array of the same shape (``np.ascontiguousarray`` turns 0-d into 1-d)."""
-    array = np.asarray(array)
-    return array if array.flags.c_contiguous else array.copy(order="C")
+    return np.require(array, requirements="C")
 
 
-def owned_copy(array):
+def owned_copy(array: Any) -> Any:
     """A copy no caller holds (a NumPy array, or a torch tensor for the engines that take them)."""
     if is_tensor(array):
         return array.detach().clone()

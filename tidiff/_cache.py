@@ -1,13 +1,20 @@
-"""Compile and cache-hit counts per transformed function, for ``td.cache_info``."""
+"""Compile and cache-hit counts per transformed function, for ``td.cache_info``.
+
+A call counts against the function the user called (``grad(f)``, ``jvp(f)``):
+:meth:`Counter.tally` makes that function's counter the current one for the
+call, and every kernel or program an engine launches inside is added to it
+(:func:`uses`), so its compiles count for that function.
+"""
+from __future__ import annotations
+
 import contextlib
+import contextvars
 import weakref
-from dataclasses import dataclass
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
-_registry = weakref.WeakValueDictionary()
 
-
-@dataclass
-class CacheInfo:
+class CacheInfo(NamedTuple):
     """How many Taichi kernels a function compiled, and how its calls went."""
 
     compiles: int
@@ -15,52 +22,66 @@ class CacheInfo:
     hits: int
 
     @property
-    def misses(self):
+    def misses(self) -> int:
         return self.calls - self.hits
 
 
-def kernel_compiles(kernel):
-    """Compiled instances of a ``@ti.kernel`` (primal, forward and adjoint variants)."""
+_registry: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_current: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("tidiff_counter", default=None)
+
+
+def kernel_compiles(kernel: Any) -> int:
+    """Compiled instances of a ``@ti.kernel`` (primal and adjoint variants)."""
     return len(kernel._primal.compiled_kernels) + len(kernel._adjoint.compiled_kernels)
 
 
 class Counter:
-    """The kernels one function launches and its call/hit tally.
+    """The kernels one function launches and its call/hit tally."""
 
-    Engines add the kernels they launch to the counter of the function on
-    whose behalf they run, so ``grad(f)`` counts the kernels of ``f`` it uses.
-    """
-
-    def __init__(self, owner=None):
-        self.kernels = []
-        self.extra = []  # objects with a compiles() method (field programs)
+    def __init__(self, owner: Any = None) -> None:
+        self.kernels: list[Any] = []
+        self.programs: list[Any] = []  # objects with a compiles() method (field programs)
         self.calls = 0
         self.hits = 0
         if owner is not None:
             _registry[id(owner)] = owner
 
-    def add_program(self, program):
-        if all(p is not program for p in self.extra):
-            self.extra.append(program)
+    def add(self, thing: Any) -> None:
+        """Count the compiles of a ``@ti.kernel`` or of an object with ``compiles()``."""
+        group = self.programs if hasattr(thing, "compiles") else self.kernels
+        if all(t is not thing for t in group):
+            group.append(thing)
 
-    def add(self, kernel):
-        if all(k is not kernel for k in self.kernels):
-            self.kernels.append(kernel)
-
-    def compiles(self):
-        return sum(kernel_compiles(k) for k in self.kernels) + sum(e.compiles() for e in self.extra)
+    def compiles(self) -> int:
+        return sum(kernel_compiles(k) for k in self.kernels) + sum(p.compiles() for p in self.programs)
 
     @contextlib.contextmanager
-    def tally(self):
-        """Count one call around the block, and a hit if it compiled nothing."""
+    def tally(self) -> Iterator[None]:
+        """Count one call around the block, and a hit if it compiled nothing; engines inside add to it."""
         before = self.compiles()
-        yield
+        token = _current.set(self)
+        try:
+            yield
+        finally:
+            _current.reset(token)
         self.calls += 1
         if self.compiles() == before:
             self.hits += 1
 
+    def hit(self) -> None:
+        """A call that launched a remembered kernel directly (NOTE: [Scalar calls])."""
+        self.calls += 1
+        self.hits += 1
 
-def cache_info():
+
+def uses(thing: Any) -> None:
+    """Add a kernel (or program) an engine is about to launch to the current call's counter."""
+    counter = _current.get()
+    if counter is not None:
+        counter.add(thing)
+
+
+def cache_info() -> dict[str, CacheInfo]:
     """Per transformed function (by name), the kernels it compiled and its cache hits.
 
     Returns a dict ``{name: CacheInfo(compiles, calls, hits)}``; a second
@@ -71,10 +92,10 @@ def cache_info():
         >>> td.cache_info()["grad(f)"]            # doctest: +SKIP
         CacheInfo(compiles=2, calls=2, hits=1)
     """
-    out = {}
+    out: dict[str, CacheInfo] = {}
     for fn in list(_registry.values()):
         counter = fn._counter
-        if counter.calls or counter.kernels:
+        if counter.calls or counter.kernels or counter.programs:
             name = fn.name
             while name in out:
                 name += "'"

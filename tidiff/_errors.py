@@ -17,6 +17,27 @@ class TransformError(TypeError):
         super().__init__(f"{where}cannot differentiate {construct}; {hint}")
 
 
+def where_hint(kind, name, call=False):
+    """The way around a construct the transform refuses, for where it stands.
+
+    ``kind`` is what is being transformed: ``"kernel"`` (which cannot be
+    wrapped: its code must move into a ``@ti.func`` that can),
+    ``"func"`` (a ``@ti.func``, which can) or ``"helper"`` (a plain Python
+    function, which must become a ``@ti.func`` first); ``call`` says the
+    construct is a call, which can also move into a ``@ti.func`` of its own.
+    ``name`` names the function (None for a lambda).
+    """
+    if kind == "kernel":
+        what = "the call" if call else "that code"
+        return f"move {what} into a @ti.func and give that a rule with td.custom_jvp (a kernel cannot be wrapped)"
+    if kind == "helper":  # name None: a lambda
+        helper = f"decorate the helper `{name}` with @ti.func" if name else "write the lambda as a @ti.func"
+        return (f"{helper} and give it a rule with td.custom_jvp"
+                + (", or move the call into a @ti.func of its own and wrap that" if call else ""))
+    return (f"wrap the enclosing @ti.func `{name}` with td.custom_jvp to give its derivative"
+            + (", or move the call into a @ti.func of its own and wrap that" if call else ""))
+
+
 def describe_shape(shape):
     """`()` reads as 'a scalar', `(3,)` as 'shape (3,)'."""
     return "a scalar" if tuple(shape) == () else f"shape {tuple(shape)}"

@@ -53,7 +53,8 @@ class KernelTransformer(Transformer):
     def run(self):
         args = self.tree.args
         if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs or args.defaults:
-            raise self.error(self.tree, "a kernel parameter list with defaults, *args or keyword-only parameters")
+            raise self.error(self.tree, "a kernel parameter list with defaults, *args or keyword-only parameters",
+                             "give the kernel plain positional parameters")
         self._check_fields()
         by_name = {a.arg: a for a in args.args}
         extra = [ast.arg(self.namer.tangent(p), by_name[p].annotation) for p in self.inputs + self.outputs]
@@ -75,9 +76,11 @@ class KernelTransformer(Transformer):
 def tangent_kernel(kernel, inputs, outputs):
     """The forward-mode kernel of an ndarray kernel.
 
-    Returns ``(kernel_jvp, source)``; ``kernel_jvp`` takes the kernel's
-    parameters, then ``d<input>`` for each input and ``d<output>`` for each
-    output (zeroed by the caller), and writes outputs and their tangents.
+    Returns ``(kernel_jvp, input_tangents, output_tangents)``: ``kernel_jvp``
+    takes the kernel's parameters, then a tangent (named as listed,
+    ``d<input>`` unless taken) for each of ``inputs`` and for each output
+    (zeroed by the caller), and writes outputs and their tangents. Parameters
+    not in ``inputs`` (integer arrays, numbers) carry no tangent.
     """
     parsed = parse(kernel)
     transformer = KernelTransformer(parsed, inputs, outputs)
@@ -88,4 +91,6 @@ def tangent_kernel(kernel, inputs, outputs):
     namespace["ti"] = ti
     namespace[transformer.taichi_name] = ti
     namespace[RULE_HELPERS] = rule_helpers
-    return compile_source(text, tree.name, namespace, tag="kernel-jvp"), text
+    names = transformer.namer.tangents
+    return (compile_source(text, tree.name, namespace, tag="kernel-jvp"),
+            [names[p] for p in inputs], [names[p] for p in outputs])

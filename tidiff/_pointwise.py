@@ -1,256 +1,208 @@
-"""Pointwise functions: a ``@ti.func`` body mapped over a batch (API.md 1a).
+"""Pointwise functions: a ``@ti.func`` body mapped over a batch (API.md 1a), and the functions derived from one.
 
-The three engines of any function with a body live here: evaluation is one
-:class:`~tidiff._batch.BatchKernel` launch; forward mode is the same launch
-over the body's tangent transform (``_tangent``); reverse mode is forward
-mode transposed, also one launch (NOTE: [Reverse by transposed forward]).
+A :class:`Pointwise` function implements the protocol by generated code:
+``evaluate`` is one launch of its body over the batch (``_codegen.batch``),
+``tangent()`` is the body's tangent transform (``_tangent``) as a new
+pointwise function, and ``vjp`` is one launch of its cotangent map's body,
+summed onto broadcast arguments. Functions derived from a pointwise function
+(its tangent, cotangent map and transforms, ``_transforms``) are pointwise
+too, so every order is source transformation of source, and every one is
+callable inside kernels.
+
+NOTE: [Scalar calls] A call with no batch dims on a function of scalars
+(``td.grad(p)(1.0)``) runs a kernel taking and returning scalars by value:
+a parallel launch over one-element arrays costs several times more. Such a
+function compiles one more kernel the first time it is called that way.
+Once a call with Python numbers has run such a kernel, later calls with the
+same argument types skip the checks and dispatch and launch it directly:
+the numbers were checked by the first call, and a kernel taking scalars by
+value neither recompiles for new values nor keeps state between calls.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
-import taichi as ti
 from taichi.lang import impl
 
-from ._arrays import ArgBatch, unbroadcast
-from ._batch import BatchKernel, ScalarKernel, flatten_batch, probe_in_kernel, probe_outputs
-from ._bodies import BodyWriter
-from ._codegen import compile_source
-from ._function import Function
-from ._signature import ArgSpec, input_specs, output_specs, parameter_names
-from ._tree import flat_tree
+from ._arrays import Batch, unbroadcast
+from ._cache import uses
+from ._codegen.batch import BatchKernel, ScalarKernel, flatten_batch, identifier
+from ._codegen.bodies import BodyWriter, cotangent_blocks, tangent_body
+from ._protocol import Function
+from ._signature import ArgSpec
+from ._tree import Tree
 
 
-def identifier(name):
-    """A Python identifier made from a readable name such as ``grad(f)``."""
-    out = "".join(c if c.isalnum() else "_" for c in name)
-    while "__" in out:
-        out = out.replace("__", "_")
-    return out.strip("_") or "f"
+class Pointwise(Function):
+    """A function with a per-element ``@ti.func`` body: the protocol by generated kernels and bodies."""
+
+    pointwise = True
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        specs = list(batch.specs)
+        out_specs, tree = self.signature(specs)
+        if batch.shape == () and ScalarKernel.fits(specs, out_specs, isinstance(tree, tuple)):
+            sk = self.memo.get(("scalar kernel", tuple(specs)), lambda: ScalarKernel(
+                self.body_for(specs), specs, out_specs[0], identifier(self.name)))
+            uses(sk.kernel)
+            return sk([np.asarray(a) for a in batch.arrays])
+        bk = self.memo.get(("batch kernel", tuple(specs)), lambda: BatchKernel(
+            self.body_for(specs), specs, out_specs, isinstance(tree, tuple), identifier(self.name)))
+        uses(bk.kernel)
+        n, inputs = flatten_batch(batch.arrays, specs, batch.shape)
+        return [o.reshape(batch.shape + s.shape) for o, s in zip(bk(n, inputs), bk.out_specs, strict=True)]
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        out_specs, _ = self.signature(batch.specs)
+        cts = [np.zeros(s.shape, s.dtype) if c is None else np.asarray(c, s.dtype)
+               for c, s in zip(cotangents, out_specs, strict=True)]
+        V = cotangent_map(self)
+        per_element = iter(V.evaluate(batch.but(list(batch.arrays) + cts, V.specs_of(batch.specs))))
+        return [unbroadcast(next(per_element), np.shape(a)) if s.is_float else None
+                for a, s in zip(batch.arrays, batch.specs, strict=True)]
+
+    def tangent(self) -> Function:
+        if "tangent" not in self.derived:
+            self.derived["tangent"] = PointwiseTangent(self)
+        return self.derived["tangent"]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs and not impl.inside_kernel():
+            fast = self.memo.peek(("scalar call", tuple(map(type, args))))
+            if fast is not None:  # NOTE: [Scalar calls]
+                self._counter.hit()
+                return np.asarray(fast.kernel(*args), fast.out_spec.dtype)
+        result = super().__call__(*args, **kwargs)
+        if not kwargs and args and all(type(a) in (float, int) for a in args) and not impl.inside_kernel():
+            sk = self.memo.peek(("scalar kernel", tuple(self.specs_for(args))))
+            if sk is not None:
+                self.memo.put(("scalar call", tuple(map(type, args))), sk)
+        return result
 
 
-def _cached(fn, table, key, make):
-    cache = fn.__dict__.setdefault(table, {})
-    if key not in cache:
-        cache[key] = make()
-    return cache[key]
+def value_and_cotangents(fn: Function) -> PointwiseValueAndCotangents:
+    """``(x..., c...) -> (f(x)..., J^T c...)`` as a pointwise function, made once (for calls inside
+    differentiated code, ``_inline``)."""
+    if "value and cotangents" not in fn.derived:
+        fn.derived["value and cotangents"] = PointwiseValueAndCotangents(fn)
+    return fn.derived["value and cotangents"]  # type: ignore[return-value]
 
 
-def batch_kernel(fn, specs, counter):
-    """The cached kernel evaluating ``fn``'s body over a batch, for these input specs."""
-    key = tuple(specs)
-
-    def make():
-        out_specs, tree = fn.signature(list(key))
-        return BatchKernel(fn.body_for(list(key)), key, out_specs, isinstance(tree, tuple), identifier(fn.name))
-
-    bk = _cached(fn, "_batch_kernels", key, make)
-    counter.add(bk.kernel)
-    return bk
+def cotangent_map(fn: Pointwise) -> PointwiseCotangentMap:
+    """``vjp_fn(f)`` as a pointwise function of its own, made once."""
+    if "cotangent map" not in fn.derived:
+        fn.derived["cotangent map"] = PointwiseCotangentMap(fn)
+    return fn.derived["cotangent map"]  # type: ignore[return-value]
 
 
-# NOTE: [Scalar calls] A call with no batch dims on a function of scalars
-# (``td.grad(p)(1.0)``) runs a kernel taking and returning scalars by value:
-# a parallel launch over one-element arrays costs several times more. Such a
-# function compiles one more kernel the first time it is called that way.
-# Once a call with Python numbers has run such a kernel for the function
-# itself, later calls with the same argument types skip the checks and
-# dispatch and launch it directly (``Function.__call__``): the numbers were
-# checked by the first call, and a kernel taking scalars by value neither
-# recompiles for new values nor keeps state between calls.
+class Derived(Pointwise):
+    """A pointwise function made from a ``parent``: arity and names follow from the parent's."""
+
+    def __init__(self, name: str, parent: Function, *, listed: bool = True) -> None:
+        super().__init__(name, listed=listed)
+        self.parent = parent
+
+    def arity(self) -> int:
+        """How many of a call's arguments are the parent's primals."""
+        declared = self.parent.declared_specs()
+        return len(declared) if declared is not None else len(self.parent.param_names())
+
+    def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
+        return self.memo.get(("body", tuple(in_specs)), lambda: self.make_body(list(in_specs)))
+
+    def make_body(self, in_specs: list[ArgSpec]) -> Any:
+        raise NotImplementedError
 
 
-def scalar_kernel(fn, specs, counter):
-    """The cached :class:`ScalarKernel` of ``fn``'s body for these (scalar) input specs."""
-    key = tuple(specs)
+class PointwiseTangent(Derived):
+    """``(x..., dx for each float x...) -> (y_1..y_m, dy_1..dy_m)``, flat: a pointwise function's tangent."""
 
-    def make():
-        out_specs, _ = fn.signature(list(key))
-        return ScalarKernel(fn.body_for(list(key)), key, out_specs[0], identifier(fn.name))
+    def __init__(self, parent: Function) -> None:
+        super().__init__(f"jvp({parent.name})", parent, listed=False)
 
-    sk = _cached(fn, "_scalar_kernels", key, make)
-    counter.add(sk.kernel)
-    return sk
+    def param_names(self) -> list[str]:
+        return self.parent.param_names() + [f"d{n}" for n in self.parent.param_names()]
 
+    def specs_of(self, primal: Sequence[ArgSpec]) -> list[ArgSpec]:
+        """Primal specs, then one tangent spec (same shape and dtype) per float primal."""
+        return list(primal) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in primal if s.is_float]
 
-def evaluate_body(fn, specs, batch, counter):
-    if batch.batch_shape == ():
-        out_specs, tree = fn.signature(list(specs))
-        if ScalarKernel.fits(specs, out_specs, isinstance(tree, tuple)):
-            sk = scalar_kernel(fn, specs, counter)
-            batch.scalar_kernel = (fn, sk)  # a later call with Python numbers goes straight to it
-            return sk(batch.arrays)
-    bk = batch_kernel(fn, specs, counter)
-    n, inputs = flatten_batch(batch.arrays, specs, batch.batch_shape)
-    return [o.reshape(batch.batch_shape + s.shape) for o, s in zip(bk(n, inputs), bk.out_specs)]
+    def declared_specs(self) -> list[ArgSpec] | None:
+        primal = self.parent.declared_specs()
+        return None if primal is None else self.specs_of(primal)
 
+    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
+        return self.specs_of(self.parent.specs_for(args[: self.arity()]))
 
-# NOTE: [Reverse by transposed forward] The vjp of a body is ``J^T c`` per
-# element, computed by the generated ``VjpFunction`` body: one tangent push
-# per input component, contracted with ``c``, in one launch. Taichi's own
-# reverse mode (``kernel.grad``) is not used for bodies: on this Taichi it
-# crashes the process (SIGBUS) on a runtime loop over a dynamically indexed
-# local vector of 64 or more entries, which generated bodies are full of; it
-# has no adjoint for ``ti.tan`` or ``while`` loops ("Not supported"); it would
-# differentiate a custom rule's function instead of the rule; and on the host
-# it costs a primal and an adjoint launch plus copies into gradient-carrying
-# storage, where the transposed forward body is one launch. Field programs
-# do use Taichi's reverse mode (``_fields``).
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        outs, _ = self.parent.signature(in_specs[: self.arity()])
+        flat = list(outs) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in outs]
+        return flat, tuple(range(len(flat)))
+
+    def make_body(self, in_specs: list[ArgSpec]) -> Any:
+        primal = in_specs[: self.arity()]
+        outs, tree = self.parent.signature(primal)
+        return tangent_body(identifier(self.name), self.parent.body_for(primal), primal, len(outs),
+                            not isinstance(tree, tuple))
 
 
-def vjp_by_forward(fn, specs, batch, cotangents, counter):
-    """Outputs, and ``J^T c`` by :func:`cotangents_by_forward` (NOTE: [Reverse by transposed forward])."""
-    return evaluate_body(fn, specs, batch, counter), cotangents_by_forward(fn, specs, batch, cotangents, counter)
+class PointwiseCotangentMap(Derived):
+    """``(x..., one cotangent per output) -> (J^T c for each float x, ...)``, per element: ``vjp_fn(f)``."""
 
+    def __init__(self, parent: Function) -> None:
+        super().__init__(f"vjp_fn({parent.name})", parent)
 
-def cotangents_by_forward(fn, specs, batch, cotangents, counter):
-    """``J^T c`` per element from forward mode (``VjpFunction``, one launch), summed onto broadcast arguments."""
-    from ._vjp_function import vjp_function
+    def param_names(self) -> list[str]:
+        return self.parent.param_names() + ["cotangents"]
 
-    out_specs, _ = fn.signature(specs)
-    cts = [np.zeros(s.shape, s.dtype) if c is None else c for c, s in zip(cotangents, out_specs)]
-    vfn = vjp_function(fn)
-    vspecs = list(specs) + [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in out_specs]
-    shapes = [a.shape[: a.ndim - len(s.shape)] for a, s in zip(list(batch.arrays) + cts, vspecs)]
-    full = ArgBatch(list(batch.arrays) + cts, tuple(np.broadcast_shapes(*shapes)))
-    full.specs = vspecs
-    per_element = iter(evaluate_body(vfn, vspecs, full, counter))
-    return [unbroadcast(next(per_element), a.shape) if s.is_float else None for a, s in zip(batch.arrays, specs)]
+    def specs_of(self, primal: Sequence[ArgSpec]) -> list[ArgSpec]:
+        """Primal specs, then one cotangent spec per output."""
+        outs, _ = self.parent.signature(primal)
+        return list(primal) + [ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in outs]
 
+    def declared_specs(self) -> list[ArgSpec] | None:
+        primal = self.parent.declared_specs()
+        return None if primal is None else self.specs_of(primal)
 
-def jvp_of_body(fn, specs, batch, tangents, counter):
-    """Forward mode: the body's tangent transform over the batch, in one launch."""
-    tfn = tangent_function(fn, tuple(specs))
-    extra = []
-    for t, a, s in zip(tangents, batch.arrays, specs):
-        if s.is_float:
-            extra.append(np.zeros(s.shape, s.dtype) if t is None else np.asarray(t, s.dtype))
-    arrays = list(batch.arrays) + extra
-    shapes = [a.shape[: a.ndim - len(s.shape)] for a, s in zip(arrays, tfn.in_specs)]
-    full = ArgBatch(arrays, tuple(np.broadcast_shapes(*shapes)))
-    flat = evaluate_body(tfn, tfn.in_specs, full, counter)
-    half = len(flat) // 2
-    return flat[:half], flat[half:]
+    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
+        return self.specs_of(self.parent.specs_for(args[: self.arity()]))
 
-
-def tangent_function(fn, specs):
-    """The (cached) :class:`TangentFunction` of ``fn`` for these input specs."""
-    return _cached(fn, "_tangent_functions", tuple(specs), lambda: TangentFunction(fn, specs))
-
-
-class BodyFunction(Function):
-    """A function with a ``@ti.func`` body: the engines run that body over a batch."""
-
-    def _evaluate(self, batch, counter):
-        return evaluate_body(self, batch.specs, batch, counter)
-
-    def _vjp(self, batch, cotangents, counter):
-        return vjp_by_forward(self, batch.specs, batch, cotangents, counter)
-
-    def _jvp(self, batch, tangents, counter):
-        return jvp_of_body(self, batch.specs, batch, tangents, counter)
-
-    def _cotangents(self, batch, cotangents, counter):
-        return cotangents_by_forward(self, batch.specs, batch, cotangents, counter)
-
-
-class DerivedFunction(BodyFunction):
-    """A function made from a ``parent`` (a transform, a vjp map): it runs its body when the
-    parent has one; otherwise the parent answers for its derivatives (``second_order_*``).
-
-    Subclasses set ``self._bodies = {}`` and write ``_make_body(specs)``.
-    """
-
-    def body_for(self, in_specs):
-        """The generated body for these input specs, made once by ``_make_body`` (None: no body)."""
-        key = tuple(in_specs)
-        if key not in self._bodies:
-            self._bodies[key] = self._make_body(list(key))
-        return self._bodies[key]
-
-    def _jvp(self, batch, tangents, counter):
-        if self.body_for(batch.specs) is None:
-            return self.parent.second_order_jvp(self, batch, tangents, counter)
-        return super()._jvp(batch, tangents, counter)
-
-    def _vjp(self, batch, cotangents, counter):
-        if self.body_for(batch.specs) is None:
-            return self.parent.second_order_vjp(self, batch, cotangents, counter)
-        return super()._vjp(batch, cotangents, counter)
-
-    def _cotangents(self, batch, cotangents, counter):
-        if self.body_for(batch.specs) is None:
-            return self._vjp(batch, cotangents, counter)[1]
-        return super()._cotangents(batch, cotangents, counter)
-
-
-class FuncFunction(BodyFunction):
-    """A ``@ti.func`` as a batched, differentiable function (API.md 1a)."""
-
-    def __init__(self, tifunc, signature=None, name=None):
-        pyfunc = getattr(tifunc, "__wrapped__", None) or tifunc.func.func
-        super().__init__(name or pyfunc.__name__)
-        self.tifunc = tifunc
-        self._names = parameter_names(pyfunc)
-        specs = input_specs(pyfunc, signature)
-        self._declared = specs if all(s is not None for s in specs) else None
-        self._out_annotation = output_specs(pyfunc)
-        self._signatures = {}
-
-    def declared_specs(self):
-        return self._declared
-
-    def param_names(self):
-        return self._names
-
-    def signature(self, in_specs):
-        key = tuple(in_specs)
-        if key not in self._signatures:
-            ann = self._out_annotation
-            if isinstance(ann, ArgSpec):
-                self._signatures[key] = ([ann], 0)
-            elif isinstance(ann, list) and all(s.shape != () for s in ann):
-                self._signatures[key] = (ann, flat_tree(len(ann), False))
-            else:  # no annotation, or a tuple one with scalars (which Taichi 1.7.4 cannot compile)
-                if impl.inside_kernel():
-                    out_specs, is_tuple = probe_in_kernel(self.tifunc, list(key))
-                else:
-                    out_specs, is_tuple, kernel = probe_outputs(self.tifunc, list(key), identifier(self.name))
-                    self._counter.add(kernel)
-                self._signatures[key] = (out_specs, flat_tree(len(out_specs), not is_tuple))
-        return self._signatures[key]
-
-    def body_for(self, in_specs):
-        return self.tifunc
-
-
-class TangentFunction(BodyFunction):
-    """``(primals, tangents of the float args) -> (outs..., tangent outs...)``, flat."""
-
-    def __init__(self, parent, specs):
-        super().__init__(f"jvp({parent.name})", listed=False)
-        from ._tangent import jvp_func
-
-        self.parent_specs = list(specs)
-        self.parent_out, tree = parent.signature(list(specs))
-        self.in_specs = list(specs) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in specs if s.is_float]
-        jvp_body = jvp_func(parent.body_for(list(specs)), tuple(s.is_float for s in specs))
-        params = [f"p{k}" for k in range(len(self.in_specs))]  # user names may clash with d-names
-        w = BodyWriter(identifier(self.name), params)
-        w.line(f"r = {identifier(parent.name)}_jvp({', '.join(params)})")
-        if isinstance(tree, tuple):
-            m = len(self.parent_out)
-            results = [f"r[0][{j}]" for j in range(m)] + [f"r[1][{j}]" for j in range(m)]
-        else:
-            results = ["r[0]", "r[1]"]
-        source = w.source(results, single=False)
-        namespace = {"ti": ti, f"{identifier(parent.name)}_jvp": jvp_body}
-        self._body = compile_source(source, w.name, namespace, "jvp")
-        self.jvp_body = jvp_body
-
-    def declared_specs(self):
-        return self.in_specs
-
-    def signature(self, in_specs):
-        outs = list(self.parent_out) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in self.parent_out]
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        outs = [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in in_specs[: self.arity()] if s.is_float]
         return outs, tuple(range(len(outs)))
 
-    def body_for(self, in_specs):
-        return self._body
+    def make_body(self, in_specs: list[ArgSpec]) -> Any:
+        n = self.arity()
+        primal = in_specs[:n]
+        outs, tree = self.parent.signature(primal)
+        w = BodyWriter(identifier(self.name), [s.name for s in primal] + [f"ct_{o.name}" for o in outs])
+        cts = w.args(n, len(outs))
+        grads = cotangent_blocks(w, self.parent.body_for(primal), primal, outs, not isinstance(tree, tuple), cts)
+        return w.compile([grads[a] for a in sorted(grads)], single=False, tag="vjp")
+
+
+class PointwiseValueAndCotangents(PointwiseCotangentMap):
+    """``(x..., one cotangent per output) -> (outputs..., J^T c for each float x...)``, flat."""
+
+    def __init__(self, parent: Function) -> None:
+        Derived.__init__(self, f"value_and_vjp_fn({parent.name})", parent, listed=False)
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        outs, _ = self.parent.signature(in_specs[: self.arity()])
+        grads, _ = super().signature(in_specs)
+        flat = list(outs) + grads
+        return flat, tuple(range(len(flat)))
+
+    def make_body(self, in_specs: list[ArgSpec]) -> Any:
+        n = self.arity()
+        primal = in_specs[:n]
+        outs, tree = self.parent.signature(primal)
+        V = cotangent_map(self.parent)  # type: ignore[arg-type]
+        w = BodyWriter(identifier(self.name), [s.name for s in primal] + [f"ct_{o.name}" for o in outs])
+        value = w.let("value", w.callee(self.parent.body_for(primal), identifier(self.parent.name))(*w.args(0, n)))
+        grads = w.let("grads", w.callee(V.body_for(in_specs), identifier(V.name))(*w.args()))
+        n_grads = sum(s.is_float for s in primal)
+        values = [value] if not isinstance(tree, tuple) else [value[j] for j in range(len(outs))]
+        return w.compile(values + [grads[k] for k in range(n_grads)], single=False, tag="vjp")

@@ -2,18 +2,31 @@
 
 An :class:`ArgSpec` says what one argument (or result) holds per batch
 element: its *core shape* (``()`` scalar, ``(n,)`` vector, ``(n, m)``
-matrix) and its element dtype. They come from a ``@ti.func``'s annotations,
-from ``td.function(f, signature=...)``, or from the fields of a kernel
-program.
+matrix) and its element dtype. Core shapes come from a ``@ti.func``'s
+annotations, from ``td.function(f, signature=...)``, or from the fields of a
+kernel program.
+
+NOTE: [Float precision] An annotation says whether an argument holds floats
+or integers and its core shape; a float argument's precision is the one its
+value has (float32 in, float32 out), and a Python number takes Taichi's
+``default_fp``. Annotations such as ``ti.math.vec3`` are float32 types in
+Taichi 1.7.4 whatever ``default_fp`` is, and a ``@ti.func`` does not cast
+vector or matrix arguments to their annotation, so taking the annotation's
+precision would round float64 values to float32 without need. (A *scalar*
+annotation such as ``ti.f64`` does cast, inside the function: such a
+function computes that argument in float64, and returns the caller's dtype.)
 """
+from __future__ import annotations
+
 import inspect
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import taichi as ti
 from taichi.lang import impl
 from taichi.lang.matrix import MatrixType
-from taichi.lang.util import to_numpy_type
+from taichi.lang.util import to_numpy_type, to_taichi_type
 
 
 class ArgSpec(NamedTuple):
@@ -24,20 +37,20 @@ class ArgSpec(NamedTuple):
     """
 
     name: str
-    shape: tuple
+    shape: tuple[int, ...]
     dtype: np.dtype
 
     @property
-    def is_float(self):
+    def is_float(self) -> bool:
         return self.dtype.kind == "f"
 
     @property
-    def size(self):
+    def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
-    def ti_type(self):
+    def ti_type(self) -> Any:
         """The Taichi type of one element: a scalar dtype, vector or matrix type."""
-        scalar = to_taichi_dtype(self.dtype)
+        scalar = to_taichi_type(self.dtype)
         if len(self.shape) == 0:
             return scalar
         if len(self.shape) == 1:
@@ -46,35 +59,36 @@ class ArgSpec(NamedTuple):
             return ti.types.matrix(self.shape[0], self.shape[1], scalar)
         raise ValueError(f"{self.name}: Taichi values have at most 2 dims, got core shape {self.shape}")
 
+    def renamed(self, name: str) -> ArgSpec:
+        return ArgSpec(name, self.shape, self.dtype)
 
-def default_float():
+
+def default_float() -> np.dtype:
     return np.dtype(to_numpy_type(impl.get_runtime().default_fp))
 
 
-def default_int():
+def default_int() -> np.dtype:
     return np.dtype(to_numpy_type(impl.get_runtime().default_ip))
 
 
-def to_taichi_dtype(dtype):
-    return {
-        np.dtype(np.float64): ti.f64,
-        np.dtype(np.float32): ti.f32,
-        np.dtype(np.int32): ti.i32,
-        np.dtype(np.int64): ti.i64,
-    }[np.dtype(dtype)]
+def result_float(specs: Sequence[ArgSpec]) -> np.dtype:
+    """The float dtype results take: the widest float argument's, else ``default_fp``."""
+    floats = [s.dtype for s in specs if s.is_float]
+    return np.result_type(*floats) if floats else default_float()
 
 
-def _scalar_dtype(ann):
-    """NumPy dtype of a scalar annotation (``float``, ``int``, ``ti.f64``, ...)."""
+def _scalar_dtype(ann: Any) -> np.dtype:
+    """NumPy dtype of a scalar annotation (``float``, ``int``, ``ti.f64``, ...); floats are ``default_fp``."""
     if ann is None or ann is float:
         return default_float()
     if ann is int:
         return default_int()
-    return np.dtype(to_numpy_type(ann))
+    dtype = np.dtype(to_numpy_type(ann))
+    return default_float() if dtype.kind == "f" else dtype
 
 
-def spec_from_annotation(name, ann):
-    """The spec an annotation gives: ``ti.math.vec3`` -> shape (3,), and so on.
+def spec_from_annotation(name: str, ann: Any) -> ArgSpec:
+    """The spec an annotation gives: ``ti.math.vec3`` -> shape (3,), and so on (NOTE: [Float precision]).
 
     A tuple ``(3,)`` or ``(2, 2)`` of ints is read as a float core shape.
     """
@@ -93,12 +107,13 @@ def spec_from_annotation(name, ann):
         ) from None
 
 
-def parameter_names(pyfunc):
+def parameter_names(pyfunc: Callable[..., Any]) -> list[str]:
     return list(inspect.signature(pyfunc).parameters)
 
 
-def input_specs(pyfunc, signature=None):
-    """Specs of a function's parameters, or None where a parameter has no annotation.
+def input_specs(pyfunc: Callable[..., Any], signature: Sequence[Any] | Mapping[str, Any] | None = None,
+                call: str = "td.function") -> list[ArgSpec | None]:
+    """Specs of a function's parameters, None where a parameter has no annotation.
 
     ``signature`` (a sequence in parameter order, or a dict by name) overrides
     annotations; each entry is a Taichi type or a shape tuple.
@@ -106,27 +121,24 @@ def input_specs(pyfunc, signature=None):
     params = inspect.signature(pyfunc).parameters
     names = list(params)
     if signature is not None:
-        if isinstance(signature, dict):
+        if isinstance(signature, Mapping):
             unknown = set(signature) - set(names)
             if unknown:
-                raise ValueError(f"signature names unknown parameters {sorted(unknown)}; parameters are {names}")
+                raise ValueError(f"{call}: signature names unknown parameters {sorted(unknown)}; parameters are {names}")
             anns = [signature.get(n, params[n].annotation) for n in names]
         else:
-            signature = list(signature)
-            if len(signature) != len(names):
-                raise ValueError(
-                    f"signature gives {len(signature)} entries for {len(names)} parameters {names}"
-                )
-            anns = signature
+            anns = list(signature)
+            if len(anns) != len(names):
+                raise ValueError(f"{call}: signature gives {len(anns)} entries for {len(names)} parameters {names}")
     else:
         anns = [params[n].annotation for n in names]
     return [
         None if ann is inspect.Parameter.empty else spec_from_annotation(name, ann)
-        for name, ann in zip(names, anns)
+        for name, ann in zip(names, anns, strict=True)
     ]
 
 
-def output_specs(pyfunc):
+def output_specs(pyfunc: Callable[..., Any]) -> ArgSpec | list[ArgSpec] | None:
     """Specs from a return annotation, or None when there is none to read."""
     ann = inspect.signature(pyfunc).return_annotation
     if ann is inspect.Signature.empty or ann is None:

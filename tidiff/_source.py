@@ -1,8 +1,12 @@
 """``td.source``: the generated Taichi source behind a transformed function."""
-from ._function import as_function
+from __future__ import annotations
+
+from typing import Any
+
+from ._protocol import as_function
 
 
-def source(f, *example_args):
+def source(f: Any, *example_args: Any) -> str:
     """The generated ``@ti.func`` source of a transformed function, readable for debugging.
 
     Args:
@@ -21,7 +25,10 @@ def source(f, *example_args):
     fn = as_function(f, "td.source")
     if fn.declared_specs() is None and not example_args:
         raise TypeError(f"td.source({fn.name}): the function has no annotations; pass example arguments")
-    body = fn.body_for(fn.specs_for(example_args))
+    specs = fn.declared_specs() if not example_args else fn.specs_for(example_args)
+    body = fn.body_for(specs)
+    if body is None and hasattr(fn, "kernel_source"):  # an ndarray kernel's tangent: a generated kernel
+        return fn.kernel_source(specs)
     if body is None:
         raise TypeError(f"td.source({fn.name}): this function has no generated Taichi source")
     texts = []
@@ -31,7 +38,7 @@ def source(f, *example_args):
     return "\n".join(texts)
 
 
-def _collect(obj, texts, seen):
+def _collect(obj: Any, texts: list[str], seen: set[int]) -> None:
     """Depth-first: the generated source of ``obj``, then of the generated functions it names."""
     text = getattr(obj, "_tidiff_source", None)
     if text is None or id(obj) in seen:

@@ -1,16 +1,27 @@
 """Source-to-source reverse mode for straight-line ``@ti.func`` code: ``vjp_func(f, active, n_outputs)``."""
-from .._tangent.emit import generate
+from .._tangent.emit import generate, owned_cache
 from .transform import NotReversible, Reverser
 
-_CACHE = {}
-"""(f, active, n_outputs) -> the reverse function, or the NotReversible saying why there is none."""
+
+def _made(f, active, n_outputs):
+    """The reverse function of ``f`` for this pattern, or the NotReversible saying why there is none
+    (made once, kept on ``f``)."""
+    cache = owned_cache(f, "_tidiff_vjps")
+    key = (tuple(bool(a) for a in active), n_outputs)
+    if key not in cache:
+        try:
+            make = lambda parsed, act: Reverser(parsed, act, n_outputs, vjp_func)  # noqa: E731
+            cache[key] = generate(f, key[0], make, tag="vjp")
+        except NotReversible as reason:
+            cache[key] = reason
+    return cache[key]
 
 
 def vjp_func(f, active, n_outputs=1):
     """The reverse function of a ``@ti.func``, or None when ``f`` is not straight-line code.
 
     Args:
-        f: a ``@ti.func`` (or one tidiff generated).
+        f: a ``@ti.func`` (or one tidiff generated, or a plain Python helper).
         active: one bool per parameter: which get a cotangent.
         n_outputs: how many values ``f`` returns (a tuple of that many when > 1).
 
@@ -29,19 +40,11 @@ def vjp_func(f, active, n_outputs=1):
 
         g = vjp_func(f, (True, False))   # in a kernel: out, ct_x = g(x, y, 1.0)
     """
-    key = (f, tuple(bool(a) for a in active), n_outputs)
-    if key not in _CACHE:
-        try:
-            make = lambda parsed, act: Reverser(parsed, act, n_outputs, vjp_func)  # noqa: E731
-            _CACHE[key] = generate(f, key[1], make, tag="vjp")
-        except NotReversible as reason:
-            _CACHE[key] = reason
-    found = _CACHE[key]
+    found = _made(f, active, n_outputs)
     return None if isinstance(found, NotReversible) else found
 
 
 def why_not(f, active, n_outputs=1):
     """Why ``f`` has no reverse function for this pattern (a sentence), or None when it has one."""
-    vjp_func(f, active, n_outputs)
-    found = _CACHE[(f, tuple(bool(a) for a in active), n_outputs)]
+    found = _made(f, active, n_outputs)
     return str(found) if isinstance(found, NotReversible) else None

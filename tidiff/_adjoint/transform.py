@@ -18,14 +18,18 @@ derivatives then come from forward pushes (``_bodies.py``), which handle
 everything.
 """
 import ast
+import builtins
+import functools
 from dataclasses import dataclass
 
 import taichi as ti
 
 from .._tangent.activity import loaded_names
+from .._tangent.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
 from .._tangent.naming import Namer, helper_name, names_in
-from .._tangent.parse import MISSING, hashable, parse, positional, resolve
-from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, lookup as forward_rule, zero
+from .._tangent.parse import MISSING, hashable, parse, positional, resolve, static_call
+from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, lookup as forward_rule, zero
+from .._tangent.transform import _callee_hint, callable_positional
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from . import rules
 from .rules import ADJOINTS, is_constructor
@@ -37,6 +41,10 @@ USES_BWD = "_tidiff_uses_bwd"
 
 class NotReversible(Exception):
     """The function uses a construct the reverse transform does not handle (the message says which)."""
+
+
+def _not_reversible(node, construct, hint=None):
+    return NotReversible(f"{construct} ({hint})" if hint else construct)
 
 
 @dataclass
@@ -367,6 +375,9 @@ class Reverser:
 
     def expr_Call(self, node):
         func = node.func
+        made = self._made_callee(func)
+        if made is not MISSING:  # td.grad(E)(x): a tidiff Function made at the call site
+            return self.call_function(node, made)
         if isinstance(func, ast.Attribute) and self._is_local(func.value):
             return self.call_method(node)
         if self._is_local(func):
@@ -374,7 +385,11 @@ class Reverser:
         callee = resolve(func, self.parsed.namespace)
         if callee is MISSING:
             raise NotReversible(f"a call of the unknown name `{ast.unparse(func)}`")
-        if callee is ti.static or (hashable(callee) and forward_rule(callee) is zero):
+        if isinstance(callee, functools.partial):  # p(x) -> h(2.0, x), as Python calls it
+            if any(k.arg is None for k in node.keywords):
+                raise NotReversible(f"the call `{ast.unparse(node)}`")
+            return self.value(expand_partial(node, callee, self.bind_value))
+        if callee is ti.static or (hashable(callee) and (forward_rule(callee) is zero or callee in STATIC_BUILTINS)):
             return self.rename(node)
         if callee is ti.cast and not self._float_cast(node):
             return self.rename(node)
@@ -382,7 +397,13 @@ class Reverser:
             return self.call_function(node, callee)
         if hashable(callee) and callee in CUSTOM_JVPS:
             raise NotReversible(f"a call of `{ast.unparse(func)}`, which has a custom derivative rule")
-        if any(self.reads_active(k.value) for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
+        if callable_rule(callee) is not None:  # a tidiff Function
+            return self.call_function(node, callee)
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise NotReversible(f"the call `{ast.unparse(node)}`")
+        if hashable(callee) and forward_rule(callee) is None and transformable(callee):  # a @ti.func or a helper
+            return self.call_function(node, callee)  # keywords bound to parameters there
+        if any(self.reads_active(k.value) for k in node.keywords):
             raise NotReversible(f"the call `{ast.unparse(node)}`")
         keywords = [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords]
         if callee in (ti.Vector, ti.Matrix):
@@ -403,9 +424,6 @@ class Reverser:
         if rule is not None:
             args = [self.operand(a) for a in node.args]
             return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
-        if getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__") \
-                and hashable(callee) and forward_rule(callee) is None:
-            return self.call_function(node, callee)
         raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
 
     def _float_cast(self, node):
@@ -491,22 +509,51 @@ class Reverser:
         A ``td.custom_vjp`` function's own ``bwd(x, g)`` is called instead, with the real
         cotangent ``g``: it returns one cotangent per operand.
         """
-        args = [self.operand(a) for a in positional(node, callee)]
-        base = ast.unparse(node.func).split(".")[-1]
+        rule = callable_rule(callee)
+        if rule is not None:
+            nodes = callable_positional(node, callee, _not_reversible)
+        else:
+            try:
+                nodes = positional(node, callee, self.bind_value)
+            except TypeError as e:
+                raise NotReversible(f"the call `{ast.unparse(node)}` ({e})") from None
+        # an inactive argument of compile-time values stays as written: a helper may need it as a
+        # constant (NOTE: [Python helpers]), and reading it again in the sweep costs nothing
+        args = [self.rename(a) if self._compile_time(a) else self.operand(a) for a in nodes]
+        base = _callee_hint(node.func, callee)
         if hashable(callee) and callee in CUSTOM_VJPS:
             reverse, hint, positions = CUSTOM_VJPS[callee], base + "_bwd", list(range(len(args)))
             self.uses_bwd = True
         else:
             mask = tuple(self.is_active(a) for a in args)
-            reverse = self.vjp_of(callee, mask, n_outputs)
+            reverse = rule.reverse(callee, mask, n_outputs) if rule is not None else self.vjp_of(callee, mask, n_outputs)
             if reverse is None:
                 raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
             self.uses_bwd = self.uses_bwd or getattr(reverse, USES_BWD, False)
             rank = iter(range(1, len(args) + 1))  # the result is (out, ct of each active operand...)
             hint, positions = base + "_vjp", [next(rank) if active else None for active in mask]
         helper = helper_name(self.helpers, self.namer, reverse, hint)
-        return self.op(None, ast.Call(node.func, args, []), args, _call_hint(node.func, args), callee=helper,
+        func = node.func
+        if is_helper(callee):  # called as Taichi would, without its warning (NOTE: [Python helpers])
+            func = _name(helper_name(self.helpers, self.namer, quiet(callee), base))
+        return self.op(None, ast.Call(func, args, []), args, _call_hint(node.func, args), callee=helper,
                        positions=positions)
+
+    def bind_value(self, value):
+        """The name generated code reads a Python value by (a partial's bound value, a default)."""
+        return self.parsed.name_for(value, self.namer, hint_name(value))
+
+    def _compile_time(self, node):
+        """An inactive expression whose calls are all ``ti.static`` or Python builtins (``len(v)``)."""
+        if self.reads_active(node):
+            return False
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Call):
+                callee = resolve(sub.func, self.parsed.namespace) if not self._is_local(sub.func) else MISSING
+                builtin = getattr(builtins, getattr(callee, "__name__", ""), None) is callee
+                if callee is not ti.static and not builtin:
+                    return False
+        return True
 
     def tuple_element(self, node):
         """``r[k]`` of a tuple-valued call result ``r``: the name bound to its element ``k``, or None."""
@@ -520,14 +567,21 @@ class Reverser:
 
     def returned_count(self, node):
         """How many values a call returns: the length of its callee's final ``return (a, b, ...)``, else 1."""
-        if not isinstance(node, ast.Call) or self._is_local(node.func):
+        if not isinstance(node, ast.Call):
+            return 1
+        made = self._made_callee(node.func)
+        if made is not MISSING:
+            return callable_rule(made).outputs(made)
+        if self._is_local(node.func):
             return 1
         callee = resolve(node.func, self.parsed.namespace)
+        if callable_rule(callee) is not None:
+            return callable_rule(callee).outputs(callee)
         if hashable(callee) and callee in CUSTOM_VJPS:
             callee = callee.tifunc
         if hashable(callee) and getattr(rules.lookup(callee), "n_outputs", 1) > 1:  # U, S, V = ti.svd(A)
             return rules.lookup(callee).n_outputs
-        if not (getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__")):
+        if not transformable(callee):  # a @ti.func or a helper (NOTE: [Python helpers])
             return 1
         body = parse(callee).tree.body
         last = body[-1] if body else None
@@ -535,14 +589,22 @@ class Reverser:
             return len(last.value.elts)
         return 1
 
+    def _made_callee(self, func):
+        """A callee made by a call of module-level objects (``td.grad(E)``) that the transforms call
+        through, or MISSING."""
+        made = static_call(func, self.parsed.namespace, set(self.env) | self.defined)
+        return made if callable_rule(made) is not None else MISSING
+
     def call_outputs(self, node, count):
-        """``a, b = h(x)`` for a @ti.func (or custom_vjp function) returning ``count`` values:
-        one call op whose results are bound to names of their own."""
+        """``a, b = h(x)`` for a @ti.func (or custom_vjp function, or tidiff Function) returning
+        ``count`` values: one call op whose results are bound to names of their own."""
         func = node.func
-        callee = MISSING if self._is_local(func) else resolve(func, self.parsed.namespace)
-        custom = hashable(callee) and callee in CUSTOM_VJPS
-        reversible = getattr(callee, "_is_taichi_function", False) and hasattr(callee, "__wrapped__") \
-            and hashable(callee) and forward_rule(callee) is None and callee not in CUSTOM_JVPS
+        callee = self._made_callee(func)
+        if callee is MISSING:
+            callee = MISSING if self._is_local(func) else resolve(func, self.parsed.namespace)
+        custom = (hashable(callee) and callee in CUSTOM_VJPS) or callable_rule(callee) is not None
+        reversible = transformable(callee) and hashable(callee) and forward_rule(callee) is None \
+            and callee not in CUSTOM_JVPS
         rule = rules.lookup(callee) if hashable(callee) else None
         if not (custom or reversible or getattr(rule, "n_outputs", 1) == count):
             raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")

@@ -1,23 +1,33 @@
 """Tangent ``FunctionDef`` -> source text -> a live ``@ti.func``, cached and keeping its source."""
 import ast
+import copy
 
 import taichi as ti
 
 from .._codegen import compile_source
 from . import rule_helpers
+from .activity import assignments
 from .parse import parse, python_function
 from .sym import RULE_HELPERS
 from .transform import Transformer
 
-_CACHE = {}
-"""(f, active) -> generated function: each pattern is transformed once."""
+
+
+def owned_cache(f, name):
+    """A dict stored on ``f`` itself: what is generated from ``f`` lives as long as ``f`` does."""
+    cache = f.__dict__.get(name)
+    if cache is None:
+        cache = f.__dict__[name] = {}
+    return cache
 
 
 def jvp_func(f, active=None, width=1):
-    """Forward-mode (tangent) transform of a ``@ti.func``.
+    """Forward-mode (tangent) transform of a ``@ti.func`` or a plain Python helper.
 
     Args:
-        f: a ``@ti.func``, or a function this returned (for higher orders).
+        f: a ``@ti.func``, a function this returned (for higher orders), or a
+            plain Python function or lambda whose body is Taichi code
+            (NOTE: [Python helpers] in ``callees.py``).
         active: one bool per parameter of ``f``; only active parameters get a
             tangent parameter, the others have zero tangent. Default: all.
         width: how many tangent directions one call carries (vector mode,
@@ -43,10 +53,11 @@ def jvp_func(f, active=None, width=1):
     active = (True,) * n if active is None else tuple(bool(a) for a in active)
     if len(active) != n:
         raise ValueError(f"jvp_func(f, active): f takes {n} parameters, active has {len(active)} entries")
-    key = (f, active, width)
-    if key not in _CACHE:
-        _CACHE[key] = generate(f, active, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
-    return _CACHE[key]
+    cache = owned_cache(f, "_tidiff_jvps")  # each pattern is transformed once
+    key = (active, width)
+    if key not in cache:
+        cache[key] = generate(f, active, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
+    return cache[key]
 
 
 def generate(f, active, make, tag="jvp"):
@@ -55,6 +66,8 @@ def generate(f, active, make, tag="jvp"):
     parsed = parse(f)
     transformer = make(parsed, active)
     tree = transformer.run()
+    if parsed.kind == "helper":
+        _by_reference(tree, transformer.taichi_name)
     text = ast.unparse(ast.Module([tree], []))
     namespace = dict(parsed.namespace)
     namespace.update(transformer.helpers)
@@ -68,6 +81,16 @@ def generate(f, active, make, tag="jvp"):
     if getattr(transformer, "uses_bwd", False):
         g._tidiff_uses_bwd = True
     return g
+
+
+def _by_reference(tree, taichi):
+    """Parameters the body never writes become ``ti.template()``, the rest plain (NOTE: [Python helpers])."""
+    writes, loop_vars = assignments(tree.body)
+    written = loop_vars | {name for names, _ in writes for name in names}
+    template = ast.Call(ast.Attribute(ast.Name(taichi, ast.Load()), "template", ast.Load()), [], [])
+    for arg in tree.args.args:
+        arg.annotation = None if arg.arg in written else copy.deepcopy(template)
+    ast.fix_missing_locations(tree)
 
 
 def source(g):

@@ -33,6 +33,7 @@ fields and reading ``x.grad``/``x.dual`` are refused with a
 :class:`~tidiff._errors.TransformError`.
 """
 import ast
+import functools
 import inspect
 
 import numpy as np
@@ -45,10 +46,11 @@ from taichi.types.annotations import Template
 
 from .._codegen import compile_source
 from .activity import assignments
+from .callees import call_name, transformable
 from .emit import generate, jvp_func
 from .naming import helper_name
-from .parse import MISSING, parse, python_function, resolve
-from .transform import Transformer, _is_taichi_func, _name
+from .parse import MISSING, hashable, parse, python_function, resolve
+from .transform import Transformer, _name
 
 _GRADIENT_ATTRIBUTES = {"grad", "dual"}
 
@@ -94,12 +96,12 @@ class FieldTangents:
         return tangent
 
     def touches(self, f):
-        """Whether ``@ti.func`` ``f`` reaches a float field, directly or through the funcs it calls."""
+        """Whether ``@ti.func`` (or helper) ``f`` reaches a float field, directly or through what it calls."""
         if f not in self._touches:
             self._touches[f] = False  # a recursive func: assume not, while looking
             parsed = parse(f)
             self._touches[f] = any(
-                _is_float_field(obj) or (_is_taichi_func(obj) and self.touches(obj))
+                _is_float_field(obj) or any(self.touches(c) for c in _callees(obj))
                 for obj in _globals_used(parsed)
             )
         return self._touches[f]
@@ -110,6 +112,19 @@ class FieldTangents:
             tree = parse(f).tree
             self._void[f] = not any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(tree))
         return self._void[f]
+
+
+def _callees(obj):
+    """The functions a global stands for that calls may reach: itself, a partial's function, or
+    the entries of a table of them (``OPS["sin"](x)``)."""
+    if isinstance(obj, dict):
+        found = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        found = list(obj)
+    else:
+        found = [obj]
+    found = [o.func if isinstance(o, functools.partial) else o for o in found]
+    return [o for o in found if hashable(o) and transformable(o)]
 
 
 def _globals_used(parsed):
@@ -239,7 +254,7 @@ class KernelTransformer(Transformer):
                 if tangents[obj] is not None:
                     self.sources.add(name)
                     self.helpers[self.namer.tangent(name)] = tangents[obj]
-            elif _is_taichi_func(obj) and tangents.touches(obj):
+            elif any(tangents.touches(c) for c in _callees(obj)):  # a func, helper or table of them
                 self.sources.add(name)
         # a ti.template() parameter is taken for a field: its tangent is a parameter beside it
         if kernel:
@@ -275,7 +290,9 @@ class KernelTransformer(Transformer):
         def visit(n):
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in self._field_names:
                 if n.attr in _GRADIENT_ATTRIBUTES:
-                    raise self.error(n, f"the attribute `{ast.unparse(n)}` of a field")
+                    raise self.error(n, f"the attribute `{ast.unparse(n)}` of a field",
+                                     "compute from the fields' values: tidiff owns gradients and duals while it "
+                                     "differentiates the program")
                 return
             if isinstance(n, ast.Name):
                 found.add(n.id)
@@ -319,7 +336,9 @@ class KernelTransformer(Transformer):
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
                 obj = self.fields.get(node.value.id)
                 if isinstance(obj, Ndarray):
-                    raise self.error(node, f"ndarray access `{ast.unparse(node)}` in a kernel over fields")
+                    raise self.error(node, f"ndarray access `{ast.unparse(node)}` in a kernel over fields",
+                                     "copy the data into a field, or make the program one kernel over ndarrays "
+                                     "(td.function(kernel, inputs=[...], outputs={...}))")
                 if obj is not None and _is_float_field(obj) and node.value.id not in self.sources:
                     raise self.error(node, f"the field `{node.value.id}`, which has no tangent field",
                                      "give every float field the kernel reaches a tangent field")
@@ -341,7 +360,7 @@ class KernelTransformer(Transformer):
         value = node.value
         if isinstance(value, ast.Call) and self.is_active(value) and not self._is_local(value.func):
             callee = resolve(value.func, self.parsed.namespace)
-            if _is_taichi_func(callee) and self.field_tangents.touches(callee):
+            if any(self.field_tangents.touches(c) for c in _callees(callee)):
                 self.expr(value)  # a func that writes fields: call its tangent func
                 return
         super().stmt_Expr(node)
@@ -351,7 +370,7 @@ class KernelTransformer(Transformer):
             return super().call_function(node, callee, custom, into)
         parts = [self.atom(a) for a in self._positional(node, callee)]
         fn = self.jvp_of(callee, tuple(dp is not None for _, dp in parts))
-        helper = helper_name(self.helpers, self.namer, fn, ast.unparse(node.func).split(".")[-1] + "_jvp")
+        helper = helper_name(self.helpers, self.namer, fn, call_name(node.func, callee) + "_jvp")
         args = [p for p, _ in parts] + [dp for _, dp in parts if dp is not None]
         self.emit(ast.Expr(ast.Call(_name(helper), args, [])))
         return ast.Constant(None), None

@@ -1,9 +1,14 @@
-"""Source of a ``@ti.func`` -> its AST, where it came from, and the names it can see."""
+"""Source of a ``@ti.func``, a kernel or a plain Python helper -> its AST, where it came from, and the
+names it can see."""
 import ast
 import builtins
+import copy
 import inspect
+import linecache
 import textwrap
 from dataclasses import dataclass
+
+from .callees import Quiet, is_helper, is_taichi_func, signature_of
 
 
 @dataclass
@@ -14,17 +19,26 @@ class Parsed:
     filename: str
     first_line: int
     namespace: dict
+    kind: str = "func"  # "func", "kernel" or "helper" (a plain Python function, NOTE: [Python helpers])
 
     def lineno(self, node):
         """Line of ``node`` in the original file."""
         return self.first_line + getattr(node, "lineno", 1) - 1
 
+    def name_for(self, value, namer, hint):
+        """A fresh name generated code reads ``value`` by, bound in the namespace."""
+        name = namer.fresh(hint)
+        self.namespace[name] = value
+        return name
+
 
 def python_function(f):
-    """The plain Python function behind a ``@ti.func`` (or a generated one)."""
-    if not getattr(f, "_is_taichi_function", False) or not hasattr(f, "__wrapped__"):
+    """The plain Python function behind a ``@ti.func`` (or a generated one), or a plain helper itself."""
+    if is_helper(f):
+        return f
+    if not is_taichi_func(f):
         raise TypeError(
-            f"jvp_func(f): f must be a @ti.func, got {f!r}; decorate it with @ti.func"
+            f"jvp_func(f): f must be a @ti.func or a plain Python function, got {f!r}; decorate it with @ti.func"
         )
     if getattr(f, "_is_real_function", False):
         raise TypeError("jvp_func(f): real functions (@ti.real_func) are not supported")
@@ -41,12 +55,13 @@ def kernel_function(k):
 
 
 def parse(f):
-    """Parse the source of ``f`` (a ``@ti.func`` or ``@ti.kernel``) and collect its globals and closure variables."""
-    fn = kernel_function(f) if getattr(f, "_is_wrapped_kernel", False) else python_function(f)
-    lines, first_line = inspect.getsourcelines(fn)
-    module = ast.parse(textwrap.dedent("".join(lines)))
-    tree = next(node for node in module.body if isinstance(node, ast.FunctionDef))
-    tree.decorator_list = []
+    """Parse the source of ``f`` (a ``@ti.func``, a ``@ti.kernel`` or a plain helper) and collect its
+    globals and closure variables."""
+    if getattr(f, "_is_wrapped_kernel", False):
+        fn, kind = kernel_function(f), "kernel"
+    else:
+        fn, kind = python_function(f), "helper" if is_helper(f) else "func"
+    tree, filename, first_line = source_tree(fn)
     namespace = dict(fn.__globals__)
     for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
         try:
@@ -54,7 +69,84 @@ def parse(f):
         except ValueError:  # an unfilled cell: the name is not bound yet
             pass
     _bind_annotations(tree, fn, namespace)
-    return Parsed(tree, inspect.getsourcefile(fn) or fn.__code__.co_filename, first_line, namespace)
+    return Parsed(tree, filename, first_line, namespace, kind)
+
+
+def source_tree(fn):
+    """``(FunctionDef, file name, first line)`` of a Python function; a lambda becomes ``def lambda_(...): return ...``.
+
+    Raises OSError (or TypeError) when the source cannot be read.
+    """
+    filename = inspect.getsourcefile(fn) or fn.__code__.co_filename
+    if fn.__name__ == "<lambda>":
+        return _lambda_tree(fn, filename), filename, 1
+    lines, first_line = inspect.getsourcelines(fn)
+    module = ast.parse(textwrap.dedent("".join(lines)))
+    tree = next(node for node in module.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    if isinstance(tree, ast.AsyncFunctionDef):
+        raise TypeError(f"{fn.__qualname__} is an async function")
+    tree.decorator_list = []
+    return tree, filename, first_line
+
+
+_MODULES = {}
+"""file name -> (its lines, their AST): a file with many lambdas is parsed once."""
+
+
+def _lambda_tree(fn, filename):
+    """The ``ast.Lambda`` that made ``fn``, as a function with a ``return`` (its line numbers are the file's).
+
+    ``inspect.getsource`` of a lambda gives whole lines, which may hold several
+    lambdas (a dict of them) or only part of a statement, so the file is parsed
+    and the lambda picked by line, parameters and (Python 3.11+) the columns
+    its code comes from.
+    """
+    lines = linecache.getlines(filename, fn.__globals__)
+    if not lines:
+        raise OSError(f"no source for {filename}")
+    cached = _MODULES.get(filename)
+    if cached is None or cached[0] is not lines:
+        cached = _MODULES[filename] = (lines, ast.parse("".join(lines), filename))
+    code = fn.__code__
+    params = list(code.co_varnames[:code.co_argcount])
+    found = [node for node in ast.walk(cached[1]) if isinstance(node, ast.Lambda)
+             and node.lineno == code.co_firstlineno and [a.arg for a in node.args.args] == params]
+    if len(found) > 1 and hasattr(code, "co_positions"):
+        spots = [(line, col, end_line, end_col) for line, end_line, col, end_col in code.co_positions()
+                 if None not in (line, col, end_line, end_col) and (col, end_col) != (0, 0)]
+        found = [node for node in found if all(_within(node.body, spot) for spot in spots)]
+        found.sort(key=lambda node: (node.body.end_lineno - node.body.lineno,  # the innermost lambda
+                                     node.body.end_col_offset - node.body.col_offset))
+        found = found[:1]
+    if len(found) != 1:
+        raise OSError(f"{len(found)} lambdas with parameters {params} on line {code.co_firstlineno} of {filename}")
+    node = copy.deepcopy(found[0])
+    name = _lambda_name(cached[1], found[0])
+    tree = ast.FunctionDef(name, node.args, [ast.copy_location(ast.Return(node.body), node.body)], [], None)
+    tree.is_lambda = True  # for messages: a lambda cannot be decorated
+    return ast.copy_location(tree, node)
+
+
+def _lambda_name(module, lam):
+    """What the source calls a lambda: ``op`` of ``op = lambda ...``, ``sin`` of ``{"sin": lambda ...}``,
+    ``f`` of ``f=lambda ...``; else ``lambda_``."""
+    for node in ast.walk(module):
+        if isinstance(node, ast.Assign) and node.value is lam and isinstance(node.targets[0], ast.Name):
+            return node.targets[0].id
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if value is lam and isinstance(key, ast.Constant) and str(key.value).isidentifier():
+                    return str(key.value)
+        if isinstance(node, ast.keyword) and node.value is lam and node.arg:
+            return node.arg
+    return "lambda_"
+
+
+def _within(node, spot):
+    """Whether the source span ``spot`` (line, col, end line, end col) lies inside ``node``'s."""
+    line, col, end_line, end_col = spot
+    start, end = (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
+    return start <= (line, col) and (end_line, end_col) <= end
 
 
 MISSING = object()
@@ -75,15 +167,45 @@ def _bind_annotations(tree, fn, namespace):
 
 
 def resolve(node, namespace):
-    """The object a dotted name (``ti.math.sin``, ``h``, ``abs``) stands for, or MISSING."""
+    """The object a dotted name (``ti.math.sin``, ``h``, ``abs``, ``OPS["sin"]``) stands for, or MISSING."""
     if isinstance(node, ast.Name):
         if node.id in namespace:
-            return namespace[node.id]
+            value = namespace[node.id]
+            return value.helper if isinstance(value, Quiet) else value
         return getattr(builtins, node.id, MISSING)
     if isinstance(node, ast.Attribute):
         base = resolve(node.value, namespace)
         return MISSING if base is MISSING else getattr(base, node.attr, MISSING)
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        # OPS["sin"]: an entry of a Python container (never of a field: that is a runtime read)
+        base = resolve(node.value, namespace)
+        if isinstance(base, (dict, list, tuple)):
+            try:
+                return base[node.slice.value]
+            except (KeyError, IndexError, TypeError):
+                return MISSING
     return MISSING
+
+
+_STATIC_NODES = (ast.Call, ast.Name, ast.Attribute, ast.Constant, ast.Tuple, ast.List, ast.keyword, ast.Load,
+                 ast.UnaryOp, ast.USub)
+
+
+def static_call(node, namespace, local_names):
+    """The value of a call made only of module-level names and constants (``td.grad(E, argnums=1)``),
+    evaluated now as Taichi would evaluate it when it compiles; MISSING for anything else."""
+    if not isinstance(node, ast.Call):
+        return MISSING
+    for sub in ast.walk(node):
+        if not isinstance(sub, _STATIC_NODES):
+            return MISSING
+        if isinstance(sub, ast.Name) and (sub.id in local_names or resolve(sub, namespace) is MISSING):
+            return MISSING
+    try:
+        code = compile(ast.fix_missing_locations(ast.Expression(copy.deepcopy(node))), "<static call>", "eval")
+        return eval(code, dict(namespace))  # names checked above: module-level objects and constants
+    except Exception:
+        return MISSING
 
 
 def hashable(obj):
@@ -95,10 +217,25 @@ def hashable(obj):
     return True
 
 
-def positional(node, callee):
-    """A call's arguments in parameter order, keywords bound by the callee's signature."""
-    if not node.keywords:
-        return node.args
-    signature = inspect.signature(python_function(callee))
+def positional(node, callee, name_of=None):
+    """A call's arguments in parameter order: keywords bound by the callee's signature, defaults filled in.
+
+    ``name_of(value)`` binds a default that is not a literal in the generated
+    namespace (see :func:`~.callees.value_node`). Raises TypeError when the
+    arguments do not fit the signature.
+    """
+    code = getattr(python_function(callee), "__code__", None) if is_helper(callee) or is_taichi_func(callee) else None
+    if not node.keywords and (code is None or len(node.args) == code.co_argcount):
+        return list(node.args)
+    from .callees import value_node
+
+    if any(k.arg is None for k in node.keywords):
+        raise TypeError("**kwargs at a call")
+    signature = signature_of(callee)
     bound = signature.bind(*node.args, **{k.arg: k.value for k in node.keywords})
-    return list(bound.arguments.values())
+    for name, parameter in signature.parameters.items():
+        if name not in bound.arguments and parameter.default is not inspect.Parameter.empty:
+            if name_of is None:
+                raise TypeError(f"no value for the parameter {name!r}, which has a default")
+            bound.arguments[name] = value_node(parameter.default, name_of)
+    return [bound.arguments[name] for name in signature.parameters if name in bound.arguments]

@@ -20,6 +20,7 @@ operand, giving that operand's contribution for tangent ``g``; zero tangents
 are skipped and the rest summed.
 """
 import ast
+import weakref
 from dataclasses import dataclass, field
 
 import taichi as ti
@@ -35,10 +36,30 @@ RULES = {}
 REFUSED = {}
 """Taichi op -> why it has no derivative rule: the transform's error says so, naming the op."""
 
-CUSTOM_JVPS = {}
+CUSTOM_JVPS = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
 
-CUSTOM_VJPS = {}
+CALLABLE_TYPES = {}
+"""type -> an object with ``tangent(obj, active, width)``, ``reverse(obj, active, n_outputs)`` and
+``outputs(obj)``: callees the transforms call through (tidiff Functions called inside a @ti.func)."""
+
+
+CALLABLE_OBJECTS = {}
+"""object -> such a rule, for callees that are one particular object (``td.jvp``)."""
+
+
+def callable_rule(obj):
+    """The rule for calling through ``obj`` (see CALLABLE_TYPES, CALLABLE_OBJECTS), or None."""
+    for kind, rule in CALLABLE_TYPES.items():
+        if isinstance(obj, kind):
+            return rule
+    try:
+        return CALLABLE_OBJECTS.get(obj)
+    except TypeError:  # unhashable
+        return None
+
+
+CUSTOM_VJPS = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``bwd(*primals, *cotangents) -> (cotangent of each primal, ...)``: the
 reverse transform calls it with the real cotangent; forward mode of such a callee needs a jvp rule too."""
 

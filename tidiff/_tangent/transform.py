@@ -7,17 +7,19 @@ Expressions without an active variable are copied verbatim: conditions, loop
 ranges, integer arithmetic and ``ti.static`` stay exactly as written.
 """
 import ast
+import functools
 
 import taichi as ti
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.field import Field
 
-from .._errors import NoForwardRule, TransformError
+from .._errors import NoForwardRule, TransformError, where_hint
 from .activity import active_variables, loaded_names, local_names, root_names
+from .callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refusal, transformable
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, helper_name, names_in
-from .parse import MISSING, hashable, positional, resolve
-from .rules import CUSTOM_JVPS, CUSTOM_VJPS, REFUSED, Call, RULES, lookup, zero
+from .parse import MISSING, hashable, positional, resolve, static_call
+from .rules import CUSTOM_JVPS, CUSTOM_VJPS, REFUSED, Call, RULES, callable_rule, lookup, zero
 from .sym import TAICHI, Sym, spell_taichi, taichi_name, zero_like
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
@@ -118,7 +120,11 @@ class Transformer:
         self.taichi_name = taichi_name(self.namer, parsed.namespace)
 
     # --- errors --------------------------------------------------------------
-    def error(self, node, construct, hint=None):
+    def error(self, node, construct, hint=None, call=False):
+        """A TransformError at ``node``; the default hint fits where it stands (kernel, @ti.func, helper)."""
+        if hint is None:
+            name = None if getattr(self.parsed.tree, "is_lambda", False) else self.parsed.tree.name
+            hint = where_hint(self.parsed.kind, name, call)
         return TransformError(construct, self.parsed.filename, self.parsed.lineno(node), hint)
 
     # --- the function --------------------------------------------------------
@@ -126,7 +132,8 @@ class Transformer:
         """The tangent ``FunctionDef``: primal params, then one tangent per active param."""
         args = self.tree.args
         if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
-            raise self.error(self.tree, "a parameter list with *args, **kwargs or keyword-only parameters")
+            raise self.error(self.tree, "a parameter list with *args, **kwargs or keyword-only parameters",
+                             "name the parameters one by one (Taichi passes them positionally)")
         self._check_fields()
         tangent_args = [ast.arg(self.namer.tangent(a.arg), a.annotation)
                         for a in args.args if a.arg in self.active_params]
@@ -161,7 +168,8 @@ class Transformer:
             if isinstance(node, ast.Subscript) and not self._is_local(node.value):
                 base = resolve(node.value, self.parsed.namespace)
                 if isinstance(base, (Field, Ndarray)):
-                    raise self.error(node, f"field access `{ast.unparse(node)}` inside a @ti.func",
+                    where = "a @ti.func" if self.parsed.kind == "func" else "a Python helper"
+                    raise self.error(node, f"field access `{ast.unparse(node)}` inside {where}",
                                      "pass the values in as arguments, or wrap the function with td.custom_jvp")
 
     def _is_local(self, node):
@@ -497,35 +505,58 @@ class Transformer:
     # --- calls ---------------------------------------------------------------
     def expr_Call(self, node):
         func = node.func
+        made = self._made_callee(func)
+        if made is not MISSING:  # td.grad(E)(x): a tidiff Function made at the call site
+            return self.call_function(node, made)
         if self._is_local(func):
             return self.call_method(node)
         callee = resolve(func, self.parsed.namespace)
         if callee is MISSING:
-            raise self.error(node, f"a call to unknown name `{ast.unparse(func)}`")
+            raise self.error(node, f"a call to unknown name `{ast.unparse(func)}`",
+                             "call the function by a global or closure name, an attribute (`mod.h`) or a table "
+                             "entry with a constant key (`OPS[\"sin\"](x)`)")
+        if isinstance(callee, functools.partial):
+            return self.expr_Call(self._expand_partial(node, callee))
+        if hashable(callee) and callee in STATIC_BUILTINS:
+            return node, None
         if len(node.args) > 2 and hashable(callee) and lookup(callee) in (RULES[min], RULES[max]):
             node = self._pairwise(node)
         if hashable(callee) and callee in CUSTOM_JVPS:
             return self.call_function(node, callee, custom=CUSTOM_JVPS[callee])
         if hashable(callee) and callee in CUSTOM_VJPS:
             raise NoForwardRule(getattr(callee, "name", ast.unparse(func)), self.parsed.filename, self.parsed.lineno(node))
+        if callable_rule(callee) is not None:  # a tidiff Function (td.grad(E) bound to a name)
+            return self.call_function(node, callee)
         rule = lookup(callee)
         if rule is zero:
             return node, None
         if rule is not None:
             for keyword in node.keywords:
                 if self.is_active(keyword.value):
-                    raise self.error(node, f"a differentiable keyword argument `{keyword.arg}=`")
+                    raise self.error(node, f"a differentiable keyword argument `{keyword.arg}=`",
+                                     f"pass `{keyword.arg}` as a positional argument")
             parts = [self.atom(a) for a in node.args]
             args = [p for p, _ in parts]
             static_args = [self._static(a) for a in node.args]
             return self.apply(rule, ast.Call(func, args, node.keywords), Sym(func), args,
                               [dp for _, dp in parts], node.keywords, static_args)
-        if _is_taichi_func(callee):
+        if transformable(callee):  # a @ti.func, or a plain Python helper (NOTE: [Python helpers])
             return self.call_function(node, callee)
-        kind = "Taichi op" if getattr(callee, "__module__", "").startswith("taichi") else "non-Taichi function"
-        reason = REFUSED.get(callee) if hashable(callee) else None
-        why = "no derivative rule" if reason is None else f"no derivative rule: {reason}"
-        raise self.error(node, f"a call to {kind} `{ast.unparse(func)}` ({why})")
+        if (getattr(callee, "__module__", None) or "").startswith("taichi"):
+            reason = REFUSED.get(callee) if hashable(callee) else None
+            why = "no derivative rule" if reason is None else f"no derivative rule: {reason}"
+            raise self.error(node, f"a call to Taichi op `{ast.unparse(func)}` ({why})", call=True)
+        raise self.error(node, f"a call to `{ast.unparse(func)}`: {refusal(callee)}", call=True)
+
+    def bind_value(self, value):
+        """The name generated code reads a Python value by (a partial's bound value, a default)."""
+        return self.parsed.name_for(value, self.namer, hint_name(value))
+
+    def _expand_partial(self, node, partial):
+        """``p(x)`` -> ``h(2.0, x)`` for ``p = functools.partial(h, 2.0)`` (NOTE: [Python helpers])."""
+        if any(k.arg is None for k in node.keywords):
+            raise self.error(node, "a call with **kwargs", "pass the keyword arguments one by one")
+        return expand_partial(node, partial, self.bind_value)
 
     def _static(self, node):
         """The compile-time value of a global argument (a dtype), or None."""
@@ -544,12 +575,14 @@ class Transformer:
     def call_method(self, node):
         func = node.func
         if not isinstance(func, ast.Attribute):
-            raise self.error(node, f"a call to local value `{ast.unparse(func)}`")
+            raise self.error(node, f"a call to local value `{ast.unparse(func)}`",
+                             "call the function by its global name (a table entry `OPS[\"sin\"](x)` works too), "
+                             "not through a local variable")
         receiver, dreceiver = self.atom(func.value)
         parts = [self.atom(a) for a in node.args]
         rule = RULES.get(("method", func.attr))
         if rule is None:
-            raise self.error(node, f"the method `.{func.attr}()`")
+            raise self.error(node, f"the method `.{func.attr}()`", call=True)
         method = ast.Attribute(receiver, func.attr, ast.Load())
         args = [p for p, _ in parts]
         return self.apply(rule, ast.Call(method, args, node.keywords), Sym(method),
@@ -557,26 +590,45 @@ class Transformer:
                           [None] + [self._static(a) for a in args])
 
     def _nested_callee(self, node):
-        """The @ti.func a call goes to when it will be transformed recursively, else None."""
-        if not isinstance(node, ast.Call) or self._is_local(node.func):
+        """The @ti.func, helper or tidiff Function a call goes to when it will be transformed recursively, else None."""
+        if not isinstance(node, ast.Call):
+            return None
+        made = self._made_callee(node.func)
+        if made is not MISSING:
+            return made
+        if self._is_local(node.func):
             return None
         callee = resolve(node.func, self.parsed.namespace)
-        if hashable(callee) and (callee in CUSTOM_JVPS or (lookup(callee) is None and _is_taichi_func(callee))):
+        if callable_rule(callee) is not None and not (hashable(callee) and callee in CUSTOM_VJPS):
+            return callee
+        if hashable(callee) and (callee in CUSTOM_JVPS or (lookup(callee) is None and transformable(callee))):
             return callee
         return None
+
+    def _made_callee(self, func):
+        """A callee made by a call of module-level objects (``td.grad(E, argnums=1)``) that the
+        transforms call through, or MISSING."""
+        made = static_call(func, self.parsed.namespace, self.locals)
+        return made if callable_rule(made) is not None else MISSING
 
     def call_function(self, node, callee, custom=None, into=None):
         """``y, dy = h_jvp(x, dx)``: call the tangent function of a @ti.func (or a custom rule)."""
         arg_nodes = self._positional(node, callee)
-        parts = [self.atom(a) for a in arg_nodes]
+        # an inactive argument is passed as written: it is read once, and a helper may need it as
+        # a compile-time value (NOTE: [Python helpers]); a custom rule repeats it in zero tangents
+        parts = [self.atom(a) if custom is not None or self.is_active(a) else (a, None) for a in arg_nodes]
+        rule = callable_rule(callee) if custom is None else None
         if custom is None:
             mask = tuple(dp is not None for _, dp in parts)
             tangents = [dp for _, dp in parts if dp is not None]
-            fn = self.jvp_of(callee, mask) if self.width == 1 else self.jvp_of(callee, mask, self.width)
+            if rule is not None:
+                fn = rule.tangent(callee, mask, self.width)
+            else:
+                fn = self.jvp_of(callee, mask) if self.width == 1 else self.jvp_of(callee, mask, self.width)
         else:
             fn = custom
             tangents = [zero_like(p).node if dp is None else dp for p, dp in parts]
-        base = ast.unparse(node.func).split(".")[-1]
+        base = _callee_hint(node.func, callee)
         helper = helper_name(self.helpers, self.namer, fn, widened_name(base + "_jvp", self.width if custom is None else 1))
         call = ast.Call(_name(helper), [p for p, _ in parts] + tangents, [])
         if into is None:
@@ -589,8 +641,33 @@ class Transformer:
 
     def _positional(self, node, callee):
         if any(isinstance(a, ast.Starred) for a in node.args):
-            raise self.error(node, "a call with *args")
-        return positional(node, callee)
+            raise self.error(node, "a call with *args", "pass the arguments one by one")
+        if callable_rule(callee) is not None:
+            return callable_positional(node, callee, self.error)
+        try:
+            return positional(node, callee, self.bind_value)
+        except TypeError as e:
+            raise self.error(node, f"the call `{ast.unparse(node)}` ({e})",
+                             "pass the arguments the callee takes") from None
+
+
+def callable_positional(node, callee, error):
+    """A call's arguments in parameter order for a tidiff Function callee (keywords by its parameter names)."""
+    if not node.keywords:
+        return list(node.args)
+    try:
+        return list(callee.bind(node.args, {k.arg: k.value for k in node.keywords}, callee.name))
+    except TypeError as e:
+        raise error(node, f"the call `{ast.unparse(node)}`", str(e)) from None
+
+
+def _callee_hint(func, callee):
+    """A readable name hint for a callee: ``h`` for ``m.h``, ``sin`` for ``OPS["sin"]``, the Function's
+    name for ``td.grad(E)``."""
+    if isinstance(func, (ast.Name, ast.Attribute, ast.Subscript)):
+        return call_name(func, callee)
+    name = "".join(c if c.isalnum() else "_" for c in getattr(callee, "name", "f"))
+    return "_".join(p for p in name.split("_") if p) or "f"
 
 
 def _assigned_once(tree):

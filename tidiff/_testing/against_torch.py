@@ -1,7 +1,7 @@
 """``check_against_torch``: every transform agrees with ``torch.autograd.functional``."""
 import numpy as np
 
-from .. import _transforms as T
+from .. import _api as T
 from .evidence import Comparison, Evidence, entry_namer
 from .problem import Problem, contract_in, sum_to, walk
 

@@ -6,7 +6,7 @@ they stay an independent reference.
 """
 import numpy as np
 
-from .._function import as_function
+from .._protocol import as_function
 from .._tree import leaves, unflatten
 
 # NOTE: [Step of central differences] The error of (f(x+h) - f(x-h)) / 2h is
@@ -28,7 +28,7 @@ class Problem:
         self.fn, self.call = fn, call
         self.specs = list(batch.specs)
         self.arrays = [np.array(a, copy=True) for a in batch.arrays]  # the user's inputs stay untouched
-        self.batch = tuple(batch.batch_shape)
+        self.batch = tuple(batch.shape)
         self.floats = tuple(k for k, s in enumerate(self.specs) if s.is_float)
         if not self.floats:
             raise TypeError(f"{call}: {fn.name} has no float arguments; there is nothing to differentiate")

@@ -1,5 +1,5 @@
 """Hypothesis strategies: arguments valid for a function's signature, and batch shapes."""
-from .._function import as_function
+from .._protocol import as_function
 from .._signature import spec_from_annotation
 
 
@@ -95,12 +95,8 @@ def arguments(f, *, batch_shapes=None, elements=None, integers=None, broadcast=T
 
 
 def _takes_batches(fn):
-    from .._programs import FieldFunction
-
-    root = fn
-    while hasattr(root, "parent"):
-        root = root.parent
-    return not isinstance(root, FieldFunction) and getattr(root, "takes_batches", True)
+    """Whether ``fn`` maps over leading batch dims (a pointwise function: ``@ti.func`` code)."""
+    return fn.pointwise
 
 
 def _names(f, fn, n):

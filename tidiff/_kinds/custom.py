@@ -6,32 +6,40 @@ and inside kernels. A vjp rule ``bwd`` is called by the reverse transform
 (``_adjoint``) with the real cotangent, so it may be nonlinear in it (JAX's
 ``clip_gradient``); as in JAX, forward mode of a custom_vjp function needs a
 jvp rule as well (``defjvp``), else it raises ``td.TransformError``.
+
+The function's body is a generated wrapper that calls the Function object
+itself, which the transforms find in their rule tables (``CUSTOM_JVPS``,
+``CUSTOM_VJPS``); inside a kernel Taichi calls the object, which runs the
+user's func.
 """
+from __future__ import annotations
+
 import inspect
+from collections.abc import Sequence
+from typing import Any
 
-import taichi as ti
-
-from ._batch import probe_outputs
-from ._codegen import compile_source
-from ._pointwise import FuncFunction, identifier
-from ._signature import ArgSpec
-from ._tangent import register_jvp, register_vjp
+from .._cache import uses
+from .._codegen.batch import identifier, probe_outputs
+from .._codegen.bodies import BodyWriter
+from .._signature import ArgSpec
+from .._tangent import register_jvp, register_vjp
+from .func import FuncFunction, python_function
 
 
 class CustomJvpFunction(FuncFunction):
     """A ``@ti.func`` whose tangent is given by a rule (see :func:`custom_jvp`)."""
 
-    def __init__(self, tifunc):
-        super().__init__(tifunc)
-        pyfunc = getattr(tifunc, "__wrapped__", None) or tifunc.func.func
-        self.__signature__ = inspect.signature(pyfunc)
-        self.rule = None
-        params = ", ".join(self._names)
-        name = identifier(self.name)
-        source = f"@ti.func\ndef {name}({params}):\n    return {name}_custom({params})\n"
-        self._wrapper = compile_source(source, name, {"ti": ti, f"{name}_custom": self}, "custom")
+    rule: Any = None
+    bwd: Any = None
 
-    def defjvp(self, rule):
+    def __init__(self, tifunc: Any) -> None:
+        super().__init__(tifunc)
+        self.__signature__ = inspect.signature(python_function(tifunc))
+        w = BodyWriter(identifier(self.name), self.param_names())
+        self._wrapper = w.compile([w.callee(self, identifier(self.name) + "_custom")(*w.args())], single=True,
+                                  tag="custom")
+
+    def defjvp(self, rule: Any) -> Any:
         """Attach the rule: a ``@ti.func`` ``(*primals, *tangents) -> (out, tangent_out)``.
 
         Every primal gets a tangent (zeros for those not differentiated).
@@ -43,21 +51,19 @@ class CustomJvpFunction(FuncFunction):
         register_jvp(self, rule)
         return rule
 
-    def body_for(self, in_specs):
-        if self.rule is None:
+    def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
+        if self.rule is None and self.bwd is None:
             raise TypeError(f"{self.name} is a td.custom_jvp function without a rule: call {self.name}.defjvp(rule) first")
         return self._wrapper
 
-    def call_in_kernel(self, *args):
+    def call_in_kernel(self, *args: Any) -> Any:
         return self.tifunc(*args)
 
 
 class CustomVjpFunction(CustomJvpFunction):
     """A ``@ti.func`` whose cotangent map is given by a rule (see :func:`custom_vjp`)."""
 
-    bwd = None
-
-    def defvjp(self, bwd):
+    def defvjp(self, bwd: Any) -> Any:
         """Attach the rule: a ``@ti.func`` ``(*primals, *cotangents) -> tuple of primal cotangents``.
 
         One cotangent per output comes in; a tuple with one entry per primal
@@ -70,10 +76,11 @@ class CustomVjpFunction(CustomJvpFunction):
         specs = self.declared_specs()
         if specs is None:
             raise TypeError(f"{call}: td.custom_vjp needs annotated parameters (or td.function(f, signature=...))")
-        out_specs, tree = self.signature(specs)
+        out_specs, _ = self.signature(specs)
         cts = [ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in out_specs]
         got, is_tuple, kernel = probe_outputs(bwd, specs + cts, identifier(self.name) + "_bwd")
         self._counter.add(kernel)
+        uses(kernel)
         shapes = [s.shape for s in specs]
         if not is_tuple or [g.shape for g in got] != shapes:
             returned = [g.shape for g in got] if is_tuple else got[0].shape
@@ -85,13 +92,13 @@ class CustomVjpFunction(CustomJvpFunction):
         register_vjp(self, bwd)
         return bwd
 
-    def body_for(self, in_specs):
+    def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
         if self.bwd is None and self.rule is None:
             raise TypeError(f"{self.name} is a td.custom_vjp function without a rule: call {self.name}.defvjp(bwd) first")
         return self._wrapper
 
 
-def custom_vjp(f):
+def custom_vjp(f: Any) -> CustomVjpFunction:
     """Give a ``@ti.func`` a cotangent rule of your own (JAX's ``jax.custom_vjp``).
 
     Args:
@@ -124,7 +131,7 @@ def custom_vjp(f):
     return CustomVjpFunction(f)
 
 
-def custom_jvp(f):
+def custom_jvp(f: Any) -> CustomJvpFunction:
     """Give a ``@ti.func`` a derivative rule of your own (JAX's ``jax.custom_jvp``).
 
     Args:

@@ -1,0 +1,48 @@
+"""A new Taichi runtime (``ti.init`` with another ``default_fp``, ``ti.reset``) gets new kernels.
+
+Regression for issue 10, item 10: results came back in the old dtype after a
+``ti.init`` with another ``default_fp``. Every cache is tied to the runtime it
+was made for (``RuntimeMemo`` in ``tidiff/_protocol.py``). The check runs in a
+subprocess: a new runtime would invalidate the fields of the rest of the suite.
+"""
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent('''
+    import numpy as np, taichi as ti
+    import tidiff as td
+
+    ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)
+
+    @ti.func
+    def cube(x: float) -> float:
+        return x * x * x
+
+    @ti.func
+    def energy(x: ti.math.vec3, s: float) -> float:
+        return s * x.dot(x) + ti.sin(x[0])
+
+    g, h = td.grad(cube), td.hessian(energy)
+    assert g(2.0) == 12.0 and g(2.0).dtype == np.float64
+    assert h([1.0, 2.0, 3.0], 2.0).dtype == np.float64
+
+    ti.init(arch=ti.cpu, default_fp=ti.f32, log_level=ti.ERROR, offline_cache=True)
+    assert g(2.0).dtype == np.float32 and g(2.0) == 12.0         # Python numbers take the new default_fp
+    assert h([1.0, 2.0, 3.0], 2.0).dtype == np.float32           # so do lists
+    assert td.grad(energy)(np.ones((2, 3)), 1.0).dtype == np.float64  # arrays keep their own precision
+    np.testing.assert_allclose(h([1.0, 2.0, 3.0], 2.0), 4.0 * np.eye(3) - np.diag([np.sin(1.0), 0, 0]), rtol=1e-6)
+
+    ti.reset()
+    ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)
+    assert g(2.0).dtype == np.float64 and td.jacrev(cube)(3.0) == 27.0
+    print("ok")
+''')
+
+
+def test_a_new_runtime_gets_new_kernels(tmp_path):
+    script = tmp_path / "runtime_change.py"  # Taichi reads a func's source from its file
+    script.write_text(SCRIPT)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")

@@ -1,0 +1,388 @@
+"""The public transforms: grad, value_and_grad, jvp, vjp, jacfwd, jacrev, jacobian, hessian, hvp; and td.function.
+
+Each is a short composition over the protocol (``_protocol``): the
+Jacobian family are Functions made by ``_transforms.transform``; ``jvp`` is
+``f.tangent().evaluate``; ``vjp`` is ``f.evaluate`` now and ``f.vjp`` later;
+``hessian`` is ``jacfwd(jacrev(f))``; ``hvp`` is the jvp of ``value_and_grad``.
+Derivatives are per batch element (as ``vmap`` of the transform) except
+``jvp`` and ``vjp``, which linearize the whole batched function.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import taichi as ti
+
+from . import _modes
+from ._arrays import Batch, is_tensor, owned_copy, read_args, unbroadcast
+from ._cache import Counter
+from ._composed import like
+from ._protocol import Function, as_function, taichi_callable
+from ._protocol import function as _function
+from ._signature import ArgSpec
+from ._transforms import split_aux, transform
+from ._tree import flatten_like, leaves, unflatten
+
+
+def function(f: Any, *, inputs: Any = None, outputs: Any = None, signature: Any = None, name: str | None = None,
+             constants: dict[str, Any] | None = None) -> Function:
+    """Wrap Taichi code as a differentiable :class:`Function`.
+
+    Args:
+        f: a ``@ti.func`` (annotated or not); a ``@ti.kernel`` or Python
+            callable over global fields (then ``inputs`` and ``outputs`` are
+            required); a kernel over ``ti.types.ndarray()`` parameters; or a
+            ``Function``, returned as it is.
+        inputs, outputs: the fields a field program reads as variables and
+            writes as results; for a kernel over ``ti.types.ndarray()``
+            parameters, parameter *names*: ``inputs=["k", "w"]`` and
+            ``outputs={"out": lambda k, w: k.shape}`` (each output's shape as
+            a tuple, or a callable of the inputs' ``.shape/.ndim/.dtype``;
+            see docs/torch.md).
+        constants: for an ndarray kernel, the values of its other parameters
+            (``{"eps": 1e-3}``), fixed for every call.
+        signature: for a ``@ti.func``, the core type of each parameter,
+            overriding annotations: a sequence in parameter order, or a dict
+            by name, of Taichi types (``ti.math.vec3``, ``ti.f64``) or shape
+            tuples (``(3,)``, ``(2, 2)``, ``()`` for float values).
+        name: the name ``td.cache_info()`` and error messages use.
+
+    Returns:
+        A :class:`Function`: call it on host arrays (NumPy, torch, Python
+        numbers) or inside a kernel (``@ti.func`` code and its transforms).
+
+    Example:
+        >>> E = td.function(energy, inputs=[x, w], outputs=[loss])
+        >>> F = td.function(f, signature=[(3,), ()])
+        >>> conv = td.function(conv_kernel, inputs=["k", "w"], outputs={"out": lambda k, w: k.shape})
+    """
+    return _function(f, inputs=inputs, outputs=outputs, signature=signature, name=name, constants=constants)
+
+
+@taichi_callable
+def grad(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Function:
+    """Gradient of a scalar-output function, per batch element.
+
+    Args:
+        f: a ``td.Function`` or ``@ti.func``; its (first) output must be a
+            float scalar per batch element.
+        argnums: which argument(s) to differentiate: an int, or a tuple in any
+            order (then the gradient is a tuple in that order); negatives count
+            from the end.
+        has_aux: ``f`` returns the pair ``(out, aux)``; aux is returned beside the gradient.
+
+    Returns:
+        A ``td.Function`` giving ``d out / d args[argnums]`` in the shape of
+        that argument (``batch + core``), or ``(grad, aux)``. It is callable
+        on the host and inside kernels. Keyword arguments of a call are passed
+        through, not differentiated.
+
+    Example:
+        >>> dfdx = td.grad(p)
+        >>> dfdx(1.0)              # array(4.)
+    """
+    return transform("grad", as_function(f, "td.grad"), argnums, has_aux)
+
+
+@taichi_callable
+def value_and_grad(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Function:
+    """Like :func:`grad`, returning ``(value, grad)`` (``((value, aux), grad)`` with aux).
+
+    Example:
+        >>> td.value_and_grad(p)(1.0)    # (array(1.), array(4.))
+    """
+    return transform("value_and_grad", as_function(f, "td.value_and_grad"), argnums, has_aux)
+
+
+@taichi_callable
+def jacfwd(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Function:
+    """Jacobian by forward mode, per batch element: shape ``batch + out_core + in_core``.
+
+    Several outputs or a tuple ``argnums`` give nested tuples (outputs outer);
+    with ``has_aux`` the result is ``(jacobian, aux)``.
+
+    Example:
+        >>> td.jacfwd(f)(np.ones((5, 3)), 2.0).shape    # (5, 3) for a scalar f of a vec3
+    """
+    return transform("jacfwd", as_function(f, "td.jacfwd"), argnums, has_aux)
+
+
+@taichi_callable
+def jacrev(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Function:
+    """Jacobian by reverse mode; same shapes as :func:`jacfwd`.
+
+    Straight-line ``@ti.func`` code takes one call of its reverse function per
+    output component; other code (and Jacobians whose forward pushes are one
+    widened call) is computed by forward pushes, with the same result.
+    """
+    return transform("jacrev", as_function(f, "td.jacrev"), argnums, has_aux)
+
+
+@taichi_callable
+def jacobian(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Function:
+    """Jacobian, by forward mode when the inputs are no larger than the outputs, else reverse."""
+    return transform("jacobian", as_function(f, "td.jacobian"), argnums, has_aux)
+
+
+@taichi_callable
+def hessian(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Function:
+    """Hessian of a scalar function: ``jacfwd(jacrev(f, argnums), argnums)``.
+
+    Shape ``batch + in_core + in_core``; a tuple ``argnums`` gives the nested
+    block matrix; with ``has_aux`` the result is ``(hessian, aux)``.
+
+    Example:
+        >>> td.hessian(f)(np.ones((5, 3)), 2.0).shape    # (5, 3, 3)
+    """
+    return jacfwd(jacrev(f, argnums, has_aux), argnums, has_aux)
+
+
+# -- jvp, vjp, hvp ------------------------------------------------------------------
+class _Calls:
+    """Names the cache_info entry of a call-style transform (``jvp(f)``, ``vjp(f)``, ``hvp(f)``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._counter = Counter(self)
+
+
+def _counter_of(kind: str, fn: Function) -> Counter:
+    key = ("calls", kind)
+    if key not in fn.derived:
+        fn.derived[key] = _Calls(f"{kind}({fn.name})")  # type: ignore[assignment]
+    return fn.derived[key]._counter
+
+
+def _as_tuple(values: Any, name: str, call: str) -> tuple[Any, ...]:
+    if not isinstance(values, (tuple, list)):
+        raise TypeError(f"{call}: {name} must be a tuple with one entry per argument, got {type(values).__name__}")
+    return tuple(values)
+
+
+def _with_tangents(batch: Batch, tangents: Sequence[Any], call: str, what: str = "tangents") -> tuple[Any, ...]:
+    """One array per float primal: its tangent (None: zeros), checked to have the primal's shape."""
+    out = []
+    for k, (spec, primal, t) in enumerate(zip(batch.specs, batch.arrays, tangents, strict=True)):
+        if not spec.is_float:
+            continue
+        shape = tuple(np.shape(primal))
+        if t is None:
+            out.append(like(None, ArgSpec(spec.name, shape, spec.dtype), batch))
+            continue
+        arr = read_args([ArgSpec(f"{what}[{k}]", spec.shape, spec.dtype)], [t], call).arrays[0]
+        if arr.shape != shape:
+            raise ValueError(f"{call}: {what}[{k}] must have the shape of primals[{k}] ({spec.name!r}), "
+                             f"{shape}; got {arr.shape}")
+        out.append(like(t, ArgSpec(spec.name, shape, spec.dtype), batch) if holds_tensors(batch) else arr)
+    return tuple(out)
+
+
+def holds_tensors(batch: Batch) -> bool:
+    """Whether the engines were given tensors (kinds that take them as they are): extra arrays follow."""
+    return any(is_tensor(a) for a in batch.arrays)
+
+
+def _tangent_batch(fn: Function, batch: Batch, tangents: Sequence[Any], call: str) -> tuple[Function, Batch]:
+    T = fn.tangent()
+    arrays = list(batch.arrays) + list(_with_tangents(batch, tangents, call))
+    return T, batch.but(arrays, T.specs_for(arrays))
+
+
+@taichi_callable
+def jvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any], has_aux: bool = False) -> Any:
+    """Forward-mode Jacobian-vector product of the whole (batched) function.
+
+    Args:
+        f: a ``td.Function`` or ``@ti.func``.
+        primals: tuple of arguments.
+        tangents: tuple of tangents, each of its primal's shape (a broadcast
+            argument's tangent applies to every element). Integer arguments
+            take ``None`` or zeros.
+        has_aux: ``f`` returns the pair ``(out, aux)``.
+
+    Returns:
+        ``(primals_out, tangents_out)`` in the structure of ``f``'s outputs;
+        ``(primals_out, tangents_out, aux)`` with ``has_aux``.
+
+    Example:
+        >>> td.jvp(p, (1.0,), (1.0,))     # (array(1.), array(4.))
+    """
+    fn = as_function(f, "td.jvp")
+    call = f"td.jvp({fn.name})"
+    primals = _as_tuple(primals, "primals", call)
+    tangents = _as_tuple(tangents, "tangents", call)
+    if len(tangents) != len(primals):
+        raise TypeError(f"{call}: got {len(primals)} primals but {len(tangents)} tangents")
+    if ti.lang.impl.inside_kernel():
+        outs, touts, tree = _jvp_in_kernel(fn, primals, tangents)
+    else:
+        batch = fn.read(primals, call)
+        T, tbatch = _tangent_batch(fn, batch, tangents, call)
+        with _counter_of("jvp", fn).tally():
+            flat = T.evaluate(tbatch)
+        _, tree = fn.signature(batch.specs)
+        m = len(flat) // 2
+        outs = [batch.wrap(o) for o in flat[:m]]
+        touts = [batch.wrap(np.broadcast_to(t, np.shape(o)) if not is_tensor(t) else t)
+                 for o, t in zip(flat[:m], flat[m:], strict=True)]
+    if has_aux:
+        main, aux = split_aux(tree, call)
+        return unflatten(main, outs), unflatten(main, touts), unflatten(aux, outs)
+    return unflatten(tree, outs), unflatten(tree, touts)
+
+
+def _jvp_in_kernel(fn: Function, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[list[Any], list[Any], Any]:
+    specs = fn.specs_for(primals)
+    args = list(primals) + [t for t, s in zip(tangents, specs, strict=True) if s.is_float]
+    T = fn.tangent()
+    body = T.body_for(T.specs_for(args))
+    if body is None:
+        raise TypeError(f"td.jvp({fn.name}) cannot be called inside a kernel: only @ti.func code and its transforms can")
+    flat = list(body(*args))
+    _, tree = fn.signature(specs)
+    m = len(flat) // 2
+    return flat[:m], flat[m:], tree
+
+
+def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
+    """Reverse-mode vector-Jacobian product of the whole (batched) function.
+
+    Returns:
+        ``(primals_out, vjp_fn)``, or ``(primals_out, vjp_fn, aux)`` with
+        ``has_aux``; ``vjp_fn(cotangent)`` takes a cotangent in the structure
+        and shapes of ``primals_out`` and returns a tuple with one entry per
+        primal, in that primal's shape (summed over the batch for a
+        broadcast argument; ``None`` for an integer argument). Everything
+        ``vjp_fn`` needs is taken when ``vjp`` returns: changing the primals
+        afterwards changes nothing.
+
+    Example:
+        >>> y, vjp_fn = td.vjp(f, x, 2.0)
+        >>> dx, ds = vjp_fn(np.ones(y.shape))
+    """
+    fn = as_function(f, "td.vjp")
+    call = f"td.vjp({fn.name})"
+    batch = fn.read(primals, call)
+    out_specs, tree = fn.signature(batch.specs)
+    main, aux = split_aux(tree, call) if has_aux else (tree, None)
+    main_leaves = leaves(main)
+    counter = _counter_of("vjp", fn)
+    lin = _linearization(fn, batch.specs, out_specs, main_leaves, has_aux)
+    if lin is None:  # vjp_fn runs at the primals as they are now, whatever the caller does to them later
+        batch = Batch(tuple(owned_copy(a) for a in batch.arrays), batch.specs, batch.shape, batch.device)
+    with counter.tally():
+        flat = (lin or fn).evaluate(batch)
+    outs, jacobians = flat[: len(out_specs)], flat[len(out_specs):]
+
+    def vjp_fn(cotangent: Any) -> tuple[Any, ...]:
+        cts: list[Any] = [None] * len(out_specs)
+        for leaf, c in zip(main_leaves, flatten_like(main, cotangent, call), strict=True):
+            expected = batch.shape + out_specs[leaf].shape
+            spec = ArgSpec("cotangent", out_specs[leaf].shape, out_specs[leaf].dtype)
+            arr = read_args([spec], [c], call).arrays[0]
+            if arr.shape != expected:
+                raise ValueError(f"{call}: the cotangent must have the output's shape {expected}, got {arr.shape}")
+            cts[leaf] = like(c, ArgSpec(spec.name, expected, spec.dtype), batch) if holds_tensors(batch) else arr
+        if not any(s.is_float for s in batch.specs):
+            return tuple(None for _ in batch.specs)
+        with counter.tally():
+            grads = _contract(lin, batch, jacobians, cts, out_specs) if lin is not None else fn.vjp(batch, cts)
+        return tuple(batch.wrap(g) for g in grads)
+
+    wrapped = [batch.wrap(o) for o in outs]
+    if has_aux:
+        return unflatten(main, wrapped), vjp_fn, unflatten(aux, wrapped)
+    return unflatten(tree, wrapped), vjp_fn
+
+
+# NOTE: [Linearized vjp] When a pointwise function has per-element Jacobians
+# no larger than its inputs and outputs together (elementwise maps, scalar
+# energies), td.vjp computes the outputs and those Jacobians in its one
+# launch, as JAX keeps residuals, and vjp_fn contracts them with the
+# cotangent in NumPy: a memory-bound pass instead of a second launch that
+# recomputes the primal and its tangents. W3 (sin(x) x^2 + exp(-x), n = 1e7)
+# went from 166 ms + 235 ms to about 250 ms + 30 ms. Not for code reaching a
+# custom_vjp rule, which must see the real cotangent.
+
+
+def _linearization(fn: Function, specs: Sequence[ArgSpec], out_specs: Sequence[ArgSpec], main_leaves: list[int],
+                   has_aux: bool) -> Function | None:
+    """The ``linearize`` transform of ``fn`` for td.vjp, or None (see NOTE: [Linearized vjp])."""
+    floats = tuple(k for k, s in enumerate(specs) if s.is_float)
+    if not floats or not fn.pointwise or not all(out_specs[o].is_float for o in main_leaves):
+        return None
+    if not _modes.forward_possible(fn.body_for(specs), tuple(s.is_float for s in specs)):
+        return None
+    entries = sum(out_specs[o].size * specs[a].size for o in main_leaves for a in floats)
+    if entries > sum(specs[a].size for a in floats) + sum(out_specs[o].size for o in main_leaves):
+        return None
+    return transform("linearize", fn, floats, has_aux)
+
+
+def _contract(lin: Any, batch: Batch, jacobians: Sequence[Any], cotangents: Sequence[Any],
+              out_specs: Sequence[ArgSpec]) -> list[Any]:
+    """``J^T c`` per argument from the stored per-element Jacobians, summed onto broadcast arguments."""
+    lay = lin.layout(batch.specs)
+    grads: list[Any] = [None] * len(batch.specs)
+    nb = len(batch.shape)
+    for (_, o, a), jac in zip(lay.items[len(out_specs):], jacobians, strict=True):
+        c = cotangents[o]
+        if c is None:
+            continue
+        out, arg = out_specs[o], batch.specs[a]
+        term = jac * c.reshape(c.shape + (1,) * len(arg.shape))
+        if out.shape:
+            term = term.sum(axis=tuple(range(nb, nb + len(out.shape))))
+        grads[a] = term if grads[a] is None else grads[a] + term
+    for a in lay.argnums:
+        shape = np.shape(batch.arrays[a])
+        grads[a] = np.zeros(shape, batch.specs[a].dtype) if grads[a] is None else unbroadcast(grads[a], shape)
+    return grads
+
+
+@taichi_callable
+def hvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
+    """Hessian-vector product per batch element, without forming the Hessian.
+
+    Differentiates with respect to every float argument: returns
+    ``(value, H @ tangents)``, the second in the structure of ``tangents``
+    (a tuple, one entry per argument; ``None`` for integer arguments).
+
+    Example:
+        >>> value, hv = td.hvp(f, (x, s), (v, 0.0))
+    """
+    fn = as_function(f, "td.hvp")
+    call = f"td.hvp({fn.name})"
+    primals = _as_tuple(primals, "primals", call)
+    tangents = _as_tuple(tangents, "tangents", call)
+    if len(tangents) != len(primals):
+        raise TypeError(f"{call}: got {len(primals)} primals but {len(tangents)} tangents")
+    specs = fn.specs_for(primals)
+    floats = tuple(k for k, s in enumerate(specs) if s.is_float)
+    if not floats:
+        raise TypeError(f"{call}: {fn.name} has no float arguments; there is nothing to differentiate")
+    vg = value_and_grad(fn, floats)
+    if ti.lang.impl.inside_kernel():
+        outs, touts, _ = _jvp_in_kernel(vg, primals, tangents)
+        return outs[0], _by_argument(touts[1:], floats, len(specs))
+    batch = vg.read(primals, call)
+    T, tbatch = _tangent_batch(vg, batch, tangents, call)
+    with _counter_of("hvp", fn).tally():
+        flat = T.evaluate(tbatch)
+    n = len(floats)
+    value = batch.wrap(flat[0])
+    hv = [batch.wrap(t) for t in flat[2 + n: 2 + 2 * n]]
+    return value, _by_argument(hv, floats, len(specs))
+
+
+def _by_argument(values: Sequence[Any], floats: Sequence[int], nargs: int) -> tuple[Any, ...]:
+    out: list[Any] = [None] * nargs
+    for k, v in zip(floats, values, strict=True):
+        out[k] = v
+    return tuple(out)
+
+
+__all__: list[str] = ["function", "grad", "value_and_grad", "jacfwd", "jacrev", "jacobian", "hessian", "jvp",
+                      "vjp", "hvp"]

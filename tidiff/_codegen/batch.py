@@ -1,0 +1,220 @@
+"""One kernel launch over a whole batch: a ``@ti.func`` mapped over ndarrays.
+
+:class:`BatchKernel` generates, once per body and input specs, a kernel whose
+parallel loop calls the body on element ``i`` of every argument and stores its
+results. Arguments are ndarrays of shape ``(n_k,) + core``; a broadcast
+argument is passed once (``n_k == 1``) with stride 0, so NumPy broadcasting
+costs no copy. Kernels over ndarrays compile per dtype and ndim, never per
+batch size. :class:`ScalarKernel` is the by-value variant for calls without
+batch dims (NOTE: [Scalar calls] in ``_pointwise``).
+
+Generated names come from one :class:`~tidiff._tangent.naming.Namer`, and types
+are bound in the namespace (``T0 = ti.types.ndarray(...)``), never spelled
+as text: a function named ``r`` or ``ti`` cannot break the kernel.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import taichi as ti
+from taichi.lang.util import to_numpy_type, to_taichi_type
+
+from .._signature import ArgSpec
+from .._tangent.naming import Namer
+from .compile import compile_source
+
+
+def identifier(name: str) -> str:
+    """A Python identifier made from a readable name such as ``grad(f)``."""
+    out = "".join(c if c.isalnum() else "_" for c in name)
+    while "__" in out:
+        out = out.replace("__", "_")
+    out = out.strip("_") or "f"
+    return out if not out[0].isdigit() else "f_" + out
+
+
+def spec_of_expr(name: str, value: Any) -> ArgSpec:
+    """The spec of a Taichi value while a kernel compiles (a Python number is a constant)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        dtype = np.float64 if isinstance(value, float) else np.int32
+        return ArgSpec(name, (), np.dtype(dtype))
+    ty = value.ptr.get_rvalue_type()
+    if value.ptr.is_tensor():
+        return ArgSpec(name, tuple(value.get_shape()), np.dtype(to_numpy_type(ty.element_type())))
+    return ArgSpec(name, (), np.dtype(to_numpy_type(ty)))
+
+
+def kernel_shape(spec: ArgSpec) -> tuple[int, ...]:
+    """The shape one element has in a kernel: rank above 2 is flattened (see NOTE: [Flat values])."""
+    return spec.shape if len(spec.shape) <= 2 else (spec.size,)
+
+
+def element_type(spec: ArgSpec) -> Any:
+    """The Taichi type of one element as a kernel holds it (flat past rank 2)."""
+    return ArgSpec(spec.name, kernel_shape(spec), spec.dtype).ti_type()
+
+
+class _OutputRecorder:
+    """Called inside a probe kernel at compile time; records the body's result types."""
+
+    _is_taichi_function = True  # keeps Taichi from warning about a Python call
+
+    class func:
+        has_print = False
+
+    def __init__(self) -> None:
+        self.specs: list[ArgSpec] | None = None
+        self.is_tuple = False
+
+    def __call__(self, result: Any) -> None:
+        self.is_tuple = isinstance(result, (tuple, list))
+        values = list(result) if self.is_tuple else [result]
+        self.specs = [spec_of_expr(f"out{i}" if self.is_tuple else "out", v) for i, v in enumerate(values)]
+
+
+def probe_in_kernel(body: Any, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], bool]:
+    """Result specs of ``body`` read while a kernel compiles: call it on zeros (dead code, removed).
+
+    A kernel cannot launch another, so inside one this replaces :func:`probe_outputs`.
+    """
+    recorder = _OutputRecorder()
+    recorder(body(*[_zero_expr(s) for s in in_specs]))
+    assert recorder.specs is not None
+    return recorder.specs, recorder.is_tuple
+
+
+def _zero_expr(spec: ArgSpec) -> Any:
+    dtype = to_taichi_type(spec.dtype)
+    shape = kernel_shape(spec)
+    if shape == ():
+        return ti.cast(0, dtype)
+    if len(shape) == 1:
+        return ti.Vector([0] * shape[0], dt=dtype)
+    return ti.Matrix([[0] * shape[1] for _ in range(shape[0])], dt=dtype)
+
+
+class _Source:
+    """Lines of one generated kernel, its namespace and the namer every name comes from."""
+
+    def __init__(self, reserved: Sequence[str]) -> None:
+        self.namer = Namer(["ti", *reserved])
+        self.namespace: dict[str, Any] = {"ti": ti}
+        self.lines: list[str] = []
+
+    def bind(self, hint: str, value: Any) -> str:
+        """A fresh namespace name holding ``value`` (a type, a body)."""
+        name = self.namer.fresh(hint)
+        self.namespace[name] = value
+        return name
+
+    def compile(self, name: str, tag: str) -> Any:
+        return compile_source("\n".join(self.lines) + "\n", name, self.namespace, tag)
+
+
+def probe_outputs(body: Any, in_specs: Sequence[ArgSpec], name: str) -> tuple[list[ArgSpec], bool, Any]:
+    """Learn the result specs of an unannotated body by compiling it once.
+
+    Returns ``(specs, is_tuple, kernel)``; the kernel is returned so its
+    compile is counted.
+    """
+    src = _Source([])
+    recorder = _OutputRecorder()
+    fn, record = src.bind(name, body), src.bind("record", recorder)
+    params = [(src.namer.fresh(f"a{k}"), src.bind(f"T{k}", ti.types.ndarray(dtype=element_type(s), ndim=1)))
+              for k, s in enumerate(in_specs)]
+    kernel = src.namer.fresh(f"{name}__probe")
+    src.lines += ["@ti.kernel", f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}):",
+                  f"    {record}({fn}({', '.join(f'{p}[0]' for p, _ in params)}))"]
+    compiled = src.compile(kernel, "probe")
+    compiled(*[np.zeros((1,) + kernel_shape(s), s.dtype) for s in in_specs])
+    assert recorder.specs is not None
+    return recorder.specs, recorder.is_tuple, compiled
+
+
+class BatchKernel:
+    """A generated kernel evaluating ``body`` over a batch (see module docstring)."""
+
+    def __init__(self, body: Any, in_specs: Sequence[ArgSpec], out_specs: Sequence[ArgSpec], is_tuple: bool,
+                 name: str) -> None:
+        self.in_specs = list(in_specs)
+        self.out_specs = list(out_specs)
+        src = _Source([])
+        fn = src.bind(name, body)
+        n, i, r = (src.namer.fresh(h) for h in ("n", "i", "r"))
+        params, call = [f"{n}: ti.i32"], []
+        for k, spec in enumerate(self.in_specs):
+            a, s = src.namer.fresh(f"a{k}"), src.namer.fresh(f"s{k}")
+            params += [f"{a}: {src.bind(f'T{k}', ti.types.ndarray(dtype=element_type(spec), ndim=1))}", f"{s}: ti.i32"]
+            call.append(f"{a}[{i} * {s}]")
+        outs = []
+        for j, spec in enumerate(self.out_specs):
+            o = src.namer.fresh(f"o{j}")
+            params.append(f"{o}: {src.bind(f'U{j}', ti.types.ndarray(dtype=element_type(spec), ndim=1))}")
+            outs.append(o)
+        kernel = src.namer.fresh(f"{name}__batch")
+        src.lines += ["@ti.kernel", f"def {kernel}({', '.join(params)}):", f"    for {i} in range({n}):",
+                      f"        {r} = {fn}({', '.join(call)})"]
+        if is_tuple:
+            src.lines += [f"        {o}[{i}] = {r}[{j}]" for j, o in enumerate(outs)]
+        else:
+            src.lines += [f"        {outs[0]}[{i}] = {r}"]
+        self.kernel = src.compile(kernel, "batch")
+
+    def __call__(self, n: int, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Evaluate over ``n`` elements; ``inputs`` are ``(n or 1,) + core`` arrays."""
+        outputs = [np.empty((n,) + kernel_shape(s), s.dtype) for s in self.out_specs]
+        if n:
+            args: list[Any] = [n]
+            for a in inputs:
+                args += [a, 0 if a.shape[0] == 1 else 1]
+            self.kernel(*args, *outputs)
+        return [o.reshape((n,) + s.shape) for o, s in zip(outputs, self.out_specs, strict=True)]
+
+
+class ScalarKernel:
+    """One call of a scalar body on scalars, by value: a kernel returning the result.
+
+    A call with no batch dims pays for one plain launch instead of a
+    parallel loop over one-element arrays (NOTE: [Scalar calls] in ``_pointwise``).
+    """
+
+    def __init__(self, body: Any, in_specs: Sequence[ArgSpec], out_spec: ArgSpec, name: str) -> None:
+        self.out_spec = out_spec
+        src = _Source([])
+        fn = src.bind(name, body)
+        params = [(src.namer.fresh(f"a{k}"), src.bind(f"T{k}", s.ti_type())) for k, s in enumerate(in_specs)]
+        kernel = src.namer.fresh(f"{name}__one")
+        src.lines += ["@ti.kernel",
+                      f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}) -> {src.bind('R', out_spec.ti_type())}:",
+                      f"    return {fn}({', '.join(p for p, _ in params)})"]
+        self.kernel = src.compile(kernel, "one")
+
+    @staticmethod
+    def fits(in_specs: Sequence[ArgSpec], out_specs: Sequence[ArgSpec], is_tuple: bool) -> bool:
+        return not is_tuple and all(s.shape == () for s in list(in_specs) + list(out_specs))
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return [np.asarray(self.kernel(*[a.item() for a in inputs]), self.out_spec.dtype)]
+
+
+def flatten_batch(arrays: Sequence[np.ndarray], specs: Sequence[ArgSpec],
+                  batch_shape: tuple[int, ...]) -> tuple[int, list[np.ndarray]]:
+    """Arrays of shape ``(n_k,) + core`` for a kernel: batch dims flattened, broadcast kept cheap.
+
+    An argument whose batch dims are all 1 (or absent) is passed as one
+    element; one partly broadcast is expanded to the full batch.
+    """
+    n = int(np.prod(batch_shape, dtype=np.int64))
+    flat = []
+    for a, s in zip(arrays, specs, strict=True):
+        batch = a.shape[: a.ndim - len(s.shape)]
+        if int(np.prod(batch, dtype=np.int64)) == 1:
+            a = a.reshape((1,) + s.shape)
+        elif batch != batch_shape:
+            a = np.broadcast_to(a, batch_shape + s.shape).reshape((n,) + s.shape)
+        else:
+            a = a.reshape((n,) + s.shape)
+        flat.append(np.ascontiguousarray(a).reshape((a.shape[0],) + kernel_shape(s)))
+    return n, flat

@@ -1,0 +1,369 @@
+"""Functions without a body, made of calls of other functions' engines (field programs, ndarray kernels).
+
+A :class:`Composite` is a fixed list of calls ``g(args)`` whose arguments are
+the composite's inputs or constants (basis vectors), and outputs assembled
+from the calls' outputs (stacked as rows or columns of a Jacobian). Its
+protocol follows from the callees' alone:
+
+- ``evaluate`` runs the calls;
+- ``tangent`` is the composite of the calls' tangents, ``g.tangent()(args, dargs)``
+  with zero tangents for constants;
+- ``vjp`` sums each call's ``g.vjp`` onto the inputs it read.
+
+So transforms of a function without a body (its Jacobians, built here from
+its tangent and cotangent map) have a tangent and a vjp again, and every
+order comes from the kind's own ``evaluate``, ``vjp`` and ``tangent``.
+
+NOTE: [Cotangent map without a body] For ``V(x, c) = J(x)^T c`` of a function
+``f`` with tangent ``T(x, dx) = (f(x), J dx)``:
+
+- ``V`` itself is ``f.vjp``;
+- its tangent at ``(x, c)`` along ``(dx, dc)`` is ``(J^T c, J^T dc + sum_k c_k H_k dx)``:
+  exactly the cotangent map of ``T`` at ``(x, dx)`` with cotangents
+  ``(dc, c)`` on ``(y, dy)``, outputs swapped;
+- its vjp with cotangent ``r`` is ``sum_k c_k H_k r`` on ``x`` (the tangent of
+  ``V`` along ``(r, 0)``, Hessians being symmetric) and ``J r`` on ``c``
+  (the tangent of ``f`` along ``r``).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._arrays import Batch, is_tensor, torch_module
+from ._pointwise import cotangent_map
+from ._protocol import Function
+from ._signature import ArgSpec
+from ._tree import Tree
+
+
+@dataclass(frozen=True)
+class Const:
+    """A constant argument of a call (a basis vector, a zero)."""
+
+    value: np.ndarray
+
+
+@dataclass(frozen=True)
+class Call:
+    """``fn(*args)``: each argument an input index of the composite or a :class:`Const`."""
+
+    fn: Function
+    args: tuple[int | Const, ...]
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of a composite: call outputs ``parts`` (``(call, output)``) assembled.
+
+    ``stack`` is ``"one"`` (a single part), ``"rows"`` (stacked along a new
+    first axis: Jacobian rows, one per output component) or ``"columns"``
+    (along a new last axis: one per input component); then reshaped to ``spec.shape``.
+    """
+
+    parts: tuple[tuple[int, int], ...]
+    spec: ArgSpec
+    stack: str = "one"
+
+
+def _xp(values: Sequence[Any]) -> Any:
+    """The array module of ``values``: torch if any is a tensor, else NumPy."""
+    return torch_module() if any(is_tensor(v) for v in values) else np
+
+
+def _assemble(values: list[Any], output: Output) -> Any:
+    if output.stack == "one":
+        return values[0]
+    xp = _xp(values)
+    stacked = xp.stack(values, 0 if output.stack == "rows" else -1)
+    return stacked.reshape(output.spec.shape)
+
+
+def _split(cotangent: Any, output: Output, shapes: Sequence[tuple[int, ...]]) -> list[Any]:
+    """The cotangent of each part of an assembled output (the inverse of :func:`_assemble`)."""
+    if output.stack == "one":
+        return [cotangent]
+    n = len(output.parts)
+    if output.stack == "rows":
+        rows = cotangent.reshape((n,) + tuple(shapes[0]))
+        return [rows[k] for k in range(n)]
+    columns = cotangent.reshape(tuple(shapes[0]) + (n,))
+    return [columns[..., k] for k in range(n)]
+
+
+class Composite:
+    """Calls of other functions with outputs assembled from theirs (see the module docstring)."""
+
+    def __init__(self, in_specs: Sequence[ArgSpec], calls: Sequence[Call], outputs: Sequence[Output],
+                 tree: Tree) -> None:
+        self.in_specs = list(in_specs)
+        self.calls = list(calls)
+        self.outputs = list(outputs)
+        self.tree = tree
+        self._call_specs = [self._specs(c) for c in self.calls]
+        self._call_outs = [c.fn.signature(s)[0] for c, s in zip(self.calls, self._call_specs, strict=True)]
+
+    def _specs(self, call: Call) -> list[ArgSpec]:
+        declared = call.fn.declared_specs()
+        specs = []
+        for k, arg in enumerate(call.args):
+            if isinstance(arg, Const):
+                name = declared[k].name if declared is not None else f"c{k}"
+                specs.append(ArgSpec(name, arg.value.shape, arg.value.dtype))
+            else:
+                specs.append(self.in_specs[arg])
+        return specs
+
+    def signature(self) -> tuple[list[ArgSpec], Tree]:
+        return [o.spec for o in self.outputs], self.tree
+
+    def _call_batch(self, c: int, batch: Batch) -> Batch:
+        call = self.calls[c]
+        arrays = [arg.value if isinstance(arg, Const) else batch.arrays[arg] for arg in call.args]
+        return Batch(tuple(arrays), tuple(self._call_specs[c]), (), batch.device)
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        results = [call.fn.evaluate(self._call_batch(c, batch)) for c, call in enumerate(self.calls)]
+        return [_assemble([results[c][j] for c, j in o.parts], o) for o in self.outputs]
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        per_call: list[list[Any]] = [[None] * len(outs) for outs in self._call_outs]
+        for output, ct in zip(self.outputs, cotangents, strict=True):
+            if ct is None:
+                continue
+            shapes = [self._call_outs[c][j].shape for c, j in output.parts]
+            for (c, j), part in zip(output.parts, _split(ct, output, shapes), strict=True):
+                per_call[c][j] = part if per_call[c][j] is None else per_call[c][j] + part
+        grads: list[Any] = [None] * len(self.in_specs)
+        for c, call in enumerate(self.calls):
+            if all(ct is None for ct in per_call[c]):
+                continue
+            for arg, g in zip(call.args, call.fn.vjp(self._call_batch(c, batch), per_call[c]), strict=True):
+                if g is not None and not isinstance(arg, Const):
+                    grads[arg] = g if grads[arg] is None else grads[arg] + g
+        return [(np.zeros(s.shape, s.dtype) if g is None else g) if s.is_float else None
+                for g, s in zip(grads, self.in_specs, strict=True)]
+
+    def tangent(self) -> Composite:
+        """``(x..., dx...) -> (outputs..., their tangents...)``: each call replaced by its tangent's."""
+        floats = [k for k, s in enumerate(self.in_specs) if s.is_float]
+        in_specs = self.in_specs + [ArgSpec("d" + self.in_specs[k].name, self.in_specs[k].shape,
+                                            self.in_specs[k].dtype) for k in floats]
+        tangent_of = {k: len(self.in_specs) + r for r, k in enumerate(floats)}
+        calls = []
+        for call, specs in zip(self.calls, self._call_specs, strict=True):
+            dargs: list[int | Const] = []
+            for arg, spec in zip(call.args, specs, strict=True):
+                if not spec.is_float:
+                    continue
+                if isinstance(arg, Const) or arg not in tangent_of:
+                    dargs.append(Const(np.zeros(spec.shape, spec.dtype)))
+                else:
+                    dargs.append(tangent_of[arg])
+            calls.append(Call(call.fn.tangent(), tuple(call.args) + tuple(dargs)))
+        m = len(self.outputs)
+        outputs = list(self.outputs) + [
+            Output(tuple((c, len(self._call_outs[c]) + j) for c, j in o.parts),
+                   ArgSpec("d" + o.spec.name, o.spec.shape, o.spec.dtype), o.stack)
+            for o in self.outputs
+        ]
+        return Composite(in_specs, calls, outputs, tuple(range(2 * m)))
+
+
+class Composed(Function):
+    """A function that is a :class:`Composite` for each input specs: the protocol follows from it."""
+
+    def composite(self, specs: Sequence[ArgSpec]) -> Composite:
+        return self.memo.get(("composite", tuple(specs)), lambda: self.make_composite(list(specs)))
+
+    def make_composite(self, specs: list[ArgSpec]) -> Composite:
+        raise NotImplementedError
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        return self.composite(in_specs).signature()
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        return self.composite(batch.specs).evaluate(batch)
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        return self.composite(batch.specs).vjp(batch, cotangents)
+
+    def tangent(self) -> Function:
+        if "tangent" not in self.derived:
+            self.derived["tangent"] = ComposedTangent(self)
+        return self.derived["tangent"]
+
+
+class Derived(Function):
+    """A function made from a ``parent``, taking the parent's primals first: the parent reads them."""
+
+    def __init__(self, name: str, parent: Function, *, listed: bool = True) -> None:
+        super().__init__(name, listed=listed)
+        self.parent = parent
+
+    def arity(self) -> int:
+        """How many of a call's arguments are the parent's primals."""
+        declared = self.parent.declared_specs()
+        return len(declared) if declared is not None else len(self.parent.param_names())
+
+    def specs_of(self, primal: list[ArgSpec]) -> list[ArgSpec]:
+        """All input specs, from the parent's primal specs."""
+        raise NotImplementedError
+
+    def declared_specs(self) -> list[ArgSpec] | None:
+        primal = self.parent.declared_specs()
+        return None if primal is None else self.specs_of(list(primal))
+
+    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
+        return self.specs_of(self.parent.specs_for(args[: self.arity()]))
+
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        """The parent reads its primals (fixed shapes, tensors where it takes them); the rest follow their specs."""
+        n = self.arity()
+        inner = self.parent.read(args[:n], call or self.name)
+        specs = self.specs_of(list(inner.specs))
+        if len(args) != len(specs):
+            raise TypeError(f"{call or self.name}: expected {len(specs)} arguments, got {len(args)}")
+        rest = [like(a, s, inner) for a, s in zip(args[n:], specs[n:], strict=True)]
+        return Batch(inner.arrays + tuple(rest), tuple(specs), (), inner.device)
+
+
+def like(value: Any, spec: ArgSpec, inner: Batch) -> Any:
+    """An extra argument (tangent, cotangent) as the parent's arrays are: a tensor beside tensors."""
+    if value is None:
+        value = np.zeros(spec.shape, spec.dtype)
+    if any(is_tensor(a) for a in inner.arrays):
+        torch = torch_module()
+        t = value if is_tensor(value) else torch.as_tensor(np.asarray(value))
+        device = next(a.device for a in inner.arrays if is_tensor(a))
+        return t.detach().to(device=device, dtype=getattr(torch, spec.dtype.name)).expand(spec.shape)
+    if is_tensor(value):
+        value = value.detach().cpu().numpy()
+    return np.broadcast_to(np.asarray(value, spec.dtype), spec.shape)
+
+
+def _tangent_specs(specs: Sequence[ArgSpec]) -> list[ArgSpec]:
+    """``specs``, then one tangent spec (same shape and dtype) per float spec."""
+    return list(specs) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in specs if s.is_float]
+
+
+class ComposedTangent(Derived, Composed):
+    """The tangent of a :class:`Composed` function: its composite's tangent, for each input specs."""
+
+    def __init__(self, parent: Composed) -> None:
+        super().__init__(f"jvp({parent.name})", parent, listed=False)
+
+    def param_names(self) -> list[str]:
+        return self.parent.param_names() + [f"d{n}" for n in self.parent.param_names()]
+
+    def specs_of(self, primal: list[ArgSpec]) -> list[ArgSpec]:
+        return _tangent_specs(primal)
+
+    def make_composite(self, specs: list[ArgSpec]) -> Composite:
+        assert isinstance(self.parent, Composed)
+        return self.parent.composite(specs[: self.arity()]).tangent()
+
+
+class CotangentMap(Derived):
+    """``vjp_fn(f)`` of a function without a body: ``(x..., c...) -> J^T c`` (NOTE: [Cotangent map without a body])."""
+
+    def __init__(self, parent: Function) -> None:
+        super().__init__(f"vjp_fn({parent.name})", parent)
+
+    def param_names(self) -> list[str]:
+        return self.parent.param_names() + ["cotangents"]
+
+    def specs_of(self, primal: list[ArgSpec]) -> list[ArgSpec]:
+        outs, _ = self.parent.signature(primal)
+        return list(primal) + [ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in outs]
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        outs = [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in in_specs[: self.arity()] if s.is_float]
+        return outs, tuple(range(len(outs)))
+
+    def split(self, batch: Batch) -> tuple[Batch, list[Any]]:
+        """The parent's primals as a batch of their own, and the cotangents."""
+        n = self.arity()
+        return Batch(batch.arrays[:n], batch.specs[:n], (), batch.device), list(batch.arrays[n:])
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        inner, cts = self.split(batch)
+        grads = self.parent.vjp(inner, cts)
+        return [g for g, s in zip(grads, inner.specs, strict=True) if s.is_float]
+
+    def tangent(self) -> Function:
+        if "tangent" not in self.derived:
+            self.derived["tangent"] = CotangentMapTangent(self)
+        return self.derived["tangent"]
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        """On ``x``: ``sum_k c_k H_k r``, the tangent along ``(r, 0)``; on ``c``: ``J r`` (NOTE above)."""
+        inner, _ = self.split(batch)
+        floats = [k for k, s in enumerate(inner.specs) if s.is_float]
+        r = [np.zeros(inner.specs[k].shape, inner.specs[k].dtype) if c is None else c
+             for k, c in zip(floats, cotangents, strict=True)]
+        tangent = self.tangent()
+        specs = _tangent_specs(batch.specs)
+        extra = r + [None] * (len(specs) - len(batch.specs) - len(r))  # dc = 0
+        on_x = iter(tangent.evaluate(Batch(
+            batch.arrays + tuple(like(v, s, inner) for v, s in zip(extra, specs[len(batch.specs):], strict=True)),
+            tuple(specs), (), batch.device))[len(floats):])
+        T = self.parent.tangent()
+        t_specs = _tangent_specs(inner.specs)
+        t_outs = T.evaluate(Batch(
+            inner.arrays + tuple(like(v, s, inner) for v, s in zip(r, t_specs[len(inner.specs):], strict=True)),
+            tuple(t_specs), (), batch.device))
+        m = len(t_outs) // 2
+        on_c = [t_outs[m + j] if s.is_float else None for j, s in enumerate(batch.specs[len(inner.specs):])]
+        return [next(on_x) if s.is_float else None for s in inner.specs] + on_c
+
+
+class CotangentMapTangent(Derived, Composed):
+    """The tangent of ``V = vjp_fn(f)``: ``(x, c, dx, dc) -> (J^T c, J^T dc + sum_k c_k H_k dx)``.
+
+    One call of the cotangent map of ``f``'s tangent (NOTE: [Cotangent map without a body]).
+    """
+
+    def __init__(self, vjp_map: CotangentMap) -> None:
+        super().__init__(f"jvp({vjp_map.name})", vjp_map.parent, listed=False)
+        self.vjp_map = vjp_map
+
+    def param_names(self) -> list[str]:
+        names = self.vjp_map.param_names()
+        return names + [f"d{n}" for n in names]
+
+    def specs_of(self, primal: list[ArgSpec]) -> list[ArgSpec]:
+        return _tangent_specs(self.vjp_map.specs_of(primal))
+
+    def make_composite(self, specs: list[ArgSpec]) -> Composite:
+        n = self.arity()
+        primal = specs[:n]
+        m = len(self.vjp_map.specs_of(primal)) - n
+        cts = specs[n:n + m]
+        floats = [k for k, s in enumerate(primal) if s.is_float]
+        float_cts = [j for j, s in enumerate(cts) if s.is_float]
+        k = len(floats)
+        # the tangent's inputs: x (n), c (m), then dx for each float x, dc for each float c
+        dx = [n + m + r for r in range(k)]
+        dc = {j: n + m + k + r for r, j in enumerate(float_cts)}
+        c_y = [dc[j] if j in dc else Const(np.zeros(cts[j].shape, cts[j].dtype)) for j in range(m)]
+        c_dy = [n + j for j in range(m)]
+        # the cotangent map of T(x, dx) at cotangents (c_y, c_dy) on (y, dy): (gx..., gdx...)
+        call = Call(cotangent_map_of(self.parent.tangent()), tuple(range(n)) + tuple(dx) + tuple(c_y) + tuple(c_dy))
+        outputs = [Output(((0, k + r),), ArgSpec(f"ct_{primal[i].name}", primal[i].shape, primal[i].dtype))
+                   for r, i in enumerate(floats)]
+        outputs += [Output(((0, r),), ArgSpec(f"dct_{primal[i].name}", primal[i].shape, primal[i].dtype))
+                    for r, i in enumerate(floats)]
+        return Composite(specs, [call], outputs, tuple(range(2 * k)))
+
+
+def cotangent_map_of(fn: Function) -> Function:
+    """``vjp_fn(f)`` as a Function, made once: pointwise for a pointwise ``f``, else a :class:`CotangentMap`."""
+    if fn.pointwise:
+        return cotangent_map(fn)  # type: ignore[arg-type]
+    if "cotangent map" not in fn.derived:
+        fn.derived["cotangent map"] = CotangentMap(fn)
+    return fn.derived["cotangent map"]

@@ -1,0 +1,322 @@
+"""Calls of tidiff Functions inside ``@ti.func`` code that tidiff differentiates again.
+
+A ``@ti.func`` may call a transform: ``td.grad(E)(x, 2.0).norm_sqr()``, a name
+bound to one, or ``td.jvp(E, (x, s), (t, 0.0))``. The source transforms
+(``_tangent``, ``_adjoint``) resolve such a callee while they run and call
+through it (``CALLABLE_TYPES``, ``CALLABLE_OBJECTS`` in ``_tangent/rules.py``).
+
+NOTE: [Calls through Functions] Every such callee is a :class:`Call`: it
+evaluates a Function ``G`` (``function``) at its arguments laid out for ``G``
+(``expand``: each of ``G``'s arguments with where it comes from, one of the
+call's own arguments or a constant zero) and shapes ``G``'s flat outputs as
+the call returns them (``pack``). A Function called by name is the
+identity call. The tangent of a call is a call of ``G.tangent()``
+(:class:`TangentOf`), its reverse a call of ``G``'s value and cotangent map
+(:class:`ReverseOf`); both are calls again, so a function calling
+``td.grad(E)`` is differentiated to any order. The generated code calls
+these objects, which Taichi calls while it compiles, with the Taichi
+values; they pick the bodies for those values and inline them.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import taichi as ti
+
+from . import _api
+from ._adjoint.transform import NotReversible
+from ._pointwise import value_and_cotangents
+from ._protocol import Function, as_function, taichi_callable
+from ._tangent.rules import CALLABLE_OBJECTS, CALLABLE_TYPES
+from ._tree import Tree, unflatten
+
+Source = int | tuple[int, int] | None
+"""Where one of ``G``'s arguments comes from: argument ``k`` of the call, entry ``j`` of its tuple
+argument ``k``, or nowhere (a constant zero)."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    value: Any
+    source: Source
+
+
+def _zero_of(value: Any) -> Any:
+    """A zero of a Taichi value's type (a tangent or cotangent that is not given)."""
+    return ti.zero(value) if hasattr(value, "ptr") else 0.0
+
+
+def _flat(value: Any, tree: Tree) -> list[Any]:
+    """The leaves of ``value``, structured as ``tree``, in order."""
+    if isinstance(tree, tuple):
+        return [v for t, sub in zip(tree, value, strict=True) for v in _flat(sub, t)]
+    return [value]
+
+
+def _body(fn: Function, args: Sequence[Any]) -> Any:
+    body = fn.body_for(fn.specs_for(args))
+    if body is None:
+        raise TypeError(f"{fn.name} cannot be called inside a @ti.func that is differentiated: it has no @ti.func body")
+    return body
+
+
+def _pick(args: Sequence[Any], source: Source) -> Any:
+    if isinstance(source, tuple):
+        return args[source[0]][source[1]]
+    assert source is not None
+    return args[source]
+
+
+class Call:
+    """An object generated code calls: a Function ``G`` at rearranged arguments (NOTE: [Calls through Functions])."""
+
+    _tidiff_lane_cost = 64  # unknown until Taichi compiles it: a moderate guess keeps widening in bounds
+
+    def __init__(self) -> None:
+        taichi_callable(self)
+        self.derived: dict[Any, Call] = {}
+
+    def function(self, args: Sequence[Any]) -> Function:
+        raise NotImplementedError
+
+    def expand(self, args: Sequence[Any]) -> list[Piece]:
+        raise NotImplementedError
+
+    def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
+        """The flat outputs of ``G`` a value shaped like the call's result stands for (for cotangents)."""
+        raise NotImplementedError
+
+    def tree(self, args: Sequence[Any]) -> Tree:
+        G = self.function(args)
+        values = [p.value for p in self.expand(args)]
+        return G.signature(G.specs_for(values))[1]
+
+    def __call__(self, *args: Any) -> Any:
+        G = self.function(args)
+        values = [p.value for p in self.expand(args)]
+        return self.pack(list(_as_flat(_body(G, values)(*values), self.tree(args))), args)
+
+    def tangent(self, active: tuple[bool, ...], width: int) -> TangentOf:
+        key = ("tangent", active, width)
+        if key not in self.derived:
+            self.derived[key] = TangentOf(self, active, width)
+        return self.derived[key]  # type: ignore[return-value]
+
+    def reverse(self, active: tuple[bool, ...], n_outputs: int) -> ReverseOf:
+        key = ("reverse", active, n_outputs)
+        if key not in self.derived:
+            self.derived[key] = ReverseOf(self, active, n_outputs)
+        return self.derived[key]  # type: ignore[return-value]
+
+
+def _as_flat(result: Any, tree: Tree) -> list[Any]:
+    """A body's result as the flat list of outputs (a single output comes back bare)."""
+    return list(result) if isinstance(tree, tuple) else [result]
+
+
+class IdentityCall(Call):
+    """A Function called by name: ``F(args)``."""
+
+    def __init__(self, fn: Function) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def function(self, args: Sequence[Any]) -> Function:
+        return self.fn
+
+    def expand(self, args: Sequence[Any]) -> list[Piece]:
+        return [Piece(a, k) for k, a in enumerate(args)]
+
+    def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
+        return unflatten(self.tree(args), list(flat))
+
+    def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
+        return _flat(value, self.tree(args))
+
+
+class TangentOf(Call):
+    """The tangent of a call: ``(args..., tangents of the active ones, lane by lane) -> (out, dout_0, ...)``."""
+
+    def __init__(self, call: Call, active: tuple[bool, ...], width: int) -> None:
+        super().__init__()
+        self.call, self.active, self.width = call, active, width
+
+    def _split(self, args: Sequence[Any]) -> tuple[list[Any], list[list[Any]]]:
+        n = len(self.active)
+        k = sum(self.active)
+        return list(args[:n]), [list(args[n + lane * k: n + (lane + 1) * k]) for lane in range(self.width)]
+
+    def function(self, args: Sequence[Any]) -> Function:
+        return self.call.function(args[: len(self.active)]).tangent()
+
+    def _tangent_pieces(self, pieces: list[Piece], G: Function, lane: int) -> list[Piece]:
+        """The tangent of each float argument of ``G``: the given one where its source is active, else zero."""
+        n = len(self.active)
+        rank = {k: r for r, k in enumerate(i for i, a in enumerate(self.active) if a)}
+        specs = G.specs_for([p.value for p in pieces])
+        out = []
+        for p, s in zip(pieces, specs, strict=True):
+            if not s.is_float:
+                continue
+            k = p.source[0] if isinstance(p.source, tuple) else p.source
+            if k is None or not self.active[k]:
+                out.append(Piece(_zero_of(p.value), None))
+                continue
+            position = n + lane * len(rank) + rank[k]
+            out.append(Piece(None, (position, p.source[1]) if isinstance(p.source, tuple) else position))
+        return out
+
+    def expand(self, args: Sequence[Any]) -> list[Piece]:
+        if self.width != 1:
+            raise NotImplementedError("a widened tangent call is not differentiated again")
+        primal, _ = self._split(args)
+        pieces = self.call.expand(primal)
+        tangents = self._tangent_pieces(pieces, self.call.function(primal), 0)
+        return pieces + [Piece(_pick(args, t.source) if t.source is not None else t.value, t.source) for t in tangents]
+
+    def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
+        primal, _ = self._split(args)
+        m = len(flat) // 2
+        return self.call.pack(flat[:m], primal), self.call.pack(flat[m:], primal)
+
+    def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
+        primal, _ = self._split(args)
+        return self.call.unpack(value[0], primal) + self.call.unpack(value[1], primal)
+
+    def __call__(self, *args: Any) -> Any:
+        primal, _ = self._split(args)
+        G = self.call.function(primal)
+        pieces = self.call.expand(primal)
+        values = [p.value for p in pieces]
+        T = G.tangent()
+        out, douts = None, []
+        for lane in range(self.width):
+            tangents = [_pick(args, t.source) if t.source is not None else t.value
+                        for t in self._tangent_pieces(pieces, G, lane)]
+            flat = list(_body(T, values + tangents)(*values, *tangents))  # (y..., dy...)
+            m = len(flat) // 2
+            out = self.call.pack(flat[:m], primal)
+            douts.append(self.call.pack(flat[m:], primal))
+        return (out, *douts)
+
+
+class ReverseOf(Call):
+    """The reverse of a call: ``(args..., one cotangent per output) -> (out, cotangent of each active argument...)``."""
+
+    def __init__(self, call: Call, active: tuple[bool, ...], n_outputs: int) -> None:
+        super().__init__()
+        self.call, self.active, self.n_outputs = call, active, n_outputs
+
+    def _split(self, args: Sequence[Any]) -> tuple[list[Any], Any]:
+        n = len(self.active)
+        cts = list(args[n:])
+        return list(args[:n]), cts[0] if self.n_outputs == 1 else tuple(cts)
+
+    def function(self, args: Sequence[Any]) -> Function:
+        return value_and_cotangents(self.call.function(args[: len(self.active)]))
+
+    def expand(self, args: Sequence[Any]) -> list[Piece]:
+        primal, cts = self._split(args)
+        n = len(self.active)
+        pieces = self.call.expand(primal)
+        flat_cts = self.call.unpack(cts, primal)
+        if self.n_outputs == 1:
+            return pieces + [Piece(c, n) for c in flat_cts]
+        return pieces + [Piece(c, n + j) for j, c in enumerate(flat_cts)]  # one cotangent per output
+
+    def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
+        primal, _ = self._split(args)
+        G = self.call.function(primal)
+        pieces = self.call.expand(primal)
+        outs, _ = G.signature(G.specs_for([p.value for p in pieces]))
+        value = self.call.pack(flat[: len(outs)], primal)
+        grads = iter(flat[len(outs):])
+        by_source: dict[Source, Any] = {}
+        for p, s in zip(pieces, G.specs_for([p.value for p in pieces]), strict=True):
+            if s.is_float:
+                g = next(grads)
+                if p.source is not None:
+                    if isinstance(p.source, tuple):
+                        raise NotReversible("a call with tuple arguments")
+                    by_source[p.source] = g
+        return (value, *[by_source.get(k, _zero_of(a)) for k, (a, on) in enumerate(zip(primal, self.active,
+                                                                                      strict=True)) if on])
+
+    def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
+        raise NotReversible("the reverse of a reverse call inside generated code")
+
+
+class JvpCall(Call):
+    """A call ``td.jvp(F, primals, tangents)``: the Function ``F.tangent()`` at ``(primals, float tangents)``."""
+
+    def function(self, args: Sequence[Any]) -> Function:
+        return as_function(args[0], "td.jvp").tangent()
+
+    def expand(self, args: Sequence[Any]) -> list[Piece]:
+        fn = as_function(args[0], "td.jvp")
+        primals, tangents = list(args[1]), list(args[2])
+        specs = fn.specs_for(primals)
+        return ([Piece(p, (1, i)) for i, p in enumerate(primals)]
+                + [Piece(tangents[i], (2, i)) for i, s in enumerate(specs) if s.is_float])
+
+    def _tree(self, args: Sequence[Any]) -> Tree:
+        fn = as_function(args[0], "td.jvp")
+        return fn.signature(fn.specs_for(list(args[1])))[1]
+
+    def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
+        m = len(flat) // 2
+        tree = self._tree(args)
+        return unflatten(tree, list(flat[:m])), unflatten(tree, list(flat[m:]))
+
+    def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
+        tree = self._tree(args)
+        return _flat(value[0], tree) + _flat(value[1], tree)
+
+    def reverse(self, active: tuple[bool, ...], n_outputs: int) -> ReverseOf:
+        raise NotReversible("a call of td.jvp (tuple arguments): forward pushes take it")
+
+
+class _Rule:
+    """How the source transforms call through a callee (``CALLABLE_TYPES``, ``CALLABLE_OBJECTS``)."""
+
+    def __init__(self, call_of: Any) -> None:
+        self.call_of = call_of
+
+    def tangent(self, callee: Any, active: tuple[bool, ...], width: int) -> Call:
+        return self.call_of(callee).tangent(active, width)
+
+    def reverse(self, callee: Any, active: tuple[bool, ...], n_outputs: int) -> Call:
+        return self.call_of(callee).reverse(active, n_outputs)
+
+    @staticmethod
+    def outputs(callee: Any) -> int:
+        """How many values a call returns (the top of its output tree), where that is known before Taichi compiles."""
+        if isinstance(callee, Function):
+            specs = callee.declared_specs()
+            if specs is None:
+                return 1
+            tree = callee.signature(specs)[1]
+            return len(tree) if isinstance(tree, tuple) else 1
+        if isinstance(callee, (TangentOf, JvpCall)):
+            return 2
+        if isinstance(callee, ReverseOf):
+            return 1 + sum(callee.active)
+        return 1
+
+
+def identity_call(fn: Function) -> IdentityCall:
+    if "identity call" not in fn.derived:
+        fn.derived["identity call"] = IdentityCall(fn)  # type: ignore[assignment]
+    return fn.derived["identity call"]  # type: ignore[return-value]
+
+
+_JVP_CALL = JvpCall()
+CALLABLE_TYPES[Function] = _Rule(identity_call)
+CALLABLE_TYPES[Call] = _Rule(lambda call: call)
+CALLABLE_OBJECTS[_api.jvp] = _Rule(lambda _: _JVP_CALL)
+__all__ = ["Call", "IdentityCall", "JvpCall", "ReverseOf", "TangentOf"]

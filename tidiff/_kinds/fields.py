@@ -1,0 +1,141 @@
+"""Kind 1b: a kernel, or a Python function launching kernels, over global fields (API.md 1b).
+
+The engine is ``_fields.FieldProgram`` (twins of the fields, recorded
+launches and replayed adjoints, the tangent program); this module gives it
+the protocol:
+
+- ``evaluate`` runs the program on its twins;
+- ``vjp`` replays the adjoints of the recorded launches (as ``ti.ad.Tape``);
+- ``tangent()`` is the *tangent program* (NOTE: [Tangent program] in
+  ``_fields/tangent.py``) as a field function again: every kernel replaced by
+  tidiff's tangent transform of it, so forward mode is exact where Taichi's
+  ``FwdMode`` is not (an output overwritten by several kernels, ``ti.floor``,
+  a norm of a constant zero vector), and its vjp is second order.
+
+Field programs have fixed shapes: they take no batch dims.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._arrays import Batch, contiguous
+from .._cache import uses
+from .._errors import describe_shape
+from .._fields import FieldProgram
+from .._protocol import Function, register_kind
+from .._signature import ArgSpec
+from .._tree import Tree, flat_tree
+
+
+class FieldFunction(Function):
+    """A program over fields with declared inputs and outputs, as a Function."""
+
+    def __init__(self, program: FieldProgram, name: str, *, listed: bool = True) -> None:
+        super().__init__(name, listed=listed)
+        self.program = program
+        self._counter.add(program)
+        self._in = [ArgSpec(*s) for s in program.in_specs]
+        self._out = [ArgSpec(*s) for s in program.out_specs]
+
+    def param_names(self) -> list[str]:
+        return [s.name for s in self._in]
+
+    def declared_specs(self) -> list[ArgSpec]:
+        return list(self._in)
+
+    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
+        return list(self._in)  # a field's dtype is its own, whatever the argument's
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        return list(self._out), flat_tree(len(self._out), len(self._out) == 1)
+
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        """Arrays of exactly the fields' shapes (no batch dims), in the fields' dtypes."""
+        call = call or self.name
+        if len(args) == len(self._in):
+            for value, spec in zip(args, self._in, strict=True):
+                if value is None:
+                    raise TypeError(f"{call}: argument {spec.name!r} (a field): expected an array, got None")
+                shape = tuple(np.shape(value)) if not isinstance(value, str) else None
+                if shape is not None and shape != spec.shape and shape != ():
+                    extra = " (a field program takes no batch dims)" if shape[-len(spec.shape):] == spec.shape \
+                        or not spec.shape else ""
+                    raise ValueError(f"{call}: argument {spec.name!r} (a field): expected {describe_shape(spec.shape)},"
+                                     f" got {describe_shape(shape)}{extra}")
+        batch = super().read(args, call)
+        arrays = tuple(contiguous(np.broadcast_to(a, s.shape)) for a, s in zip(batch.arrays, self._in, strict=True))
+        return Batch(arrays, batch.specs, (), batch.device)
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        uses(self.program)
+        return list(self.program.primal(batch.arrays))
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        uses(self.program)
+        cts = [None if c is None else contiguous(np.broadcast_to(np.asarray(c), s.shape))
+               for c, s in zip(cotangents, self._out, strict=True)]
+        _, grads = self.program.vjp(batch.arrays, cts)
+        return list(grads)
+
+    def tangent(self) -> Function:
+        if "tangent" not in self.derived:
+            self.derived["tangent"] = FieldTangent(self)
+        return self.derived["tangent"]
+
+
+class FieldTangent(FieldFunction):
+    """``(x..., dx for each float x...) -> (y..., dy for each y...)``: the tangent program as a field function.
+
+    The tangent program has a tangent output for each *float* output; an
+    integer output's tangent is zeros.
+    """
+
+    def __init__(self, parent: FieldFunction) -> None:
+        super().__init__(parent.program.tangent(), f"jvp({parent.name})", listed=False)
+        self.parent = parent
+        self._primal_out = list(parent._out)
+        self._out = self._primal_out + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in self._primal_out]
+
+    def _float_outputs(self) -> list[int]:
+        return [o for o, s in enumerate(self._primal_out) if s.is_float]
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        uses(self.program)
+        outs = list(self.program.primal(batch.arrays))
+        m = len(self._primal_out)
+        tangents = iter(outs[m:])
+        return outs[:m] + [next(tangents) if s.is_float else np.zeros(s.shape, s.dtype) for s in self._primal_out]
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        m = len(self._primal_out)
+        kept = list(cotangents[:m]) + [cotangents[m + o] for o in self._float_outputs()]
+        uses(self.program)
+        cts = [None if c is None else contiguous(np.broadcast_to(np.asarray(c), s.shape))
+               for c, s in zip(kept, self.program.out_specs, strict=True)]
+        _, grads = self.program.vjp(batch.arrays, cts)
+        return list(grads)
+
+
+def _accepts(f: Any, options: dict[str, Any]) -> bool:
+    return callable(f)
+
+
+def _make(f: Any, *, inputs: Any = None, outputs: Any = None, signature: Any = None, name: str | None = None,
+          constants: Any = None) -> FieldFunction:
+    fn_name = getattr(f, "__name__", type(f).__name__)
+    if inputs is None or outputs is None:
+        raise TypeError(
+            f"td.function: {fn_name!r} is a kernel or Python program; declare the fields it reads and "
+            "writes: td.function(f, inputs=[...], outputs=[...])"
+        )
+    if signature is not None:
+        raise TypeError("td.function: signature= is for @ti.func; a field program's shapes come from its fields")
+    if constants is not None:
+        raise TypeError("td.function: constants= is for kernels over ndarrays (inputs named by parameter)")
+    return FieldFunction(FieldProgram(f, inputs=inputs, outputs=outputs), name or fn_name)
+
+
+register_kind("field program", _accepts, _make)

@@ -1,0 +1,406 @@
+"""Kind 1c: kernels over ``ti.types.ndarray()`` parameters (API.md 1c).
+
+An ndarray kernel writes its results into output arrays it is given::
+
+    @ti.kernel
+    def conv(k: ti.types.ndarray(), w: ti.types.ndarray(), out: ti.types.ndarray(), eps: ti.f64):
+        ...
+
+    op = td.function(conv, inputs=["k", "w"], outputs={"out": lambda k, w: k.shape},
+                     constants={"eps": 1e-3})
+
+The engines run the kernel on the arrays themselves: a torch tensor (or a
+NumPy array, seen through a zero-copy torch view) reaches the kernel without
+a copy, and Taichi compiles the kernel once per dtype and ndim, never per shape.
+
+- ``evaluate``: outputs are allocated (zeroed, so ``+=`` accumulates from 0)
+  and the kernel launched once;
+- ``vjp``: Taichi's ``kernel.grad`` on the tensors (NOTE: [Gradient aliases]);
+- ``tangent()``: the kernel's tangent transform (``_ndarray_kernels``), an
+  ndarray kernel again (:class:`NdarrayTangent`): its vjp is Taichi's reverse
+  mode over the tangent kernel, which is second order, and its own tangent
+  is the tangent kernel of the tangent kernel.
+
+NOTE: [Gradient aliases] Taichi reads ``y.grad`` and accumulates into
+``x.grad`` of the very tensor objects it is given, and allocates ``.grad``
+for any ``requires_grad`` tensor it sees, even under ``torch.no_grad``
+(taichi #8340). The engines therefore never hand the caller's tensors to
+Taichi: they pass ``t.detach()``, a new tensor object over the same memory,
+whose ``.grad`` slot is tidiff's own. The forward launch gets aliases that
+do not require grad; the reverse launch gets aliases with fresh zeroed
+``.grad`` buffers (and a *copy* of each cotangent, which the adjoint zeroes
+as it reads it). The caller's ``.grad`` is never touched, so a torch
+backward that returns these gradients counts them exactly once (the trap of
+taichi #8101 is a backward that lets Taichi write ``x.grad`` *and* returns it).
+
+NOTE: [Differentiating ndarray inputs] ``ti.types.ndarray(needs_grad=False)``
+on an input is Taichi's way of saying "no gradient here"; tidiff gives that
+input zero derivatives in every mode (``vjp`` and ``jvp`` alike), as if the
+argument were integer-valued.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._arrays import Batch, is_tensor, to_numpy
+from .._cache import uses
+from .._ndarray_kernels import tangent_kernel
+from .._protocol import Function, register_kind
+from .._signature import ArgSpec
+from .._tangent.parse import kernel_function
+from .._tree import Tree, flat_tree
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+class _ArrayInfo:
+    """What an output-shape rule sees of one input: ``.shape``, ``.ndim``, ``.dtype``."""
+
+    def __init__(self, spec: ArgSpec) -> None:
+        self.shape = tuple(spec.shape)
+        self.ndim = len(self.shape)
+        self.dtype = spec.dtype
+
+    def __repr__(self) -> str:
+        return f"<array shape={self.shape} dtype={self.dtype}>"
+
+
+def _annotation(kernel: Any, name: str) -> Any:
+    return inspect.signature(kernel_function(kernel)).parameters[name].annotation
+
+
+def _is_ndarray_annotation(ann: Any) -> bool:
+    from taichi.types.ndarray_type import NdarrayType
+
+    return isinstance(ann, NdarrayType)
+
+
+def _annotation_dtype(ann: Any) -> np.dtype | None:
+    """The NumPy dtype an ``ndarray(dtype=...)`` annotation fixes (scalar elements), or None."""
+    from taichi.lang.util import to_numpy_type
+
+    dtype = getattr(ann, "dtype", None)
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(to_numpy_type(dtype))
+    except Exception:  # vector/matrix element types: the array's own dtype decides
+        return None
+
+
+def numpy_dtype(dtype: Any) -> np.dtype:
+    if isinstance(dtype, np.dtype):
+        return dtype
+    torch = _torch()
+    if isinstance(dtype, torch.dtype):
+        return np.dtype(str(dtype).replace("torch.", ""))
+    return np.dtype(dtype)
+
+
+def torch_dtype(dtype: Any) -> Any:
+    return getattr(_torch(), np.dtype(dtype).name)
+
+
+def as_tensor(a: Any) -> Any:
+    """A torch view of ``a`` (no copy for contiguous, writable arrays and for tensors)."""
+    torch = _torch()
+    if isinstance(a, torch.Tensor):
+        return a.detach() if a.is_contiguous() else a.detach().contiguous()
+    a = np.asarray(a)
+    if not (a.flags.c_contiguous and a.flags.writeable):
+        a = np.array(a, order="C")
+    return torch.from_numpy(a)
+
+
+def fresh(value: Any, spec: ArgSpec, device: Any) -> Any:
+    """A new contiguous tensor holding ``value`` (Taichi's adjoints zero the buffers they read)."""
+    torch = _torch()
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to(device=device, dtype=torch_dtype(spec.dtype))
+        t = t.expand(spec.shape) if tuple(t.shape) != tuple(spec.shape) else t
+        return t.clone(memory_format=torch.contiguous_format)
+    return torch.tensor(np.broadcast_to(np.asarray(value, spec.dtype), spec.shape), device=device)
+
+
+def zeros(spec: ArgSpec, device: Any) -> Any:
+    return _torch().zeros(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+
+
+ShapeRule = Callable[..., Any] | tuple[int, ...]
+
+
+class NdarrayFunction(Function):
+    """A ``@ti.kernel`` over ndarray parameters with named inputs and outputs (API.md 1c).
+
+    Arguments are the ``inputs`` in order, each a whole array (no batch dims:
+    the kernel sees the array's full shape). Results are the ``outputs``.
+    """
+
+    native_tensors = True  # evaluate/vjp take tensors (any device) as they are, NumPy as NumPy
+
+    def __init__(self, kernel: Any, inputs: Sequence[str], outputs: dict[str, ShapeRule],
+                 constants: dict[str, Any] | None = None, name: str | None = None, *, listed: bool = True,
+                 frozen: Sequence[bool] | None = None, zeroed: Sequence[bool] | None = None) -> None:
+        super().__init__(name or kernel_function(kernel).__name__, listed=listed)
+        self.kernel = kernel
+        self.params = list(inspect.signature(kernel_function(kernel)).parameters)
+        self.inputs, self.outputs = list(inputs), list(outputs)
+        self.constants = dict(constants or {})
+        self.shape_rules = dict(outputs)
+        self.in_dtypes = [_annotation_dtype(_annotation(kernel, n)) for n in self.inputs]
+        self.out_dtypes = [_annotation_dtype(_annotation(kernel, n)) for n in self.outputs]
+        # NOTE: [Differentiating ndarray inputs]: no derivative through these; their tangents read as zeros
+        self.frozen = list(frozen) if frozen is not None else [
+            getattr(_annotation(kernel, n), "needs_grad", None) is False for n in self.inputs]
+        self.zeroed = list(zeroed) if zeroed is not None else [False] * len(self.inputs)
+
+    # -- signature -----------------------------------------------------------
+    def param_names(self) -> list[str]:
+        return list(self.inputs)
+
+    def arity(self, args: Sequence[Any]) -> int:
+        return len(self.inputs)
+
+    def concrete(self, specs: Sequence[ArgSpec]) -> NdarrayFunction:
+        return self
+
+    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
+        """Each argument's whole shape and its own dtype (float32 stays float32)."""
+        specs = []
+        for name, value, fixed in zip(self.inputs, args, self.in_dtypes, strict=False):
+            if hasattr(value, "shape") and hasattr(value, "dtype"):
+                shape, dtype = tuple(value.shape), numpy_dtype(value.dtype)
+            else:
+                a = np.asarray(value)
+                shape, dtype = a.shape, (np.dtype(np.float64) if a.dtype.kind == "f" else a.dtype)
+            specs.append(ArgSpec(name, shape, fixed or dtype))
+        return specs
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        return self.memo.get(("signature", tuple(in_specs)), lambda: self._signature(list(in_specs)))
+
+    def _signature(self, in_specs: list[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        infos = [_ArrayInfo(s) for s in in_specs]
+        floats = [s.dtype for s in in_specs if s.is_float]
+        default = floats[0] if floats else np.dtype(np.float64)
+        outs = []
+        for n, fixed in zip(self.outputs, self.out_dtypes, strict=True):
+            rule = self.shape_rules[n]
+            shape = rule(*infos) if callable(rule) else rule
+            try:
+                shape = tuple(int(d) for d in shape)
+            except TypeError:
+                raise TypeError(f"{self.name}: outputs[{n!r}] gave {shape!r}, not a shape") from None
+            outs.append(ArgSpec(n, shape, fixed or default))
+        return outs, flat_tree(len(outs), len(outs) == 1)
+
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        """Check the arguments: tensors stay tensors (on their device), anything else becomes NumPy."""
+        call = call or self.name
+        if len(args) != len(self.inputs):
+            raise TypeError(f"{call}: expected {len(self.inputs)} arguments ({', '.join(self.inputs)}), got {len(args)}")
+        specs = self.specs_for(args)
+        arrays, device = [], None
+        for spec, value in zip(specs, args, strict=True):
+            if is_tensor(value):
+                device = value.device
+                if value.is_complex():
+                    raise TypeError(f"{call}: argument {spec.name!r} is complex; tidiff differentiates real values")
+                value = value.detach()
+                arrays.append(value if numpy_dtype(value.dtype) == spec.dtype else value.to(torch_dtype(spec.dtype)))
+                continue
+            array = to_numpy(value, spec.name, call)
+            if array.shape != spec.shape:
+                array = np.broadcast_to(array, spec.shape)
+            arrays.append(array if array.dtype == spec.dtype else array.astype(spec.dtype))
+        return Batch(tuple(arrays), tuple(specs), (), device)
+
+    # -- engines ---------------------------------------------------------------
+    def _launch(self, kernel: Any, tensors: dict[str, Any], counted: Any = None) -> None:
+        uses(counted or kernel)
+        kernel(*[tensors[p] if p in tensors else self.constants[p] for p in self.params])
+
+    def _inputs(self, batch: Batch) -> tuple[list[Any], list[ArgSpec], Any, bool]:
+        """Input tensors (zero-copy views; zeros for zeroed tangents), output specs, device, whether NumPy."""
+        as_numpy = not any(is_tensor(a) for a in batch.arrays)
+        ins = [as_tensor(a) for a in batch.arrays]
+        device = ins[0].device if ins else _torch().device("cpu")
+        ins = [zeros(s, device) if z else t for t, s, z in zip(ins, batch.specs, self.zeroed, strict=True)]
+        out_specs, _ = self.signature(batch.specs)
+        return ins, out_specs, device, as_numpy
+
+    @staticmethod
+    def _result(t: Any, as_numpy: bool) -> Any:
+        return t.numpy() if as_numpy else t
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        ins, out_specs, device, as_numpy = self._inputs(batch)
+        outs = [zeros(s, device) for s in out_specs]
+        self._launch(self.kernel, {**dict(zip(self.inputs, ins, strict=True)),
+                                   **dict(zip(self.outputs, outs, strict=True))})
+        return [self._result(o, as_numpy) for o in outs]
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        """Input cotangents by Taichi's ``kernel.grad`` (NOTE: [Gradient aliases]); outputs are not recomputed."""
+        ins, out_specs, device, as_numpy = self._inputs(batch)
+        tensors: dict[str, Any] = {}
+        grads: list[Any] = []
+        for name, t, spec, frozen in zip(self.inputs, ins, batch.specs, self.frozen, strict=True):
+            if spec.is_float and not frozen:
+                t = t.detach().requires_grad_(True)
+                t.grad = _torch().zeros_like(t)
+                grads.append(t)
+            else:
+                grads.append(None)
+            tensors[name] = t
+        for name, spec, ct in zip(self.outputs, out_specs, cotangents, strict=True):
+            out = _torch().empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device).requires_grad_(True)
+            out.grad = zeros(spec, device) if ct is None else fresh(ct, spec, device)
+            tensors[name] = out
+        self._launch(self.kernel.grad, tensors, counted=self.kernel)
+        return [self._result(g.grad, as_numpy) if g is not None else
+                (self._result(zeros(s, device), as_numpy) if s.is_float else None)
+                for g, s in zip(grads, batch.specs, strict=True)]
+
+    def tangent_at(self, specs: Sequence[ArgSpec]) -> NdarrayFunction:
+        """The concrete tangent for these input specs: the tangent kernel, with a tangent per float input."""
+        mask = tuple(s.is_float for s in specs)
+
+        def make() -> NdarrayFunction:
+            active = [p for p, m in zip(self.inputs, mask, strict=True) if m]
+            kernel, d_inputs, d_outputs = tangent_kernel(self.kernel, active, self.outputs)
+            n = len(self.inputs)
+            rules: dict[str, ShapeRule] = {}
+            for names in (self.outputs, d_outputs):  # outputs and their tangents: shapes from the primals
+                for out, name in zip(self.outputs, names, strict=True):
+                    rule = self.shape_rules[out]
+                    rules[name] = (lambda *infos, rule=rule: rule(*infos[:n])) if callable(rule) else rule
+            frozen_floats = [f for f, m in zip(self.frozen, mask, strict=True) if m]
+            return NdarrayFunction(kernel, self.inputs + d_inputs, rules, self.constants, f"jvp({self.name})",
+                                   listed=False, frozen=self.frozen + frozen_floats,
+                                   zeroed=self.zeroed + frozen_floats)
+
+        return self.memo.get(("tangent", mask), make)
+
+    def tangent(self) -> Function:
+        if "tangent" not in self.derived:
+            self.derived["tangent"] = NdarrayTangent(self)
+        return self.derived["tangent"]
+
+
+class NdarrayTangent(Function):
+    """``(x..., dx for each float x...) -> (y..., dy for each y...)`` of an ndarray function.
+
+    For each pattern of float inputs this is a concrete :class:`NdarrayFunction`
+    over the tangent kernel (``_ndarray_kernels.tangent_kernel``), which takes
+    the kernel's parameters, then one tangent per float input and one per
+    output, and writes outputs and their tangents. Its vjp is Taichi's reverse
+    mode over the tangent kernel (second order); its tangent is this again,
+    one level up.
+    """
+
+    native_tensors = True
+
+    def __init__(self, parent: NdarrayFunction | NdarrayTangent) -> None:
+        super().__init__(f"jvp({parent.name})", listed=False)
+        self.parent = parent
+
+    def param_names(self) -> list[str]:
+        return self.parent.param_names() + ["d" + n for n in self.parent.param_names()]
+
+    def arity(self, args: Sequence[Any]) -> int:
+        n = self.parent.arity(args)
+        return n + sum(s.is_float for s in self.parent.specs_for(args[:n]))
+
+    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
+        primal = self.parent.specs_for(args[: self.parent.arity(args)])
+        return primal + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in primal if s.is_float]
+
+    def concrete(self, specs: Sequence[ArgSpec]) -> NdarrayFunction:
+        primal = self._primal(specs)
+        return self.parent.concrete(primal).tangent_at(primal)
+
+    def _primal(self, specs: Sequence[ArgSpec]) -> list[ArgSpec]:
+        """The parent's specs: the first ``k`` of ``specs`` such that the rest are their float tangents."""
+        for k in range(len(specs), -1, -1):
+            head = list(specs[:k])
+            if len(head) + sum(s.is_float for s in head) == len(specs):
+                return head
+        raise ValueError(f"{self.name}: {len(specs)} specs are not primals and their tangents")
+
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        return self.concrete(self.specs_for(args)).read(args, call or self.name)
+
+    def kernel_source(self, specs: Sequence[ArgSpec]) -> str:
+        """The generated source of the tangent kernel for these specs (for ``td.source``)."""
+        return self.concrete(specs).kernel._tidiff_source
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        outs, _ = self.concrete(in_specs).signature(in_specs)
+        return outs, tuple(range(len(outs)))
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        return self.concrete(batch.specs).evaluate(batch)
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        return self.concrete(batch.specs).vjp(batch, cotangents)
+
+    def tangent(self) -> Function:
+        if "tangent" not in self.derived:
+            self.derived["tangent"] = NdarrayTangent(self)
+        return self.derived["tangent"]
+
+
+def _accepts(f: Any, options: dict[str, Any]) -> bool:
+    inputs = options.get("inputs")
+    return bool(getattr(f, "_is_wrapped_kernel", False)) and (
+        isinstance(inputs, str) or (inputs is not None and all(isinstance(n, str) for n in inputs)))
+
+
+def _make(kernel: Any, *, inputs: Any, outputs: Any = None, constants: dict[str, Any] | None = None,
+          name: str | None = None, signature: Any = None) -> NdarrayFunction:
+    fn_name = name or kernel_function(kernel).__name__
+    call = f"td.function({fn_name})"
+    if signature is not None:
+        raise TypeError(f"{call}: signature= is for @ti.func; an ndarray kernel's shapes come from its arguments")
+    if outputs is None:
+        raise TypeError(f"td.function: {fn_name!r} is an ndarray kernel; name its outputs and their shapes: "
+                        "outputs={'out': lambda k, w: k.shape}")
+    params = inspect.signature(kernel_function(kernel)).parameters
+    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+    if isinstance(outputs, str):
+        outputs = [outputs]
+    if not isinstance(outputs, dict):
+        raise TypeError(f"{call}: outputs= of an ndarray kernel maps each output parameter to its shape, "
+                        "e.g. outputs={'out': lambda k, w: k.shape}")
+    constants = dict(constants or {})
+    for role, names in (("inputs", inputs), ("outputs", list(outputs)), ("constants", list(constants))):
+        for n in names:
+            if n not in params:
+                raise ValueError(f"{call}: {role} names {n!r}, which is not a parameter of the kernel {list(params)}")
+    for n in inputs + list(outputs):
+        if not _is_ndarray_annotation(params[n].annotation):
+            raise TypeError(f"{call}: parameter {n!r} must be annotated ti.types.ndarray() to be an input or output; "
+                            "pass scalar parameters through constants={...}")
+    overlap = set(inputs) & set(outputs) or (set(inputs) | set(outputs)) & set(constants)
+    if overlap:
+        raise ValueError(f"{call}: {sorted(overlap)} listed twice among inputs, outputs and constants")
+    missing = [n for n in params if n not in inputs and n not in outputs and n not in constants]
+    if missing:
+        raise TypeError(f"{call}: kernel parameters {missing} are neither inputs nor outputs; give their values in "
+                        "constants={...}")
+    for n, rule in outputs.items():
+        if not callable(rule) and not (isinstance(rule, tuple) and all(isinstance(d, int) for d in rule)):
+            raise TypeError(f"{call}: outputs[{n!r}] must be a shape tuple or a callable of the inputs, got {rule!r}")
+    return NdarrayFunction(kernel, inputs, outputs, constants=constants, name=name)
+
+
+register_kind("ndarray kernel", _accepts, _make)

@@ -1,0 +1,145 @@
+"""How each derivative is computed: forward pushes, widened pushes, or reverse calls. One place, with reasons.
+
+NOTE: [Mode choice] For a function with a ``@ti.func`` body:
+
+- a Jacobian body pushes basis tangents forward through the parent's tangent
+  function, unless reverse calls (one per output component, through the
+  parent's reverse function, ``_adjoint``) are fewer (NOTE: [Reverse
+  bodies] in ``_codegen/bodies``), or forward mode is impossible: a
+  ``td.custom_vjp`` function without a jvp rule has none, as in JAX, and its
+  ``bwd`` must see the real cotangent. Reverse-flavoured transforms (grad,
+  jacrev) reverse whenever a custom_vjp rule is reached, so a function with
+  both a jvp and a vjp rule gets each in its own mode;
+- pushes of a small argument are one call carrying every basis tangent
+  (vector mode, ``_tangent/lanes``) while that stays cheap to compile
+  (NOTE: [Vector-mode pushes]), else one push per iteration of a runtime loop;
+- a cotangent-map body (vjp) reverses whenever it can, else transposes forward pushes;
+- ``td.vjp`` keeps per-element Jacobians from its one launch when they are
+  small (NOTE: [Linearized vjp] in ``_api``).
+
+A function without a body (field programs, ndarray kernels) composes its
+engines: its Jacobians take one tangent evaluation per input component
+(forward) or one vjp per output component (reverse), whichever
+``flavour`` asks, and for ``jacobian`` whichever is fewer.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._adjoint import vjp_func, why_not
+from ._adjoint.transform import USES_BWD
+from ._errors import NoForwardRule, TransformError
+from ._signature import ArgSpec
+from ._tangent import jvp_func
+
+# NOTE: [Vector-mode pushes] A Jacobian by an argument of n components is
+# best one call of the parent's tangent function widened to carry all n
+# basis tangents (see ``_tangent/lanes.py``): the primal is computed once,
+# each lane is straight-line code, and Taichi folds the basis constants.
+# But Taichi's compile time grows with the square of a kernel's
+# straight-line size, so a push is widened only while n times the size of
+# one lane (``lane_cost``) stays within LANE_BUDGET; otherwise it pushes one
+# component per iteration of a runtime loop, which keeps one inlined copy
+# of the tangent function. Measured on this 2-core machine, B = 1e4:
+#   W1, 4x8 tanh layer, 8 lanes of cost 33:  jacfwd 2.2 -> 1.7 ms (1e6: 160 -> 106 ms)
+#   W2, 3x3 Neo-Hookean, 9 lanes of cost 143: grad 1.36 -> 1.02 ms, but its
+#       first call 0.4 -> 6.2 s, and the Hessian's 1.8 -> 18 s (for 10 -> 4 ms)
+# Widening is done once per chain of transforms, at the innermost one: a
+# widened parent widened again would hold n**2 second-order lanes.
+LANE_BUDGET = 512
+WIDE = "_tidiff_wide"
+"""Attribute of a generated body holding vector-mode pushes (its own or its parent's)."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A choice and why it was made (shown by ``td.source`` readers and tests)."""
+
+    way: str  # "forward" or "reverse"
+    why: str
+
+
+def tangent_function(parent: Any, active: tuple[bool, ...], width: int = 1) -> Any:
+    return jvp_func(parent, active, width)
+
+
+def reverse_function(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Any:
+    """The parent's reverse function, or None where the reverse transform does not take it."""
+    return vjp_func(parent, active, n_outputs)
+
+
+def forward_possible(parent: Any, active: tuple[bool, ...]) -> bool:
+    """Whether ``parent`` has a tangent function: not when it reaches a custom_vjp rule without a jvp rule."""
+    try:
+        tangent_function(parent, active)
+    except NoForwardRule:
+        return False
+    return True
+
+
+def widens(parent: Any, active: tuple[bool, ...], size: int) -> bool:
+    """Whether pushing ``size`` basis tangents is one widened call (NOTE: [Vector-mode pushes])."""
+    if getattr(parent, WIDE, False) or size == 1:
+        return size == 1
+    return size * tangent_function(parent, active)._tidiff_lane_cost <= LANE_BUDGET
+
+
+def jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgSpec], argnums: Sequence[int],
+                  out_specs: Sequence[ArgSpec], wanted: Sequence[int], flavour: str) -> Mode:
+    """How a Jacobian body computes its blocks; ``flavour`` is "fwd" (jacfwd), "rev" (grad, jacrev) or "auto"."""
+    if flavour == "fwd":
+        return Mode("forward", "td.jacfwd pushes tangents forward")
+    reverse = reverse_function(parent, active, len(out_specs))
+    if not forward_possible(parent, active):
+        if reverse is None:
+            raise neither_way(parent, active, len(out_specs))
+        return Mode("reverse", "forward mode reaches a custom_vjp rule without a jvp rule")
+    if reverse is None:
+        return Mode("forward", f"the reverse transform does not take {why_not(parent, active, len(out_specs))}")
+    if flavour == "rev" and getattr(reverse, USES_BWD, False):
+        return Mode("reverse", "a reverse-mode transform reaches a custom_vjp rule")
+    n_in = sum(in_specs[a].size for a in argnums)
+    n_out = sum(out_specs[o].size for o in wanted)
+    if n_out >= n_in:
+        return Mode("forward", f"{n_in} input components, {n_out} output components")
+    if n_out > 1 and all(widens(parent, active, in_specs[a].size) for a in argnums):
+        return Mode("forward", "the forward pushes are one widened call")
+    return Mode("reverse", f"{n_out} output components, fewer than {n_in} input components")
+
+
+def cotangent_mode(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Mode:
+    """How a cotangent-map (vjp) body computes ``J^T c``: one reverse call whenever there is a reverse function."""
+    if reverse_function(parent, active, n_outputs) is not None:
+        return Mode("reverse", "one reverse call, whatever the sizes")
+    if not forward_possible(parent, active):
+        raise neither_way(parent, active, n_outputs)
+    return Mode("forward", "no reverse function: forward pushes, transposed")
+
+
+def composed_mode(flavour: str, n_in: int, n_out: int) -> Mode:
+    """How a function without a body gets a Jacobian: tangent evaluations or vjps."""
+    if flavour == "fwd":
+        return Mode("forward", "td.jacfwd pushes tangents forward")
+    if flavour == "rev":
+        return Mode("reverse", "a reverse-mode transform")
+    if n_in <= n_out:
+        return Mode("forward", f"{n_in} input components, {n_out} output components")
+    return Mode("reverse", f"{n_out} output components, fewer than {n_in} input components")
+
+
+def neither_way(parent: Any, active: tuple[bool, ...], n_outputs: int) -> TransformError:
+    """The error for a parent that has no reverse function and reaches a custom_vjp rule without a jvp rule."""
+    try:
+        tangent_function(parent, active)
+    except NoForwardRule as raised:
+        error = raised
+    name = getattr(parent, "__name__", "the function")
+    return TransformError(
+        f"`{name}`: reverse mode cannot handle {why_not(parent, active, n_outputs)}, and forward mode "
+        f"reaches `{error.function}`, a td.custom_vjp function without a jvp rule",
+        error.filename, error.lineno,
+        f"give {error.function} a jvp rule with {error.function}.defjvp(...), or write the code around "
+        "the call without runtime loops and branches",
+    )
