@@ -349,7 +349,8 @@ def _constructors_ref(x, y):
     v = torch.stack([x * y, x])
     M = torch.stack([torch.stack([x, y]), torch.stack([y * y, x])])
     R = torch.stack([v, torch.stack([y, 2 * x])])
-    return (v @ torch.tensor([1.0, 2.0], dtype=x.dtype) + (M * torch.tensor([[1.0, -1.0], [0.5, 2.0]], dtype=x.dtype)).sum()
+    W = torch.tensor([[1.0, -1.0], [0.5, 2.0]], dtype=x.dtype)
+    return (v @ torch.tensor([1.0, 2.0], dtype=x.dtype) + (M * W).sum()
             + 2 * x + y + 3 * x + y * y + (R * torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=x.dtype)).sum()
             + (R.T * torch.tensor([[1.0, 0.5], [-2.0, 1.0]], dtype=x.dtype)).sum() + 2 * x * x)
 
@@ -371,7 +372,8 @@ def constructors_casts(x: ti.f64, y: ti.f64) -> ti.f64:
     R = ti.Matrix.rows([v, ti.Vector([y, 2 * x])])
     C = ti.Matrix.cols([v, ti.Vector([y, 2 * x])])
     return (v.cast(ti.f64).dot(ti.Vector([1.0, 2.0])) + (M * ti.Matrix([[1.0, -1.0], [0.5, 2.0]])).sum()
-            + ti.cast(x, ti.f64) + float(x) + ti.f64(y) + ti.Matrix.diag(2, 1.5 * x).sum() + vec2(x, y).dot(vec2(0.0, y))
+            + ti.cast(x, ti.f64) + float(x) + ti.f64(y) + ti.Matrix.diag(2, 1.5 * x).sum()
+            + vec2(x, y).dot(vec2(0.0, y))
             + (R * ti.Matrix([[1.0, 2.0], [3.0, 4.0]])).sum() + (C * ti.Matrix([[1.0, 0.5], [-2.0, 1.0]])).sum()
             + 2 * x * x + ti.math.ivec2(x, y).sum() * 0)
 

@@ -11,6 +11,7 @@ those rules check them at first and second order.
 import ast
 
 import taichi as ti
+from op_table import ROWS
 
 from tidiff._adjoint import why_not
 from tidiff._adjoint.rules import ADJOINTS
@@ -18,8 +19,6 @@ from tidiff._tangent import decompositions, rule_helpers
 from tidiff._tangent.activity import local_names
 from tidiff._tangent.parse import MISSING, hashable, parse, resolve
 from tidiff._tangent.rules import RULES, lookup, unbound_method
-
-from op_table import ROWS
 
 HELPERS = {obj for module in (rule_helpers, decompositions) for obj in vars(module).values()
            if getattr(obj, "_is_taichi_function", False)}

@@ -11,6 +11,7 @@ scalar ``x``), the contribution is summed back with ``sum_to(v, x)``, which
 Taichi resolves when it compiles.
 """
 import ast
+from typing import Any
 
 import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
@@ -19,7 +20,7 @@ from .._tangent import rule_helpers
 from .._tangent.rules import exponent_less_one, is_dtype, is_integral, log_of_base, unbound_method
 from .._tangent.sym import helpers, ti as T
 
-ADJOINTS = {}
+ADJOINTS: dict[Any, Any] = {}
 """op key -> (g, out, *operands) -> [contribution or None per operand]."""
 
 
@@ -31,15 +32,23 @@ def defvjp(keys, *adjoints):
         ADJOINTS[key] = rule
 
 
-def defvjp_multi(keys, n_outputs, adjoint):
-    """Register ``adjoint(gs, outs, *operands)`` for an op returning ``n_outputs`` values: ``gs`` and
-    ``outs`` list the cotangents (zeros where none flows) and results; one contribution per operand."""
-    def rule(gs, outs, *args):
-        contributions = adjoint(gs, outs, *args)
+class MultiOutput:
+    """The adjoint rule of an op returning ``n_outputs`` values: ``rule(gs, outs, *operands)``, where
+    ``gs`` and ``outs`` list the cotangents (zeros where none flows) and the results."""
+
+    def __init__(self, n_outputs, adjoint):
+        self.n_outputs = n_outputs
+        self.adjoint = adjoint
+
+    def __call__(self, gs, outs, *args):
+        contributions = self.adjoint(gs, outs, *args)
         return contributions + [None] * (len(args) - len(contributions))
-    rule.n_outputs = n_outputs
+
+
+def defvjp_multi(keys, n_outputs, adjoint):
+    """Register ``adjoint(gs, outs, *operands)`` (see :class:`MultiOutput`): one contribution per operand."""
     for key in keys if isinstance(keys, (list, tuple)) else (keys,):
-        ADJOINTS[key] = rule
+        ADJOINTS[key] = MultiOutput(n_outputs, adjoint)
 
 
 def method(*names):

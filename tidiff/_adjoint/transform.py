@@ -477,7 +477,8 @@ class Reverser:
                 or any(isinstance(e, (ast.List, ast.Tuple)) for e in node.args[0].elts):
             raise NotReversible(f"the constructor `{ast.unparse(node)}`")
         args = [self.operand(e) for e in node.args[0].elts]
-        part = rules.helpers.row_of if resolve(node.func, self.parsed.namespace) is ti.Matrix.rows else rules.helpers.col_of
+        rows = resolve(node.func, self.parsed.namespace) is ti.Matrix.rows
+        part = rules.helpers.row_of if rows else rules.helpers.col_of
         def rule(g, out, *xs):
             return [part(g, k) for k in range(len(xs))]
 

@@ -8,6 +8,14 @@ seconds. The cofactors are written out instead; the rule's tangent-free part
 """
 import taichi as ti
 
+# rules reach every helper as _tidiff_rules.<name>: the decompositions' too
+from .decompositions import polar_decompose_jvp as polar_decompose_jvp
+from .decompositions import polar_decompose_vjp as polar_decompose_vjp
+from .decompositions import svd_jvp as svd_jvp
+from .decompositions import svd_vjp as svd_vjp
+from .decompositions import sym_eig_jvp as sym_eig_jvp
+from .decompositions import sym_eig_vjp as sym_eig_vjp
+
 
 @ti.func
 def cofactors(a):
@@ -172,7 +180,7 @@ def _is_integral(dtype):
 
 
 @ti.func
-def cast_tangent(t, dtype: ti.template()):
+def cast_tangent(t, dtype: ti.template()):  # type: ignore[valid-type]
     """The tangent of ``ti.cast(x, dtype)``: ``t`` cast alike, or zero for an integer type."""
     if ti.static(_is_integral(dtype)):
         return ti.cast(t, dtype) * 0
@@ -181,7 +189,7 @@ def cast_tangent(t, dtype: ti.template()):
 
 
 @ti.func
-def cast_adjoint(g, dtype: ti.template()):
+def cast_adjoint(g, dtype: ti.template()):  # type: ignore[valid-type]
     """The cotangent of ``x`` in ``ti.cast(x, dtype)``: ``g``, or zero for an integer type."""
     if ti.static(_is_integral(dtype)):
         return g * 0
@@ -211,7 +219,7 @@ def unflat(v, like):
 
 
 @ti.func
-def extreme_index(x, largest: ti.template()):
+def extreme_index(x, largest: ti.template()):  # type: ignore[valid-type]
     """The flat index of the entry ``x.max()`` (``largest``) or ``x.min()`` returns, ties to the last."""
     xs = flat(x)
     best = xs[0]
@@ -226,7 +234,7 @@ def extreme_index(x, largest: ti.template()):
 
 
 @ti.func
-def pick_extreme(x, t, largest: ti.template()):
+def pick_extreme(x, t, largest: ti.template()):  # type: ignore[valid-type]
     """``t`` at the entry of ``x`` that ``x.max()`` (``largest``) or ``x.min()`` picks: their tangent."""
     index = extreme_index(x, largest)
     ts = flat(t)
@@ -237,7 +245,7 @@ def pick_extreme(x, t, largest: ti.template()):
 
 
 @ti.func
-def extreme_adjoint(x, g, largest: ti.template()):
+def extreme_adjoint(x, g, largest: ti.template()):  # type: ignore[valid-type]
     """The cotangent of ``x`` in ``x.max()`` (``largest``) or ``x.min()``: ``g`` at the entry
     :func:`pick_extreme` picks, zero elsewhere."""
     index = extreme_index(x, largest)
@@ -250,23 +258,13 @@ def extreme_adjoint(x, g, largest: ti.template()):
 
 # --- constructors from rows and columns --------------------------------------
 @ti.func
-def row_of(m, i: ti.template()):
+def row_of(m, i: ti.template()):  # type: ignore[valid-type]
     """Row ``i`` of the matrix ``m`` as a vector: the cotangent of ``rows[i]`` in ``ti.Matrix.rows(rows)``."""
     return ti.Vector([m[i, j] for j in ti.static(range(m.m))])
 
 
 @ti.func
-def col_of(m, j: ti.template()):
+def col_of(m, j: ti.template()):  # type: ignore[valid-type]
     """Column ``j`` of the matrix ``m`` as a vector: the cotangent of ``cols[j]`` in ``ti.Matrix.cols(cols)``."""
     return ti.Vector([m[i, j] for i in ti.static(range(m.n))])
 
-
-# rules reach every helper as _tidiff_rules.<name>: the decompositions' too
-from .decompositions import (  # noqa: E402
-    polar_decompose_jvp as polar_decompose_jvp,
-    polar_decompose_vjp as polar_decompose_vjp,
-    svd_jvp as svd_jvp,
-    svd_vjp as svd_vjp,
-    sym_eig_jvp as sym_eig_jvp,
-    sym_eig_vjp as sym_eig_vjp,
-)

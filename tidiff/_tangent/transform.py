@@ -321,17 +321,18 @@ class Transformer:
                 return self.atomic_sum(value)
             if getattr(callee, "__name__", "").startswith("atomic_") and getattr(callee, "__module__", "").startswith("taichi"):
                 self.expr(value)  # atomic_max & co. have no rule: the usual error names them
-        if isinstance(value, ast.Call) and _is_fill(value) and root_names(value.func.value)[0] in self.active:
-            self.fill(value)
+        receiver = _fill_receiver(value)
+        if receiver is not None and root_names(receiver)[0] in self.active:
+            self.fill(value, receiver)
         self.emit(node)
 
-    def fill(self, node):
+    def fill(self, node, receiver):
         """``v.fill(e)`` writes every entry of ``v``: ``dv.fill(de)`` beside it (``dv.fill(0)`` for constant ``e``)."""
         if len(node.args) != 1 or node.keywords:
             raise self.error(node, f"the call `{ast.unparse(node)}`", "pass exactly one positional argument")
-        root = root_names(node.func.value)[0]
+        root = root_names(receiver)[0]
         _, dvalue = self.atom(node.args[0])
-        dtarget = retarget(node.func.value, self.namer.tangent(root))
+        dtarget = retarget(receiver, self.namer.tangent(root))
         fill = ast.Attribute(dtarget, "fill", ast.Load())
         self.emit(ast.Expr(ast.Call(fill, [ast.Constant(0.0) if dvalue is None else dvalue], [])))
 
@@ -676,8 +677,8 @@ def _assigned_once(tree):
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             targets = [n for t in node.targets for n in root_names(t)]
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and _is_fill(node.value):
-            targets = root_names(node.value.func.value)
+        elif isinstance(node, ast.Expr) and _fill_receiver(node.value) is not None:
+            targets = root_names(_fill_receiver(node.value))
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)):
             targets = root_names(node.target)
         elif isinstance(node, ast.arg):
@@ -689,9 +690,12 @@ def _assigned_once(tree):
     return {name for name, n in counts.items() if n == 1}
 
 
-def _is_fill(call):
-    """``v.fill(e)``: a method call that writes every entry of ``v`` (Taichi's only mutating method)."""
-    return isinstance(call.func, ast.Attribute) and call.func.attr == "fill" and bool(root_names(call.func.value))
+def _fill_receiver(node):
+    """``v`` of ``v.fill(e)``, a call that writes every entry of ``v`` (Taichi's only mutating method), else None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fill" \
+            and root_names(node.func.value):
+        return node.func.value
+    return None
 
 
 def _hint(node):
