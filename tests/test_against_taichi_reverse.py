@@ -1,8 +1,8 @@
 """The tangent transform against Taichi's own reverse mode, an independent implementation.
 
-For every op-table row Taichi's reverse mode supports (it has no adjoint for ``ti.tan``
-or ``while`` loops), ``kernel.grad`` over a kernel calling the row's function must give
-the gradient tidiff computes from its tangent code. (Taichi's reverse mode over tidiff's
+For every op-table row Taichi's reverse mode supports (``UNSUPPORTED_BY_TAICHI`` says what
+it refuses in the others), ``kernel.grad`` over a kernel calling the row's function must give
+the gradient tidiff computes. (Taichi's reverse mode over tidiff's
 generated derivative bodies is no oracle: it refuses their runtime loops, "Mixed usage of
 for-loops and statements", or gets them wrong; second order is checked against torch.)
 """
@@ -15,7 +15,15 @@ from tidiff._signature import ArgSpec
 
 from op_table import ROWS
 
-UNSUPPORTED_BY_TAICHI = {"trig", "while_loop"}  # ti.tan, while: "Not supported" in auto_diff.cpp
+UNSUPPORTED_BY_TAICHI = {  # row -> what Taichi's reverse mode refuses in it ("Not supported" in auto_diff.cpp)
+    "stop_gradient": "nothing, but td.stop_gradient is a plain @ti.func to it: it differentiates through",
+    "trig": "ti.tan",
+    "while_loop": "a while loop",
+    "zero_derivative": "ti.round",
+    "svd_3x3": "ti.svd of a 3x3 matrix (a C++ builtin)",
+    "polar_3x3": "ti.polar_decompose of a 3x3 matrix (ti.svd inside)",
+    "sym_eig_3x3": "the while loop of its QL fallback",
+}
 ROWS_HERE = [r for r in ROWS if r.name not in UNSUPPORTED_BY_TAICHI]
 _kernels = {}
 

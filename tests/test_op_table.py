@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tidiff as td
+import tidiff.testing as tt
 
 from op_table import ROWS
 
@@ -92,7 +93,12 @@ def test_jvp_and_vjp(row, seed, batch):
     assert lhs == pytest.approx(rhs, rel=1e-9, abs=1e-9)
 
 
-scalar_rows = [r for r in ROWS if r.name not in ("norms", "cross", "outer", "matmul", "det_inv")]
+def _scalar_output(row):
+    args = [torch.full(shape, 0.5 * (row.low + row.high), dtype=torch.float64) for shape in row.shapes]
+    return row.torch_fn(*args).ndim == 0
+
+
+scalar_rows = [r for r in ROWS if _scalar_output(r)]
 
 
 @pytest.mark.parametrize("row", scalar_rows, ids=[r.name for r in scalar_rows])
@@ -124,3 +130,15 @@ def test_hessian(row, seed, batch):
     got = [h for hrow in hes for h in hrow]
     for g, want in zip(got, expected):
         close(g, want)
+
+
+fd_rows = [r for r in ROWS if r.fd]
+
+
+@pytest.mark.parametrize("row", fd_rows, ids=[r.name for r in fd_rows])
+def test_central_differences(row):
+    """jvp, vjp and the dot-product test against central differences, a second independent oracle
+    (``check_grads(fast=True)``; second order is checked against torch above)."""
+    rng = np.random.default_rng(11)
+    args = tuple(rng.uniform(row.low, row.high, size=(2,) + shape) for shape in row.shapes)
+    tt.check_grads(row.func, args, order=1, fast=True)

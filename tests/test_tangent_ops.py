@@ -370,8 +370,47 @@ def vector_expression(x, y):
     return x.dot(y) * ti.exp(x[0]) + (x - y).norm()
 
 
+@op(lambda x: x / (torch.linalg.norm(x) + 0.1), V3, lo=0.3, hi=2.0)
+def normalized_eps(x):  # Taichi: x / (|x| + eps), eps outside the root
+    return x.normalized(0.1)
+
+
+@op(lambda x: torch.rsqrt(torch.dot(x, x) + 0.1) + torch.sqrt(torch.dot(x, x) + 0.2), V3)
+def norm_eps(x):  # Taichi: rsqrt(|x|^2 + eps) and sqrt(|x|^2 + eps), eps inside the root
+    return x.norm_inv(0.1) + x.norm(0.2)
+
+
+@op(lambda a: torch.linalg.inv(a), (4, 4))
+def inverse_4x4(a):
+    return a.inverse()
+
+
+def _svd_2x2_ref(a):
+    U, S, Vh = torch.linalg.svd(a)
+    V = Vh.T
+    return torch.stack([S[0], S[1], U[0, 0] * V[1, 0], U[0, 1] * V[0, 1], U[1, 1] * U[0, 1], V[0, 0] * V[1, 0]])
+
+
+@op(_svd_2x2_ref, M2)
+def svd_2x2(a):  # outputs that do not depend on the signs of singular vectors
+    U, S, V = ti.svd(a)
+    return ti.Vector([S[0, 0], S[1, 1], U[0, 0] * V[1, 0], U[0, 1] * V[0, 1], U[1, 1] * U[0, 1], V[0, 0] * V[1, 0]])
+
+
+def _sym_eig_2x2_ref(a):
+    w, Q = torch.linalg.eigh(a + a.T)
+    return torch.stack([w[1], w[0], Q[0, 1] * Q[1, 1], Q[0, 0] * Q[0, 0]])  # Taichi: the larger first
+
+
+@op(_sym_eig_2x2_ref, M2)
+def sym_eig_2x2(a):
+    w, Q = ti.sym_eig(a + a.transpose())
+    return ti.Vector([w[0], w[1], Q[0, 0] * Q[1, 0], Q[0, 1] * Q[0, 1]])
+
+
 def _sample(row, rng):
-    matrix = row.name in ("determinant", "math_determinant", "determinant_4x4", "inverse", "math_inverse")
+    matrix = row.name in ("determinant", "math_determinant", "determinant_4x4", "inverse", "math_inverse",
+                          "inverse_4x4", "svd_2x2", "sym_eig_2x2")
     values = []
     for shape in row.shapes:
         if matrix and len(shape) == 2:

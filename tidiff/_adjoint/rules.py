@@ -11,15 +11,16 @@ scalar ``x``), the contribution is summed back with ``sum_to(v, x)``, which
 Taichi resolves when it compiles.
 """
 import ast
+from typing import Any
 
 import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
 
 from .._tangent import rule_helpers
-from .._tangent.rules import is_dtype, is_integral
+from .._tangent.rules import exponent_less_one, is_dtype, is_integral, log_of_base, unbound_method
 from .._tangent.sym import helpers, ti as T
 
-ADJOINTS = {}
+ADJOINTS: dict[Any, Any] = {}
 """op key -> (g, out, *operands) -> [contribution or None per operand]."""
 
 
@@ -31,12 +32,31 @@ def defvjp(keys, *adjoints):
         ADJOINTS[key] = rule
 
 
+class MultiOutput:
+    """The adjoint rule of an op returning ``n_outputs`` values: ``rule(gs, outs, *operands)``, where
+    ``gs`` and ``outs`` list the cotangents (zeros where none flows) and the results."""
+
+    def __init__(self, n_outputs, adjoint):
+        self.n_outputs = n_outputs
+        self.adjoint = adjoint
+
+    def __call__(self, gs, outs, *args):
+        contributions = self.adjoint(gs, outs, *args)
+        return contributions + [None] * (len(args) - len(contributions))
+
+
+def defvjp_multi(keys, n_outputs, adjoint):
+    """Register ``adjoint(gs, outs, *operands)`` (see :class:`MultiOutput`): one contribution per operand."""
+    for key in keys if isinstance(keys, (list, tuple)) else (keys,):
+        ADJOINTS[key] = MultiOutput(n_outputs, adjoint)
+
+
 def method(*names):
     return [("method", n) for n in names]
 
 
 def lookup(callee):
-    """The adjoint rule of ``callee`` (dtype casts included), or None."""
+    """The adjoint rule of ``callee`` (dtype casts and unbound methods included), or None."""
     try:
         if callee in ADJOINTS:
             return ADJOINTS[callee]
@@ -44,7 +64,7 @@ def lookup(callee):
         return None
     if is_dtype(callee) and not is_integral(callee):
         return ADJOINTS["cast"]
-    return None
+    return ADJOINTS.get(unbound_method(callee))
 
 
 def is_constructor(callee):
@@ -66,14 +86,15 @@ defvjp(ast.Sub, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to
 defvjp(ast.Mult, lambda g, out, x, y: _sum_to(g * y, x), lambda g, out, x, y: _sum_to(x * g, y))
 defvjp(ast.Div, lambda g, out, x, y: _sum_to(g / y, x), lambda g, out, x, y: _sum_to(-g * out / y, y))
 defvjp([ast.Pow, pow, ti.pow],
-       lambda g, out, x, y: _sum_to(g * y * x ** (y - 1), x),
-       lambda g, out, x, y: _sum_to(g * out * T.log(x), y))
+       lambda g, out, x, y: _sum_to(g * y * x ** exponent_less_one(y), x),
+       lambda g, out, x, y: _sum_to(g * out * log_of_base(x), y))
+defvjp(ti.raw_div, lambda g, out, x, y: _sum_to(g / y, x), lambda g, out, x, y: _sum_to(-g * out / y, y))
 defvjp(ast.Mod, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to(-g * T.floor(x / y), y))
 defvjp(ast.MatMult, lambda g, out, x, y: helpers.matmul_adjoint_left(g, x, y),
        lambda g, out, x, y: helpers.matmul_adjoint_right(g, x, y))
 defvjp(ast.USub, lambda g, out, x: -g)
 defvjp([ast.UAdd, "cast", float], lambda g, out, x: g)
-defvjp(ti.cast, lambda g, out, x, dtype: g)
+defvjp([ti.cast] + method("cast"), lambda g, out, x, dtype: helpers.cast_adjoint(g, dtype))
 
 # --- elementary functions ----------------------------------------------------
 defvjp(ti.sin, lambda g, out, x: g * T.cos(x))
@@ -89,13 +110,31 @@ defvjp(ti.log, lambda g, out, x: g / x)
 defvjp(ti.sqrt, lambda g, out, x: g / (2 * out))
 defvjp(ti.rsqrt, lambda g, out, x: -0.5 * g * out / x)
 defvjp([abs, ti.abs], lambda g, out, x: g * T.math.sign(x))
-# ties go where the forward rules send them: min to x when x <= y, max to x when x >= y
-defvjp([min, ti.min], lambda g, out, x, y: _sum_to(T.select(x <= y, g, _zero(g)), x),
-       lambda g, out, x, y: _sum_to(T.select(x <= y, _zero(g), g), y))
-defvjp([max, ti.max], lambda g, out, x, y: _sum_to(T.select(x >= y, g, _zero(g)), x),
-       lambda g, out, x, y: _sum_to(T.select(x >= y, _zero(g), g), y))
+# ties go where the forward rules send them (NOTE: [Ties]): min to x when x < y, max to x when x > y
+defvjp([min, ti.min], lambda g, out, x, y: _sum_to(T.select(x < y, g, _zero(g)), x),
+       lambda g, out, x, y: _sum_to(T.select(x < y, _zero(g), g), y))
+defvjp([max, ti.max], lambda g, out, x, y: _sum_to(T.select(x > y, g, _zero(g)), x),
+       lambda g, out, x, y: _sum_to(T.select(x > y, _zero(g), g), y))
 defvjp(ti.select, None, lambda g, out, c, a, b: _sum_to(T.select(c, g, _zero(g)), a),
        lambda g, out, c, a, b: _sum_to(T.select(c, _zero(g), g), b))
+def _clamp_adjoint(g, x, lo, hi):
+    """Cotangents of ``min(hi, max(lo, x))`` (Taichi's clamp), ties as in NOTE: [Ties]."""
+    upper = hi < T.max(lo, x)
+    lower = lo > x
+    return [_sum_to(T.select(upper, _zero(g), T.select(lower, _zero(g), g)), x),
+            _sum_to(T.select(upper, _zero(g), T.select(lower, g, _zero(g))), lo),
+            _sum_to(T.select(upper, g, _zero(g)), hi)]
+
+
+def _smoothstep_adjoint(g, e0, e1, x):
+    """Cotangents of ``t * t * (3 - 2 t)``, ``t = clamp((x - e0) / (e1 - e0), 0, 1)`` (Taichi's smoothstep)."""
+    t = T.math.clamp((x - e0) / (e1 - e0), 0.0, 1.0)
+    k = g * 6 * t * (1 - t) / (e1 - e0)
+    return [_sum_to(k * (t - 1), e0), _sum_to(-k * t, e1), _sum_to(k, x)]
+
+
+ADJOINTS[ti.math.clamp] = lambda g, out, x, lo, hi: _clamp_adjoint(g, x, lo, hi)
+ADJOINTS[ti.math.smoothstep] = lambda g, out, e0, e1, x: _smoothstep_adjoint(g, e0, e1, x)
 defvjp(ti.math.mix, lambda g, out, x, y, a: _sum_to(g * (1 - a), x), lambda g, out, x, y, a: _sum_to(g * a, y),
        lambda g, out, x, y, a: _sum_to(g * (y - x), a))
 
@@ -104,17 +143,39 @@ defvjp(method("dot") + [ti.math.dot], lambda g, out, x, y: g * y, lambda g, out,
 defvjp(method("cross") + [ti.math.cross], lambda g, out, x, y: helpers.cross_adjoint_left(g, x, y),
        lambda g, out, x, y: helpers.cross_adjoint_right(g, x, y))
 defvjp(method("outer_product"), lambda g, out, x, y: g @ y, lambda g, out, x, y: g.transpose() @ x)
-defvjp(method("norm", "length") + [ti.math.length], lambda g, out, x, *eps: g * x / out)
+defvjp(method("norm") + [ti.math.length], lambda g, out, x, *eps: g * x / out)  # sqrt(|x|^2 + eps)
+defvjp(method("norm_inv"), lambda g, out, x, *eps: -g * out ** 3 * x)  # rsqrt(|x|^2 + eps)
 defvjp(method("norm_sqr"), lambda g, out, x: 2 * g * x)
-defvjp(method("normalized") + [ti.math.normalize],
-       lambda g, out, x, *eps: (g - out * out.dot(g)) / x.norm(*eps))
+def _normalized_adjoint(g, out, x, *eps):
+    """``x / (|x| + eps)`` has a symmetric Jacobian: the adjoint is the forward rule's formula."""
+    if not eps:
+        return (g - out * out.dot(g)) / x.norm()
+    return (g - out * (x.dot(g) / x.norm())) / (x.norm() + eps[0])
+
+
+defvjp(method("normalized") + [ti.math.normalize], _normalized_adjoint)
 defvjp(method("determinant") + [ti.math.determinant], lambda g, out, x: g * helpers.cofactors(x))
 defvjp(method("inverse") + [ti.math.inverse], lambda g, out, x: -(out.transpose() @ g @ out.transpose()))
 defvjp(ti.math.distance, lambda g, out, x, y: g * (x - y) / out, lambda g, out, x, y: -g * (x - y) / out)
 defvjp(method("transpose"), lambda g, out, x: g.transpose())
 defvjp(method("trace"), lambda g, out, x: helpers.trace_adjoint(x, g))
 defvjp(method("sum"), lambda g, out, x: _zero(x) + g)
-defvjp(method("max", "min"), lambda g, out, x: T.select(x.eq(out), _zero(x) + g, _zero(x)))
+defvjp(method("max"), lambda g, out, x: helpers.extreme_adjoint(x, g, True))  # NOTE: [Ties]
+defvjp(method("min"), lambda g, out, x: helpers.extreme_adjoint(x, g, False))
+defvjp(ti.Matrix.diag, None, lambda g, out, dim, val: g.trace())
+
+
+# --- linear solves and decompositions (see NOTE: [Decompositions]) -----------
+def _solve_adjoint(g, out, A):
+    """``x = solve(A, b)``: ``b`` gets ``A^-T g``, ``A`` minus its outer product with ``x``."""
+    ct_b = helpers.inverse_by_cofactors(A).transpose() @ g
+    return [-ct_b.outer_product(out), ct_b]
+
+
+ADJOINTS[ti.solve] = lambda g, out, A, b, *dt: _solve_adjoint(g, out, A) + [None] * len(dt)
+defvjp_multi(ti.svd, 3, lambda gs, outs, A, *dt: [helpers.svd_vjp(*outs, *gs)])
+defvjp_multi(ti.sym_eig, 2, lambda gs, outs, A, *dt: [helpers.sym_eig_vjp(*outs, *gs)])
+defvjp_multi(ti.polar_decompose, 2, lambda gs, outs, A, *dt: [helpers.polar_decompose_vjp(*outs, *gs)])
 
 # --- the linear helpers forward and reverse rules call (reverse over reverse) ---
 # Keyed by the helper functions themselves, as generated code calls them

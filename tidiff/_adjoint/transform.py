@@ -408,6 +408,8 @@ class Reverser:
         keywords = [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords]
         if callee in (ti.Vector, ti.Matrix):
             return self.construct(node, keywords)
+        if callee in (ti.Matrix.rows, ti.Matrix.cols):
+            return self.construct_rows(node, keywords)
         if is_constructor(callee):
             return self.construct_typed(node, callee, keywords)
         if callee in (min, max, ti.min, ti.max) and len(node.args) > 2:  # rules are binary: min(min(a, b), c)
@@ -416,13 +418,22 @@ class Reverser:
                 folded = ast.Call(func, [folded, arg], [])
             return self.value(folded)
         rule = rules.lookup(callee)
+        if getattr(rule, "n_outputs", 1) > 1:
+            raise NotReversible(f"the call `{ast.unparse(node)}` inside an expression (assign its {rule.n_outputs} "
+                                f"results to names)")
         if rule is not None:
             args = [self.operand(a) for a in node.args]
             return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
         raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
 
     def _float_cast(self, node):
-        dtype = resolve(node.args[1], self.parsed.namespace) if len(node.args) == 2 else MISSING
+        """Whether ``ti.cast(x, dtype)`` may have a derivative: not a cast to an integer type the transform
+        can see (a parameter's ``dt`` is known only when Taichi compiles: the rule's ``cast_adjoint`` decides)."""
+        if len(node.args) != 2:
+            return False
+        if self._is_local(node.args[1]):
+            return True
+        dtype = resolve(node.args[1], self.parsed.namespace)
         return dtype is not MISSING and rules.is_dtype(dtype) and not rules.is_integral(dtype)
 
     def call_method(self, node):
@@ -441,9 +452,10 @@ class Reverser:
         return self.op(rule, call, [receiver] + args, f"{func.attr.lower()}_{receiver.id}")
 
     def construct(self, node, keywords):
-        """``ti.Vector([a, b])``, ``ti.Matrix([[a, b], [c, d]])``: entry k gets ``g[k]``."""
-        if len(node.args) != 1 or not isinstance(node.args[0], (ast.List, ast.Tuple)):
+        """``ti.Vector([a, b])``, ``ti.Matrix([[a, b], [c, d]], dt)``: entry k gets ``g[k]``."""
+        if len(node.args) not in (1, 2) or not isinstance(node.args[0], (ast.List, ast.Tuple)):
             raise NotReversible(f"the constructor `{ast.unparse(node)}`")
+        dtype = [self.rename(a) for a in node.args[1:]]  # ti.Vector([...], ti.f64): a dtype, no operand
         rows = node.args[0].elts
         if all(isinstance(r, (ast.List, ast.Tuple)) for r in rows):
             index = [(i, j) for i, r in enumerate(rows) for j in range(len(r.elts))]
@@ -457,10 +469,27 @@ class Reverser:
             index = [(k,) for k in range(len(rows))]
             args = [self.operand(e) for e in rows]
             literal = ast.List(args, ast.Load())
-        return self._constructed(ast.Call(node.func, [literal], keywords), args, index)
+        return self._constructed(ast.Call(node.func, [literal] + dtype, keywords), args, index)
+
+    def construct_rows(self, node, keywords):
+        """``ti.Matrix.rows([u, v])`` (``cols``) of vectors: vector k gets row (column) k of ``g``."""
+        if len(node.args) != 1 or not isinstance(node.args[0], (ast.List, ast.Tuple)) \
+                or any(isinstance(e, (ast.List, ast.Tuple)) for e in node.args[0].elts):
+            raise NotReversible(f"the constructor `{ast.unparse(node)}`")
+        args = [self.operand(e) for e in node.args[0].elts]
+        rows = resolve(node.func, self.parsed.namespace) is ti.Matrix.rows
+        part = rules.helpers.row_of if rows else rules.helpers.col_of
+        def rule(g, out, *xs):
+            return [part(g, k) for k in range(len(xs))]
+
+        return self.op(rule, ast.Call(node.func, [ast.List(args, ast.Load())], keywords), args, "mat")
 
     def construct_typed(self, node, callee, keywords):
-        """``ti.math.vec3(a, b, c)`` with one scalar per entry."""
+        """``ti.math.vec3(a, b, c)`` with one scalar per entry, or a list of them (``ti.math.ivec3``: no derivative)."""
+        if rules.is_integral(callee.dtype):
+            return self.rename(node)
+        if len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple)):  # ti.math.mat2([[a, b], [c, d]])
+            return self.construct(node, keywords)
         shape = (callee.n,) if callee.ndim == 1 else (callee.n, callee.m)
         size = shape[0] if len(shape) == 1 else shape[0] * shape[1]
         if len(node.args) != size or size == 1:
@@ -551,6 +580,8 @@ class Reverser:
             return callable_rule(callee).outputs(callee)
         if hashable(callee) and callee in CUSTOM_VJPS:
             callee = callee.tifunc
+        if hashable(callee) and getattr(rules.lookup(callee), "n_outputs", 1) > 1:  # U, S, V = ti.svd(A)
+            return rules.lookup(callee).n_outputs
         if not transformable(callee):  # a @ti.func or a helper (NOTE: [Python helpers])
             return 1
         body = parse(callee).tree.body
@@ -575,12 +606,20 @@ class Reverser:
         custom = (hashable(callee) and callee in CUSTOM_VJPS) or callable_rule(callee) is not None
         reversible = transformable(callee) and hashable(callee) and forward_rule(callee) is None \
             and callee not in CUSTOM_JVPS
-        if not (custom or reversible):
+        rule = rules.lookup(callee) if hashable(callee) else None
+        if not (custom or reversible or getattr(rule, "n_outputs", 1) == count):
             raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
         if not any(self.reads_active(a) for a in node.args + [k.value for k in node.keywords]):
             value = self.operand(node)
             return [ast.Subscript(value, ast.Constant(k), ast.Load()) for k in range(count)]
-        tuple_name = self.call_function(node, callee, n_outputs=count)
+        if rule is not None and not (custom or reversible):  # an op with a rule: U, S, V = ti.svd(A)
+            if any(self.reads_active(k.value) for k in node.keywords):
+                raise NotReversible(f"the call `{ast.unparse(node)}`")
+            args = [self.operand(a) for a in node.args]
+            keywords = [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords]
+            tuple_name = self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
+        else:
+            tuple_name = self.call_function(node, callee, n_outputs=count)
         op = self.ops[-1]
         op.outputs = []
         for k in range(count):
@@ -621,6 +660,9 @@ class Reverser:
                 result = self.namer.fresh(f"adj_{op.target}")
                 self.backward.append(_assign(result, ast.Call(_name(op.callee), op.args + gs, [])))
                 contributions = [None if k is None else Sym(_name(result))[k] for k in op.positions]
+            elif op.outputs:  # an op with several results: the rule takes all their cotangents
+                gs = [Sym(_name(cts[r])) if r in cts else Sym(_name(TAICHI)).zero(Sym(_name(r))) for r in op.outputs]
+                contributions = op.rule(gs, [Sym(_name(r)) for r in op.outputs], *[Sym(a) for a in op.args])
             else:
                 g = Sym(_name(cts[op.target]))
                 contributions = op.rule(g, Sym(_name(op.target)), *[Sym(a) for a in op.args])

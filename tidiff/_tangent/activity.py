@@ -31,6 +31,9 @@ def assignments(body):
             writes.append((root_names(node.target), ast.Tuple([node.target, node.value], ast.Load())))
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
             writes.append((root_names(node.target), node.value))
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "fill":
+            writes.append((root_names(node.value.func.value), ast.Tuple(node.value.args, ast.Load())))  # v.fill(e)
         elif isinstance(node, (ast.For, ast.comprehension)):
             loop_vars.update(root_names(node.target))
     return writes, loop_vars

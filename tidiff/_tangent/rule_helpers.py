@@ -8,6 +8,14 @@ seconds. The cofactors are written out instead; the rule's tangent-free part
 """
 import taichi as ti
 
+# rules reach every helper as _tidiff_rules.<name>: the decompositions' too
+from .decompositions import polar_decompose_jvp as polar_decompose_jvp
+from .decompositions import polar_decompose_vjp as polar_decompose_vjp
+from .decompositions import svd_jvp as svd_jvp
+from .decompositions import svd_vjp as svd_vjp
+from .decompositions import sym_eig_jvp as sym_eig_jvp
+from .decompositions import sym_eig_vjp as sym_eig_vjp
+
 
 @ti.func
 def cofactors(a):
@@ -21,9 +29,26 @@ def cofactors(a):
         for i, j in ti.static(ti.ndrange(3, 3)):
             i1, i2, j1, j2 = ti.static((i + 1) % 3, (i + 2) % 3, (j + 1) % 3, (j + 2) % 3)
             result[i, j] = a[i1, j1] * a[i2, j2] - a[i1, j2] * a[i2, j1]
-    else:
-        result = a.determinant() * a.inverse().transpose()
+    else:  # 4x4 (Taichi's determinant stops there): signed 3x3 minors, defined for singular a too
+        for i, j in ti.static(ti.ndrange(4, 4)):
+            r0, r1, r2 = ti.static(_OTHERS4[i])
+            c0, c1, c2 = ti.static(_OTHERS4[j])
+            minor = (a[r0, c0] * (a[r1, c1] * a[r2, c2] - a[r1, c2] * a[r2, c1])
+                     - a[r0, c1] * (a[r1, c0] * a[r2, c2] - a[r1, c2] * a[r2, c0])
+                     + a[r0, c2] * (a[r1, c0] * a[r2, c1] - a[r1, c1] * a[r2, c0]))
+            result[i, j] = ti.static(1 - 2 * ((i + j) % 2)) * minor
     return result
+
+
+_OTHERS4 = [(1, 2, 3), (0, 2, 3), (0, 1, 3), (0, 1, 2)]
+"""The rows (columns) of a 4x4 matrix other than row (column) k."""
+
+
+@ti.func
+def inverse_by_cofactors(a):
+    """``a^-1`` from the written-out cofactors: the derivative of ``ti.solve(a, b)`` applies it
+    once per direction, and Taichi's own 3x3 ``inverse()`` compiles slowly (see above)."""
+    return cofactors(a).transpose() / a.determinant()
 
 
 # --- helpers of the reverse rules (``_adjoint/rules.py``) -------------------
@@ -104,8 +129,15 @@ def trace_adjoint(like, v):
 
 @ti.func
 def matmul_adjoint_left(ct, x, y):
-    """The cotangent of ``x`` in ``x @ y`` (a matrix times a matrix or a vector)."""
-    if ti.static(len(shape_of(y)) == 2):
+    """The cotangent of ``x`` in ``x @ y``: ``x`` a matrix or a vector, ``y`` a matrix or a vector.
+
+    Taichi reads ``v @ M`` (vector on the left) as ``M^T v`` and ``v @ w`` as ``v.dot(w)``.
+    """
+    if ti.static(len(shape_of(x)) == 1 and len(shape_of(y)) == 1):
+        return ct * y
+    elif ti.static(len(shape_of(x)) == 1):
+        return y @ ct
+    elif ti.static(len(shape_of(y)) == 2):
         return ct @ y.transpose()
     else:
         return ct.outer_product(y)
@@ -114,7 +146,12 @@ def matmul_adjoint_left(ct, x, y):
 @ti.func
 def matmul_adjoint_right(ct, x, y):
     """The cotangent of ``y`` in ``x @ y``."""
-    return x.transpose() @ ct
+    if ti.static(len(shape_of(x)) == 1 and len(shape_of(y)) == 1):
+        return ct * x
+    elif ti.static(len(shape_of(x)) == 1):
+        return x.outer_product(ct)
+    else:
+        return x.transpose() @ ct
 
 
 @ti.func
@@ -133,3 +170,101 @@ def cross_adjoint_right(ct, x, y):
         return ct.cross(x)
     else:
         return ti.Vector([-ct * x[1], ct * x[0]])
+
+
+# --- casts whose type is only known when Taichi compiles (``ti.cast(x, dt)``, ``dt`` a parameter) ---
+def _is_integral(dtype):
+    from .rules import is_integral
+
+    return is_integral(dtype)
+
+
+@ti.func
+def cast_tangent(t, dtype: ti.template()):  # type: ignore[valid-type]
+    """The tangent of ``ti.cast(x, dtype)``: ``t`` cast alike, or zero for an integer type."""
+    if ti.static(_is_integral(dtype)):
+        return ti.cast(t, dtype) * 0
+    else:
+        return ti.cast(t, dtype)
+
+
+@ti.func
+def cast_adjoint(g, dtype: ti.template()):  # type: ignore[valid-type]
+    """The cotangent of ``x`` in ``ti.cast(x, dtype)``: ``g``, or zero for an integer type."""
+    if ti.static(_is_integral(dtype)):
+        return g * 0
+    else:
+        return g
+
+
+# --- reductions: the entry Taichi's own reverse mode picks -------------------
+# ``v.max()`` folds ``max(max(v[0], v[1]), v[2])`` and Taichi's reverse mode gives a
+# tie of ``max(a, b)`` to ``b``: the derivative is that of the last entry equal to the max.
+@ti.func
+def flat(x):
+    """The entries of a vector or matrix as a vector, matrices row by row (as Taichi reduces them)."""
+    if ti.static(len(shape_of(x)) == 1):
+        return x
+    else:
+        return ti.Vector([x[k // x.m, k % x.m] for k in ti.static(range(x.n * x.m))])
+
+
+@ti.func
+def unflat(v, like):
+    """The vector ``v`` of entries back in the shape of ``like`` (the inverse of :func:`flat`)."""
+    if ti.static(len(shape_of(like)) == 1):
+        return v
+    else:
+        return ti.Matrix([[v[i * like.m + j] for j in ti.static(range(like.m))] for i in ti.static(range(like.n))])
+
+
+@ti.func
+def extreme_index(x, largest: ti.template()):  # type: ignore[valid-type]
+    """The flat index of the entry ``x.max()`` (``largest``) or ``x.min()`` returns, ties to the last."""
+    xs = flat(x)
+    best = xs[0]
+    index = 0
+    for k in ti.static(range(1, xs.n)):
+        wins = xs[k] <= best
+        if ti.static(largest):
+            wins = xs[k] >= best
+        index = ti.select(wins, k, index)
+        best = ti.select(wins, xs[k], best)
+    return index
+
+
+@ti.func
+def pick_extreme(x, t, largest: ti.template()):  # type: ignore[valid-type]
+    """``t`` at the entry of ``x`` that ``x.max()`` (``largest``) or ``x.min()`` picks: their tangent."""
+    index = extreme_index(x, largest)
+    ts = flat(t)
+    picked = ts[0]
+    for k in ti.static(range(1, ts.n)):
+        picked = ti.select(index == k, ts[k], picked)
+    return picked
+
+
+@ti.func
+def extreme_adjoint(x, g, largest: ti.template()):  # type: ignore[valid-type]
+    """The cotangent of ``x`` in ``x.max()`` (``largest``) or ``x.min()``: ``g`` at the entry
+    :func:`pick_extreme` picks, zero elsewhere."""
+    index = extreme_index(x, largest)
+    xs = flat(x)
+    result = ti.zero(xs)
+    for k in ti.static(range(xs.n)):
+        result[k] = ti.select(index == k, g, 0.0)
+    return unflat(result, x)
+
+
+# --- constructors from rows and columns --------------------------------------
+@ti.func
+def row_of(m, i: ti.template()):  # type: ignore[valid-type]
+    """Row ``i`` of the matrix ``m`` as a vector: the cotangent of ``rows[i]`` in ``ti.Matrix.rows(rows)``."""
+    return ti.Vector([m[i, j] for j in ti.static(range(m.m))])
+
+
+@ti.func
+def col_of(m, j: ti.template()):  # type: ignore[valid-type]
+    """Column ``j`` of the matrix ``m`` as a vector: the cotangent of ``cols[j]`` in ``ti.Matrix.cols(cols)``."""
+    return ti.Vector([m[i, j] for i in ti.static(range(m.n))])
+

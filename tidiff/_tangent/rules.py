@@ -5,7 +5,15 @@ A rule maps a :class:`Call` (primal operands and their tangents, as
 tangent. Keys are the callee objects themselves (``ti.sin``, ``abs``,
 ``ti.math.vec3``), ``ast`` operator classes (``ast.Mult``) and
 ``("method", name)`` for methods (``v.dot(w)``), so every spelling that
-resolves to the same object shares one rule.
+resolves to the same object shares one rule; the unbound spelling of a method
+(``ti.Vector.normalized(v, eps)``) finds the method's rule too.
+
+Each rule follows Taichi's own definition of the op (``taichi/lang/ops.py``,
+``matrix_ops.py``, ``math/mathimpl.py`` in Taichi 1.7.4), not a textbook one:
+``v.normalized(eps)`` is ``v / (|v| + eps)``, ``v.norm(eps)`` is
+``sqrt(|v|^2 + eps)``, ``clamp(x, lo, hi)`` is ``min(hi, max(lo, x))``. At a tie
+of ``min``/``max`` the derivative is the one Taichi's own reverse mode gives:
+that of the second operand (see NOTE: [Ties]).
 
 ``defjvp(op, *jvps)`` follows JAX: one function ``jvp(g, *args)`` per
 operand, giving that operand's contribution for tangent ``g``; zero tangents
@@ -24,6 +32,9 @@ from .sym import Sym, helpers, ti as T, zero_like
 
 RULES = {}
 """op key -> rule(call) -> tangent Sym or None."""
+
+REFUSED = {}
+"""Taichi op -> why it has no derivative rule: the transform's error says so, naming the op."""
 
 CUSTOM_JVPS = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
@@ -132,18 +143,27 @@ def method(*names):
     return [("method", n) for n in names]
 
 
+def unbound_method(callee):
+    """``("method", name)`` when ``callee`` is a method of ``ti.Matrix`` spelled unbound
+    (``ti.Vector.normalized``, which is ``ti.Matrix.normalized``), else None."""
+    name = getattr(callee, "__name__", None)
+    if isinstance(name, str) and getattr(ti.Matrix, name, None) is callee:
+        return ("method", name)
+    return None
+
+
 def lookup(callee):
-    """The rule for ``callee``, including families (vector types, dtype casts), or None."""
+    """The rule for ``callee``, including families (vector types, dtype casts) and unbound methods, or None."""
     try:
         if callee in RULES:
             return RULES[callee]
     except TypeError:  # unhashable callee
         return None
     if isinstance(callee, (VectorType, MatrixType)):
-        return _linear
+        return zero if is_integral(callee.dtype) else _linear
     if is_dtype(callee):
         return defined_cast(callee)
-    return None
+    return RULES.get(unbound_method(callee))
 
 
 def is_dtype(value):
@@ -189,11 +209,33 @@ _register(ast.Sub, _sum_rule(-1))
 defjvp(ast.Mult, lambda g, x, y: g * y, lambda g, x, y: x * g)
 defjvp(ast.Div, lambda g, x, y: g / y, lambda g, x, y: -g * x / (y * y))
 defjvp(ast.MatMult, lambda g, x, y: g @ y, lambda g, x, y: x @ g)
+
+
+def exponent_less_one(y):
+    """``y - 1``, or 1 where ``y == 0``: ``0 * x ** -1`` would be NaN at ``x = 0`` (``d x**0 = 0``)."""
+    if _is_number(y.node):
+        return y - 1
+    return T.select(y.eq(0), 1, y - 1)
+
+
+def log_of_base(x):
+    """``log(x)``, or 0 where ``x == 0``: ``x ** y * log(x)`` is then 0, not NaN, at ``x = 0``
+    (the derivative of ``0 ** y`` in ``y > 0``; as torch)."""
+    if _is_number(x.node):
+        return T.log(x)
+    return T.log(T.select(x.eq(0), 1.0, x))
+
+
+def _is_number(node):
+    return isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant))
+
+
 defjvp([ast.Pow, pow, ti.pow],
-       lambda g, x, y: y * x ** (y - 1) * g,
-       lambda g, x, y: g * x ** y * T.log(x))
+       lambda g, x, y: y * x ** exponent_less_one(y) * g,
+       lambda g, x, y: g * x ** y * log_of_base(x))
 defjvp(ast.Mod, lambda g, x, y: g, lambda g, x, y: -g * T.floor(x / y))
-defzero(ast.FloorDiv)
+defzero([ast.FloorDiv, ti.raw_mod])  # raw_mod is C's integer %: Taichi 1.7.4 crashes compiling it on floats
+defjvp(ti.raw_div, lambda g, x, y: g / y, lambda g, x, y: -g * x / (y * y))  # true division on floats
 defjvp(ast.USub, lambda g, x: -g)
 defjvp(ast.UAdd, lambda g, x: g)
 
@@ -211,16 +253,26 @@ defjvp(ti.sqrt, lambda g, x: g / (2 * T.sqrt(x)))
 defjvp(ti.rsqrt, lambda g, x: -0.5 * g * T.rsqrt(x) / x)
 defjvp([abs, ti.abs], lambda g, x: g * T.math.sign(x))
 defzero([ti.floor, ti.ceil, ti.round, ti.math.sign, ti.math.step, ti.math.isnan,
-         ti.math.isinf, ti.zero, int, stop_gradient])
-deflinear([float, ti.Vector, ti.Matrix])
+         ti.math.isinf, ti.zero, ti.one, int, stop_gradient] + method("any", "all"))
+deflinear(float)
 
 
+# NOTE: [Ties]
+# At a tie, min and max have no derivative; any choice is a convention. Taichi's own
+# reverse mode (checked in tests/test_rule_semantics.py) gives the adjoint of max(a, b)
+# to a only when a > b, of min(a, b) to a only when a < b: ties go to b. The rules do
+# the same, so @ti.func transforms agree with kernel programs, which use Taichi's
+# reverse mode. What is built on min/max inherits it: ti.max(a, b, c) is
+# max(a, max(b, c)), the last of equal arguments wins (as in the left fold the
+# transforms use); clamp(x, lo, hi) = min(hi, max(lo, x)) gives a tie to x, or to lo
+# when lo == hi != x; v.max() (Taichi folds the entries left to right) to the last
+# entry equal to the max.
 @defrule([min, ti.min])
 def _min(call):
     if all(t is None for t in call.tangents):
         return None
     (x, y), (dx, dy) = call.args, call.zeros()
-    return T.select(x <= y, dx, dy)
+    return T.select(x < y, dx, dy)
 
 
 @defrule([max, ti.max])
@@ -228,7 +280,7 @@ def _max(call):
     if all(t is None for t in call.tangents):
         return None
     (x, y), (dx, dy) = call.args, call.zeros()
-    return T.select(x >= y, dx, dy)
+    return T.select(x > y, dx, dy)
 
 
 @defrule(ti.select)
@@ -241,10 +293,30 @@ def _select(call):
 
 @defrule(ti.cast)
 def _cast(call):
-    dtype = call.static_args[1]
-    if call.tangents[0] is None or dtype is None or is_integral(dtype):
+    return _cast_tangent(call.tangents[0], call.args[1], call.static_args[1])
+
+
+def _cast_tangent(t, dtype, static_dtype):
+    """The tangent of a cast of a value with tangent ``t`` to ``dtype`` (``static_dtype``: its
+    value when the transform knows it, a parameter's ``dt`` is only known when Taichi compiles)."""
+    if t is None or (static_dtype is not None and is_integral(static_dtype)):
         return None
-    return T.cast(call.tangents[0], call.args[1])
+    if static_dtype is None:
+        return helpers.cast_tangent(t, dtype)
+    return T.cast(t, dtype)
+
+
+@defrule(method("cast"))
+def _cast_method(call):
+    return None if call.tangents[0] is None else _cast_tangent(call.tangents[0], call.args[1], call.static_args[1])
+
+
+@defrule([ti.Vector, ti.Matrix])
+def _construct(call):
+    """``ti.Vector([a, b], dt)``: linear in the entries; a dtype given positionally is no operand."""
+    if call.tangents[0] is None:
+        return None
+    return call.fn(call.tangents[0], *call.args[1:], **call.keywords)
 
 
 @defrule(ti.math.clamp)
@@ -252,8 +324,8 @@ def _clamp(call):
     if all(t is None for t in call.tangents):
         return None
     (x, lo, hi), (dx, dlo, dhi) = call.args, call.zeros()
-    # Taichi computes min(hi, max(lo, x)); pick the same branch it does, ties included
-    return T.select(hi <= T.max(lo, x), dhi, T.select(lo >= x, dlo, dx))
+    # Taichi computes min(hi, max(lo, x)); ties as its reverse mode (NOTE: [Ties])
+    return T.select(hi < T.max(lo, x), dhi, T.select(lo > x, dlo, dx))
 
 
 defjvp(ti.math.mix,
@@ -279,10 +351,19 @@ def _smoothstep(call):
 defjvp(method("dot") + [ti.math.dot], lambda g, x, y: g.dot(y), lambda g, x, y: x.dot(g))
 defjvp(method("cross") + [ti.math.cross], lambda g, x, y: g.cross(y), lambda g, x, y: x.cross(g))
 defjvp(method("outer_product"), lambda g, x, y: g.outer_product(y), lambda g, x, y: x.outer_product(g))
-defjvp(method("norm", "length") + [ti.math.length], lambda g, x, *eps: x.dot(g) / x.norm(*eps))
+defjvp(method("norm") + [ti.math.length], lambda g, x, *eps: x.dot(g) / x.norm(*eps))  # sqrt(|x|^2 + eps)
+defjvp(method("norm_inv"), lambda g, x, *eps: -x.norm_inv(*eps) ** 3 * x.dot(g))  # rsqrt(|x|^2 + eps)
 defjvp(method("norm_sqr"), lambda g, x: 2 * x.dot(g))
-defjvp(method("normalized") + [ti.math.normalize],
-       lambda g, x, *eps: (g - x.normalized(*eps) * x.normalized(*eps).dot(g)) / x.norm(*eps))
+
+
+def _normalized_tangent(g, x, *eps):
+    """Taichi's ``x.normalized(eps)`` is ``x / (|x| + eps)`` (eps outside the root, unlike ``norm``)."""
+    if not eps:
+        return (g - x.normalized() * x.normalized().dot(g)) / x.norm()
+    return (g - x.normalized(*eps) * (x.dot(g) / x.norm())) / (x.norm() + eps[0])
+
+
+defjvp(method("normalized") + [ti.math.normalize], _normalized_tangent)
 defjvp(method("determinant") + [ti.math.determinant], lambda g, x: (helpers.cofactors(x) * g).sum())
 defjvp(method("inverse") + [ti.math.inverse], lambda g, x: -(x.inverse() @ g @ x.inverse()))
 defjvp(ti.math.distance,
@@ -291,8 +372,8 @@ defjvp(ti.math.distance,
 defjvp(method("transpose"), lambda g, x: g.transpose())
 defjvp(method("trace"), lambda g, x: g.trace())
 defjvp(method("sum"), lambda g, x: g.sum())
-defjvp(method("max"), lambda g, x: T.select(x.eq(x.max()), g, T.zero(g)).sum())
-defjvp(method("min"), lambda g, x: T.select(x.eq(x.min()), g, T.zero(g)).sum())
+defjvp(method("max"), lambda g, x: helpers.pick_extreme(x, g, True))  # NOTE: [Ties]
+defjvp(method("min"), lambda g, x: helpers.pick_extreme(x, g, False))
 
 
 # --- the linear helpers reverse rules call (forward over reverse) -----------
@@ -310,3 +391,51 @@ def deflinear_in(keys, position):
 
 deflinear_in([rule_helpers.sum_to, rule_helpers.broadcast_like, rule_helpers.without, rule_helpers.without2], 0)
 deflinear_in([rule_helpers.scatter, rule_helpers.scatter2, rule_helpers.trace_adjoint], 1)
+deflinear_in([rule_helpers.cast_tangent, rule_helpers.cast_adjoint, rule_helpers.row_of, rule_helpers.col_of], 0)
+# piecewise constant in x (which entry wins), linear in the tangent or cotangent
+deflinear_in([rule_helpers.pick_extreme, rule_helpers.extreme_adjoint], 1)
+
+# --- constructors of matrices from values (the dims are static) -------------
+deflinear_in(ti.Matrix.diag, 1)
+deflinear_in([ti.Matrix.rows, ti.Matrix.cols], 0)
+
+
+# --- linear solves and decompositions (see NOTE: [Decompositions]) ---------
+@defrule(ti.solve)
+def _solve(call):
+    """``x = solve(A, b)``: ``dx = A^-1 (db - dA x)``, ``A^-1`` by cofactors (hoisted out of the lanes):
+    another ``ti.solve`` per direction would inline Taichi's Gauss elimination once per lane."""
+    (A, b), rest = call.args[:2], call.args[2:]
+    dA, db = call.tangents[:2]
+    if dA is None and db is None:
+        return None
+    x = T.solve(A, b, *rest, **call.keywords)  # the primal call: bound once, shared
+    rhs = db if dA is None else (-(dA @ x) if db is None else db - dA @ x)
+    return helpers.inverse_by_cofactors(A) @ rhs
+
+
+def _decomposition(op, n_results, tangent_helper):
+    """A rule for ``op(A, dt=None)`` returning ``n_results`` values: the helper takes them and ``dA``."""
+    def rule(call):
+        dA = call.tangents[0]
+        if dA is None:
+            return None
+        results = getattr(T, op)(*call.args, **call.keywords)  # the primal call: bound once, shared
+        return getattr(helpers, tangent_helper)(*[results[k] for k in range(n_results)], dA)
+    _register(getattr(ti, op), rule)
+
+
+_decomposition("svd", 3, "svd_jvp")
+_decomposition("sym_eig", 2, "sym_eig_jvp")
+_decomposition("polar_decompose", 2, "polar_decompose_jvp")
+
+# --- ops refused by name, with the reason (docs/limits.md lists them) -------
+REFUSED.update({
+    ti.eig: "the eigenvectors of a general matrix come in Taichi's complex 4x2 layout with its own scaling; "
+            "for a symmetric matrix use ti.sym_eig, which has a rule",
+    ti.frexp: "it returns an integer exponent (and Taichi 1.7.4 fails to compile it on the CPU)",
+    ti.bit_cast: "it reinterprets the bits of a value as another type",
+    ti.atomic_max: "an atomic update of shared storage (only atomic_add/atomic_sub statements are transformed)",
+    ti.atomic_min: "an atomic update of shared storage (only atomic_add/atomic_sub statements are transformed)",
+    ti.atomic_mul: "an atomic update of shared storage (only atomic_add/atomic_sub statements are transformed)",
+})

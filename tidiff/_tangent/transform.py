@@ -19,7 +19,7 @@ from .callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refu
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, helper_name, names_in
 from .parse import MISSING, hashable, positional, resolve, static_call
-from .rules import CUSTOM_JVPS, CUSTOM_VJPS, Call, RULES, callable_rule, lookup, zero
+from .rules import CUSTOM_JVPS, CUSTOM_VJPS, REFUSED, Call, RULES, callable_rule, lookup, zero
 from .sym import TAICHI, Sym, spell_taichi, taichi_name, zero_like
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
@@ -243,7 +243,12 @@ class Transformer:
             for target, (p, dp) in zip(targets.elts, parts):
                 self.split(target, p, dp)
         else:
-            self.split(targets, *self.lift(*self.expr(value), hint="value"))
+            p, dp = self.lift(*self.expr(value), hint="value")
+            if dp is not None and not is_atomic(dp):  # split reads it once per element: compute it once
+                dname = self.namer.tangent(p.id) if isinstance(p, ast.Name) else self.namer.fresh("dvalue")
+                self.emit(_assign(dname, dp))
+                dp = _name(dname)
+            self.split(targets, p, dp)
 
     def split(self, target, p, dp):
         """Assign ``p`` (a tuple for a tuple target) by indexing, never nested unpacking."""
@@ -316,7 +321,20 @@ class Transformer:
                 return self.atomic_sum(value)
             if getattr(callee, "__name__", "").startswith("atomic_") and getattr(callee, "__module__", "").startswith("taichi"):
                 self.expr(value)  # atomic_max & co. have no rule: the usual error names them
+        receiver = _fill_receiver(value)
+        if receiver is not None and root_names(receiver)[0] in self.active:
+            self.fill(value, receiver)
         self.emit(node)
+
+    def fill(self, node, receiver):
+        """``v.fill(e)`` writes every entry of ``v``: ``dv.fill(de)`` beside it (``dv.fill(0)`` for constant ``e``)."""
+        if len(node.args) != 1 or node.keywords:
+            raise self.error(node, f"the call `{ast.unparse(node)}`", "pass exactly one positional argument")
+        root = root_names(receiver)[0]
+        _, dvalue = self.atom(node.args[0])
+        dtarget = retarget(receiver, self.namer.tangent(root))
+        fill = ast.Attribute(dtarget, "fill", ast.Load())
+        self.emit(ast.Expr(ast.Call(fill, [ast.Constant(0.0) if dvalue is None else dvalue], [])))
 
     def atomic_sum(self, node):
         """``ti.atomic_add(v[i], e)`` -> also ``ti.atomic_add(dv[i], de)`` (the same for atomic_sub)."""
@@ -526,7 +544,9 @@ class Transformer:
         if transformable(callee):  # a @ti.func, or a plain Python helper (NOTE: [Python helpers])
             return self.call_function(node, callee)
         if (getattr(callee, "__module__", None) or "").startswith("taichi"):
-            raise self.error(node, f"a call to Taichi op `{ast.unparse(func)}` (no derivative rule)", call=True)
+            reason = REFUSED.get(callee) if hashable(callee) else None
+            why = "no derivative rule" if reason is None else f"no derivative rule: {reason}"
+            raise self.error(node, f"a call to Taichi op `{ast.unparse(func)}` ({why})", call=True)
         raise self.error(node, f"a call to `{ast.unparse(func)}`: {refusal(callee)}", call=True)
 
     def bind_value(self, value):
@@ -567,7 +587,8 @@ class Transformer:
         method = ast.Attribute(receiver, func.attr, ast.Load())
         args = [p for p, _ in parts]
         return self.apply(rule, ast.Call(method, args, node.keywords), Sym(method),
-                          [receiver] + args, [dreceiver] + [dp for _, dp in parts], node.keywords)
+                          [receiver] + args, [dreceiver] + [dp for _, dp in parts], node.keywords,
+                          [None] + [self._static(a) for a in args])
 
     def _nested_callee(self, node):
         """The @ti.func, helper or tidiff Function a call goes to when it will be transformed recursively, else None."""
@@ -656,6 +677,8 @@ def _assigned_once(tree):
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             targets = [n for t in node.targets for n in root_names(t)]
+        elif isinstance(node, ast.Expr) and _fill_receiver(node.value) is not None:
+            targets = root_names(_fill_receiver(node.value))
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)):
             targets = root_names(node.target)
         elif isinstance(node, ast.arg):
@@ -665,6 +688,14 @@ def _assigned_once(tree):
         for name in targets:
             counts[name] = counts.get(name, 0) + 1
     return {name for name, n in counts.items() if n == 1}
+
+
+def _fill_receiver(node):
+    """``v`` of ``v.fill(e)``, a call that writes every entry of ``v`` (Taichi's only mutating method), else None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fill" \
+            and root_names(node.func.value):
+        return node.func.value
+    return None
 
 
 def _hint(node):

@@ -1,0 +1,283 @@
+"""Rules follow Taichi's own definitions of its ops (Taichi 1.7.4's source), not memory.
+
+Each test pins a rule that was once written from memory and was wrong, or a convention
+(ties, a zero base, a symmetric part) that the op table's random points never reach.
+Where Taichi's reverse mode has an answer it is the reference; elsewhere torch or the
+closed form the test states.
+"""
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+from test_against_taichi_reverse import taichi_gradient
+
+import tidiff as td
+from tidiff._adjoint import why_not
+from tidiff._signature import ArgSpec
+
+vec2 = ti.types.vector(2, ti.f64)
+vec3 = ti.types.vector(3, ti.f64)
+mat2 = ti.types.matrix(2, 2, ti.f64)
+mat3 = ti.types.matrix(3, 3, ti.f64)
+mat4 = ti.types.matrix(4, 4, ti.f64)
+
+
+def close(actual, expected, rtol=1e-12, atol=1e-14):
+    np.testing.assert_allclose(np.asarray(actual, dtype=float), np.asarray(expected, dtype=float), rtol=rtol, atol=atol)
+
+
+def both_modes(f, args):
+    """The gradient of a scalar ``f`` by forward mode (jacfwd) and by reverse mode (grad)."""
+    argnums = tuple(range(len(args)))
+    return td.jacfwd(f, argnums=argnums)(*args), td.grad(f, argnums=argnums)(*args)
+
+
+def taichi_reverse(f, args):
+    specs = [ArgSpec(f"a{k}", np.shape(a), np.dtype(np.float64)) for k, a in enumerate(args)]
+    return taichi_gradient(f, specs, [np.asarray(a, dtype=float) for a in args], ())
+
+
+# -- normalized(eps) is v / (|v| + eps) -------------------------------------------------
+
+@ti.func
+def normalized_eps(v: vec2) -> vec2:
+    return v.normalized(0.1)
+
+
+def test_normalized_eps_is_v_over_norm_plus_eps():
+    """Issue 10: both rules divided by sqrt(|v|^2 + eps); jvp at (.3, .4) along (1, -2) gave
+    (2.39, -2.44). d[v / (|v| + eps)] = dv / s - v (v . dv) / (|v| s^2), s = |v| + eps."""
+    v, dv = np.array([0.3, 0.4]), np.array([1.0, -2.0])
+    s = np.linalg.norm(v) + 0.1
+    expected = dv / s - v * v.dot(dv) / (np.linalg.norm(v) * s * s)  # (2.5, -2.2222...)
+    _, tangent = td.jvp(normalized_eps, (v,), (dv,))
+    close(tangent, expected)
+    close(expected, [2.5, -2.0 - 2.0 / 9.0])
+    _, vjp_fn = td.vjp(normalized_eps, v)
+    close(vjp_fn(dv)[0], expected)  # the Jacobian is symmetric
+
+
+@ti.func
+def eps_norms(v: vec2) -> ti.f64:
+    unbound = ti.Vector.normalized(v, 0.2)[0]
+    return v.normalized(0.1).dot(ti.Vector([1.0, 2.0])) + v.norm(0.1) + v.norm_inv(0.1) + unbound
+
+
+def test_eps_variants_match_taichis_reverse_mode():
+    v = np.array([0.3, 0.4])
+    expected = taichi_reverse(eps_norms, [v])[0]
+    for (got,) in both_modes(eps_norms, (v,)):
+        close(got, expected)
+
+
+# -- ties: the second operand, as Taichi's reverse mode -----------------------------------
+
+@ti.func
+def max2(x: ti.f64, y: ti.f64) -> ti.f64:
+    return ti.max(x, y) + 2 * ti.min(x, y)
+
+
+@ti.func
+def max3(x: ti.f64, y: ti.f64, z: ti.f64) -> ti.f64:
+    return ti.max(x, y, z) + 2 * min(x, y, z)
+
+
+@ti.func
+def clamp(x: ti.f64, lo: ti.f64, hi: ti.f64) -> ti.f64:
+    return ti.math.clamp(x, lo, hi)
+
+
+@ti.func
+def reductions(x: ti.f64, y: ti.f64, z: ti.f64) -> ti.f64:
+    v = ti.Vector([x, y, z])
+    return v.max() + 2 * v.min() + 4 * ti.Matrix([[x, y], [z, x]]).max()
+
+
+TIES = [
+    (max2, (1.0, 1.0)),
+    (max3, (1.0, 1.0, 0.0)), (max3, (0.0, 1.0, 1.0)), (max3, (1.0, 0.0, 1.0)), (max3, (1.0, 1.0, 1.0)),
+    (max3, (0.0, 0.0, 1.0)),
+    (clamp, (0.0, 0.0, 1.0)), (clamp, (1.0, 0.0, 1.0)), (clamp, (0.5, 0.5, 0.5)), (clamp, (-1.0, 0.5, 0.5)),
+    (clamp, (2.0, 1.0, 1.0)),
+    (reductions, (1.0, 1.0, 0.0)), (reductions, (0.0, 1.0, 1.0)), (reductions, (1.0, 1.0, 1.0)),
+]
+
+
+@pytest.mark.parametrize("f, point", TIES, ids=[f"{f.__name__}{p}" for f, p in TIES])
+def test_ties_go_where_taichis_reverse_mode_sends_them(f, point):
+    """NOTE: [Ties]: a tie of max(a, b) goes to b; v.max() to the last of equal entries."""
+    args = tuple(np.float64(p) for p in point)
+    expected = taichi_reverse(f, args)
+    for grads in both_modes(f, args):
+        close(np.array(grads, dtype=float), np.array(expected, dtype=float).ravel())
+
+
+def test_a_tie_in_a_reduction_counts_once():
+    """v.max() at a tie is one entry's derivative: the sum over tied entries doubled the jvp."""
+    _, tangent = td.jvp(reductions, (1.0, 1.0, 0.0), (1.0, 1.0, 0.0))
+    close(tangent, 1.0 + 2 * 0.0 + 4 * 1.0)
+
+
+# -- pow at a zero base ---------------------------------------------------------------------
+
+@ti.func
+def power(x: ti.f64, y: ti.f64) -> ti.f64:
+    return x ** y
+
+
+@ti.func
+def integer_power(x: ti.f64, n: ti.i32) -> ti.f64:
+    return 3.0 * x ** n
+
+
+def test_pow_of_a_zero_base():
+    """d/dy 0**y = 0 for y > 0 (x**y * log x was 0 * -inf = NaN); d/dx x**0 = 0 at x = 0 (0 * x**-1
+    was NaN). torch gives the same; a negative base has no y-derivative (NaN, as in torch)."""
+    for got in both_modes(power, (0.0, 2.0)):
+        close(got, [0.0, 0.0])
+    x, y = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (0.0, 2.0))
+    close([g.item() for g in torch.autograd.grad(x**y, (x, y))], [0.0, 0.0])  # torch: the same
+    for n in (0, 1, 2):
+        close(td.grad(integer_power)(0.0, np.int32(n)), 3.0 * (1.0 if n == 1 else 0.0))
+        close(td.jacfwd(integer_power)(0.0, np.int32(n)), 3.0 * (1.0 if n == 1 else 0.0))
+    fwd, rev = both_modes(power, (-2.0, 3.0))
+    for got in (fwd, rev):
+        close(got[0], 12.0)
+        assert np.isnan(got[1])
+
+
+# -- casts to a dtype known only when Taichi compiles --------------------------------------
+
+@ti.func
+def cast_to(x, dt: ti.template()):
+    return ti.cast(x * x, dt) * x
+
+
+@ti.func
+def casts_by_parameter(x: ti.f64) -> ti.f64:
+    return cast_to(x, ti.f64) + cast_to(x, ti.i32)
+
+
+def test_a_cast_to_a_dtype_parameter():
+    """ti.cast(x, dt) with dt a template parameter: a float cast is linear, an integer one has
+    zero derivative (the forward rule dropped the tangent of both; the reverse one kept both)."""
+    x = 1.7
+    expected = 3 * x * x + np.trunc(x * x)
+    for (got,) in both_modes(casts_by_parameter, (x,)):
+        close(got, expected)
+
+
+# -- the dtype given positionally to ti.Vector / ti.Matrix (issue 10, item 8) --------------
+
+@ti.func
+def positional_dtype(x: ti.f64, y: ti.f64) -> ti.f64:
+    v = ti.Vector([x * y, x], ti.f64)
+    M = ti.Matrix([[x, y], [y, x * x]], ti.f64)
+    return v.dot(M @ v)
+
+
+def test_a_positional_dtype_is_no_operand():
+    assert why_not(positional_dtype, (True, True)) is None  # the reverse transform takes it
+    x, y = 0.7, -1.3
+
+    def reference(x, y):
+        v = torch.stack([x * y, x])
+        M = torch.stack([torch.stack([x, y]), torch.stack([y, x * x])])
+        return v @ (M @ v)
+
+    expected = [g.item() for g in torch.autograd.functional.jacobian(
+        reference, (torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)))]
+    for got in both_modes(positional_dtype, (x, y)):
+        close(got, expected)
+
+
+# -- determinants of singular 4x4 matrices -------------------------------------------------
+
+@ti.func
+def det4(A: mat4) -> ti.f64:
+    return A.determinant()
+
+
+def test_det_of_a_singular_4x4_has_the_cofactors_as_gradient():
+    """4x4 cofactors were det(a) * a^-T: NaN for a singular a, whose gradient is its cofactor matrix."""
+    A = np.array([[1.0, 2.0, 0.0, -1.0], [3.0, -1.0, 2.0, 1.0], [0.0, 1.0, 1.0, 2.0], [0.0, 0.0, 0.0, 0.0]])
+    A[3] = A[0] + 2 * A[1]  # rank 3, and small integers: det(A) is exactly 0
+    cofactors = np.array([[(-1) ** (i + j) * np.linalg.det(np.delete(np.delete(A, i, 0), j, 1)) for j in range(4)]
+                          for i in range(4)])
+    assert np.abs(cofactors).max() > 0.1
+    for (got,) in both_modes(det4, (A,)):
+        close(got, cofactors, rtol=1e-12, atol=1e-13)
+
+
+# -- sym_eig reads the symmetric part of a tangent -------------------------------------------
+
+@ti.func
+def eigenvalues(A: mat2) -> vec2:
+    w, _ = ti.sym_eig(A)
+    return w
+
+
+def test_sym_eig_differentiates_the_symmetric_part():
+    """Taichi assumes A symmetric and reads some entries only; the rule's convention is
+    sym_eig((A + A^T) / 2), as torch.linalg.eigh of symmetric input."""
+    A = np.array([[2.0, 0.3], [0.3, 1.0]])
+    E = np.array([[0.1, 1.0], [-0.4, 0.2]])
+    _, along_E = td.jvp(eigenvalues, (A,), (E,))
+    _, along_sym = td.jvp(eigenvalues, (A,), (0.5 * (E + E.T),))
+    close(along_E, along_sym)
+    _, Q = np.linalg.eigh(A)
+    close(along_E, [Q[:, 1] @ E @ Q[:, 1], Q[:, 0] @ E @ Q[:, 0]])  # Taichi's 2x2: larger first
+
+
+# -- polar decomposition where singular values repeat ----------------------------------------
+
+@ti.func
+def polar_energy(A: mat3) -> ti.f64:
+    U, P = ti.polar_decompose(A)
+    return U[0, 1] - 2.0 * U[2, 0] + U[1, 1] * P[0, 2] + P[1, 1] * P[2, 2] - 3.0 * P[2, 0]
+
+
+def _exact_polar_energy(A):
+    U, S, Vh = np.linalg.svd(A)
+    U, P = U @ Vh, Vh.T @ np.diag(S) @ Vh
+    return U[0, 1] - 2.0 * U[2, 0] + U[1, 1] * P[0, 2] + P[1, 1] * P[2, 2] - 3.0 * P[2, 0]
+
+
+def test_polar_at_a_rotation():
+    """A rotation has three equal singular values: the rule (a 3x3 solve in tr(P) I - P, see
+    NOTE: [Decompositions]) stays smooth there. Reference: central differences of the polar
+    decomposition from numpy's SVD (Taichi's own 3x3 SVD is accurate to ~1e-12 only near
+    repeated singular values, too little for differences; torch's SVD backward is NaN there)."""
+    c, s = np.cos(0.7), np.sin(0.7)
+    R = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+    basis = np.eye(9).reshape(9, 3, 3)
+    h = 1e-5
+    fd_grad = np.array([(_exact_polar_energy(R + h * e) - _exact_polar_energy(R - h * e)) / (2 * h) for e in basis])
+    close(td.grad(polar_energy)(R), fd_grad.reshape(3, 3), rtol=1e-8, atol=1e-9)
+    h = 1e-4
+    E = _exact_polar_energy
+    fd_hessian = np.array([[(E(R + h * a + h * b) - E(R + h * a - h * b) - E(R - h * a + h * b) + E(R - h * a - h * b))
+                            / (4 * h * h) for b in basis] for a in basis])
+    close(td.hessian(polar_energy)(R), fd_hessian.reshape(3, 3, 3, 3), rtol=1e-6, atol=1e-6)
+
+
+# -- ops refused by name ----------------------------------------------------------------------
+
+@ti.func
+def eig(A: mat2) -> ti.f64:
+    values, _ = ti.eig(A)
+    return values[0, 0]
+
+
+@ti.func
+def bit_cast(x: ti.f64) -> ti.f64:
+    return ti.cast(ti.bit_cast(x, ti.i64), ti.f64)
+
+
+@pytest.mark.parametrize("f, op, reason", [(eig, "ti.eig", "ti.sym_eig"), (bit_cast, "ti.bit_cast", "bits")])
+def test_ops_without_a_rule_are_refused_by_name_with_the_reason(f, op, reason):
+    x = np.eye(2) if f is eig else 1.0
+    for transform in (td.jacfwd, td.grad):
+        with pytest.raises(td.TransformError) as info:
+            transform(f)(x)
+        assert op in str(info.value) and reason in str(info.value)
