@@ -8,7 +8,7 @@ reader copying it would). A block that states a value asserts it.
 Conventions in the markdown:
 
 - ```python: runs.
-- ```bash, ```text (shell commands, printed output): never run.
+- ```bash, ```text (shell commands, diagrams, printed output): never run.
 - A ```python block that cannot run (a signature with its defaults, a
   sketch) is marked on the line just before its fence::
 
@@ -16,6 +16,13 @@ Conventions in the markdown:
 
   The comment is invisible on the rendered page and says why in the
   source. Use it sparingly: a fragment that can be made runnable should be.
+- A ```text block marked ``<!-- output -->`` just before its fence is what
+  the ```python block right before it prints: the test compares the two,
+  with ``...`` in the text matching anything (doctest's ELLIPSIS), so
+  printed generated code and error messages shown on a page stay true.
+
+Relative links between pages must point at files that exist, and their
+``#anchors`` at headings that exist (GitHub's spelling of a heading).
 
 Each page runs in a subprocess of its own (this file, run as a script).
 Pages call ``ti.init``, which would reset the runtime of the test process
@@ -30,6 +37,9 @@ block and the line.
 """
 from __future__ import annotations
 
+import contextlib
+import doctest
+import io
 import os
 import pathlib
 import re
@@ -43,18 +53,20 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 NOT_RUN = re.compile(r"^<!--\s*not run:\s*(?P<why>\S.*?)\s*-->\s*$")
+OUTPUT = re.compile(r"^<!--\s*output\s*-->\s*$")
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<info>[^`]*)$")
 LANGUAGES = {"python", "bash", "text"}  # the only fences the docs use (a bare ``` says nothing)
 
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block: its language, first code line (1-based) and code, and why it is not run."""
+    """One fenced block: its language, first code line (1-based) and code; why it is not run; whether it is output."""
 
     language: str
     line: int
     code: str
     not_run: str | None
+    output: bool = False
 
 
 def blocks(text: str) -> list[Block]:
@@ -68,36 +80,59 @@ def blocks(text: str) -> list[Block]:
             k += 1
             continue
         indent, language = m["indent"], m["info"].strip()
-        marker = NOT_RUN.match(lines[k - 1].strip()) if k else None
+        before = lines[k - 1].strip() if k else ""
+        marker = NOT_RUN.match(before)
         end = k + 1
         while end < len(lines) and lines[end].strip() != "```":
             end += 1
         if end == len(lines):
             raise ValueError(f"line {k + 1}: a ``` fence is never closed")
         code = "\n".join(line[len(indent):] if line.startswith(indent) else line.lstrip() for line in lines[k + 1:end])
-        out.append(Block(language, k + 2, code, marker["why"] if marker else None))
+        out.append(Block(language, k + 2, code, marker["why"] if marker else None, bool(OUTPUT.match(before))))
         k = end + 1
     return out
 
 
-def python_blocks(path: pathlib.Path) -> list[Block]:
-    return [b for b in blocks(path.read_text()) if b.language == "python" and b.not_run is None]
+def runnable(path: pathlib.Path) -> list[tuple[Block, Block | None]]:
+    """The page's Python blocks that run, each with the output block that follows it (or None)."""
+    found = blocks(path.read_text())
+    pairs = []
+    for k, block in enumerate(found):
+        if block.language == "python" and block.not_run is None:
+            after = found[k + 1] if k + 1 < len(found) and found[k + 1].output else None
+            pairs.append((block, after))
+    return pairs
+
+
+def matches(want: str, got: str) -> bool:
+    """Printed text against a page's output block: ``...`` matches anything; trailing spaces are ignored."""
+    def tidy(text: str) -> str:
+        return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()) + "\n"
+
+    return doctest.OutputChecker().check_output(tidy(want), tidy(got), doctest.ELLIPSIS)
 
 
 def run_page(path: pathlib.Path) -> None:
     """Run a page's Python blocks in one namespace; on an error, name the block and line and exit 1."""
     name = str(path.relative_to(ROOT))
     namespace: dict = {"__name__": "__main__"}
-    for number, block in enumerate(python_blocks(path), 1):
+    for number, (block, output) in enumerate(runnable(path), 1):
         source = "\n" * (block.line - 1) + block.code  # line numbers of the page itself
+        printed = io.StringIO()
         try:
-            exec(compile(source, str(path), "exec", dont_inherit=True), namespace)
+            with contextlib.redirect_stdout(printed):
+                exec(compile(source, str(path), "exec", dont_inherit=True), namespace)
         except BaseException as error:  # noqa: BLE001 - reported with its place, then the test fails
             frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == str(path)]
             line = frames[-1].lineno if frames else block.line
             print(f"{name}, block {number} (starting at line {block.line}), line {line}: "
                   f"{type(error).__name__}: {error}", file=sys.stderr)
             traceback.print_exception(error, file=sys.stderr)
+            sys.exit(1)
+        if output is not None and not matches(output.code, printed.getvalue()):
+            print(f"{name}, block {number} (starting at line {block.line}) printed what the output block at "
+                  f"line {output.line} does not show.\n--- the page shows:\n{output.code}\n--- it printed:\n"
+                  f"{printed.getvalue()}", file=sys.stderr)
             sys.exit(1)
 
 
@@ -121,12 +156,53 @@ def test_page_follows_the_conventions(path):
             f"got {block.language!r}")
         assert block.not_run is None or block.language == "python", (
             f"{path.name}, line {block.line - 2}: a 'not run' marker only applies to a python block")
-    markers = [k + 1 for k, line in enumerate(text.splitlines()) if "<!-- not run" in line]
-    marked = [b.line - 2 for b in blocks(text) if b.not_run is not None]
-    assert markers == marked, f"{path.name}: 'not run' markers not just before a fence, lines {markers}"
+    found = blocks(text)
+    for k, block in enumerate(found):
+        assert not block.output or (block.language == "text" and k and found[k - 1].language == "python"
+                                    and found[k - 1].not_run is None), (
+            f"{path.name}, line {block.line - 2}: an 'output' marker stands before a text block that directly "
+            "follows a python block that runs")
+    markers = [k + 1 for k, line in enumerate(text.splitlines()) if NOT_RUN.match(line.strip()) or
+               OUTPUT.match(line.strip()) or "<!-- not run" in line]
+    marked = [b.line - 2 for b in found if b.not_run is not None or b.output]
+    assert markers == marked, f"{path.name}: markers not just before a fence, lines {markers}"
 
 
-def test_blocks_reads_markers_indented_fences_and_line_numbers():
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: pathlib.Path) -> set[str]:
+    """The anchors of a page's headings (outside fenced blocks); repeats get -1, -2, ... as on GitHub."""
+    counts: dict[str, int] = {}
+    found: set[str] = set()
+    inside = False
+    for line in path.read_text().splitlines():
+        if FENCE.match(line):
+            inside = not inside
+        elif not inside and line.startswith("#"):
+            base = slug(line.lstrip("#"))
+            n = counts.get(base, 0)
+            found.add(f"{base}-{n}" if n else base)
+            counts[base] = n + 1
+    return found
+
+
+@pytest.mark.parametrize("path", PAGES, ids=[p.name for p in PAGES])
+def test_links_point_at_files_and_headings_that_exist(path):
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        assert linked.exists(), f"{path.name}: the link {target!r} points at nothing"
+        if anchor and linked.suffix == ".md":
+            assert anchor in anchors(linked), f"{path.name}: no heading of {linked.name} has the anchor #{anchor}"
+
+
+def test_blocks_markers_output_matching_and_anchors():
     text = "\n".join([
         "# Page",                    # 1
         "```python",                 # 2
@@ -151,6 +227,8 @@ def test_blocks_reads_markers_indented_fences_and_line_numbers():
         ("python", 11, "y = x + 1", None),
         ("bash", 14, "ls", None),
     ]
+    assert matches("a ...\nc", "a b  \nc\n") and not matches("a\nc", "a b\nc")
+    assert slug("Reverse: the adjoint transform of `@ti.func` code") == "reverse-the-adjoint-transform-of-tifunc-code"
     with pytest.raises(ValueError, match="never closed"):
         blocks("```python\nx = 1\n")
 
