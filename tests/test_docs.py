@@ -22,7 +22,9 @@ Conventions in the markdown:
   printed generated code and error messages shown on a page stay true.
 
 Relative links between pages must point at files that exist, and their
-``#anchors`` at headings that exist (GitHub's spelling of a heading).
+``#anchors`` at headings that exist (GitHub's spelling of a heading); a
+source file named in backticks (```_modes.py```, ```tidiff/_fields/tape.py```)
+must exist, and a ``NOTE: [Name]`` a page points to must be in the code.
 
 Each page runs in a subprocess of its own (this file, run as a script).
 Pages call ``ti.init``, which would reset the runtime of the test process
@@ -231,6 +233,22 @@ def test_blocks_markers_output_matching_and_anchors():
     assert slug("Reverse: the adjoint transform of `@ti.func` code") == "reverse-the-adjoint-transform-of-tifunc-code"
     with pytest.raises(ValueError, match="never closed"):
         blocks("```python\nx = 1\n")
+
+
+SOURCES = [p for p in ROOT.rglob("*.py") if ".venv" not in p.parts and "build" not in p.parts]
+
+
+@pytest.mark.parametrize("path", PAGES, ids=[p.name for p in PAGES])
+def test_named_files_and_notes_exist(path):
+    """Every ``file.py`` a page names (from the repository root or inside ``tidiff/``) and every NOTE it points to."""
+    text = " ".join(path.read_text().split())  # a note's name may wrap across lines
+    files = {str(p.relative_to(ROOT)) for p in SOURCES}
+    for named in set(re.findall(r"`([\w./]+\.py)`", text)):
+        assert any(f == named or f.endswith("/" + named) for f in files), (
+            f"{path.name} names `{named}`, which is no file of the repository")
+    code = " ".join(" ".join(p.read_text().split()) for p in (ROOT / "tidiff").rglob("*.py"))
+    for note in set(re.findall(r"NOTE: \[([^\]]+)\]", text)) - {"Name"}:
+        assert f"NOTE: [{note}]" in code, f"{path.name} points to NOTE: [{note}], which no module of tidiff holds"
 
 
 if __name__ == "__main__":
