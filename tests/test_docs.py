@@ -124,7 +124,7 @@ def run_page(path: pathlib.Path) -> None:
         try:
             with contextlib.redirect_stdout(printed):
                 exec(compile(source, str(path), "exec", dont_inherit=True), namespace)
-        except BaseException as error:  # noqa: BLE001 - reported with its place, then the test fails
+        except BaseException as error:  # reported with its place, then the page fails
             frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == str(path)]
             line = frames[-1].lineno if frames else block.line
             print(f"{name}, block {number} (starting at line {block.line}), line {line}: "
@@ -193,7 +193,7 @@ def anchors(path: pathlib.Path) -> set[str]:
 
 @pytest.mark.parametrize("path", PAGES, ids=[p.name for p in PAGES])
 def test_links_point_at_files_and_headings_that_exist(path):
-    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
         if re.match(r"[a-z]+:", target):
             continue  # https:, mailto:
