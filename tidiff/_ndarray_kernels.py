@@ -5,7 +5,7 @@ kernel's source as it transforms a ``@ti.func`` (``_tangent``): every input
 ndarray ``x`` gets a tangent parameter ``dx``, every output ``y`` a ``dy``
 that the tangent kernel writes beside ``y``. The result is an ordinary
 kernel: Taichi's reverse mode over it gives Hessian-vector products (second
-order, see ``_ndarrays``).
+order, see ``_kinds/ndarray.py``).
 
 # NOTE: [Kernel loops] In a kernel every ``for`` runs over indices (``range``,
 # ``ti.ndrange``, or a struct-for over an ndarray's index space), never over

@@ -14,7 +14,7 @@ the ops with a rule in ``rules.py``, calls of other reversible
 ``@ti.func`` s, ``for`` loops over ranges of constants (unrolled) and ``if``
 on a condition of constants (after unrolling: ``ti.static(i == j)``). Other
 loops and branches and custom rules make a function not reversible: its
-derivatives then come from forward pushes (``_bodies.py``), which handle
+derivatives then come from forward pushes (``_codegen/bodies.py``), which handle
 everything.
 """
 import ast

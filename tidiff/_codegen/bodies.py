@@ -337,10 +337,16 @@ def _flat_position(shape: tuple[int, ...], index: tuple[Any, ...]) -> Any:
     """The row-major flat position of ``index`` (constants or runtime values) in ``shape``."""
     if all(isinstance(i, int) for i in index):
         return int(np.ravel_multi_index(index, shape)) if shape else 0
-    position: Any = None
+    position: Any = 0  # an int while every index so far is a constant
     for n, i in zip(shape, index, strict=True):
-        position = node_of(i) if position is None else ast.BinOp(ast.BinOp(position, ast.Mult(), ast.Constant(n)),
-                                                                 ast.Add(), node_of(i))
+        if isinstance(position, int) and isinstance(i, int):
+            position = position * n + i
+            continue
+        scaled = position * n if isinstance(position, int) else ast.BinOp(position, ast.Mult(), ast.Constant(n))
+        if isinstance(scaled, int):
+            position = node_of(i) if scaled == 0 else ast.BinOp(ast.Constant(scaled), ast.Add(), node_of(i))
+        else:
+            position = ast.BinOp(scaled, ast.Add(), node_of(i))
     return Sym(position)
 
 

@@ -14,8 +14,9 @@
   outputs (so ``+=`` accumulates from zero) and clears gradients or duals:
   nothing of one call is visible in the next.
 - Reverse mode records the launches and replays their adjoints backwards
-  (:mod:`.tape`); forward mode drives ``ti.ad.FwdMode`` with float64
-  tangents in the twins' duals (:mod:`.forward`).
+  (:mod:`.tape`). ``jvp`` drives ``ti.ad.FwdMode`` with float64 tangents in
+  the twins' duals (:mod:`.forward`); tidiff's forward mode uses the tangent
+  program instead (``tangent()``, :mod:`.tangent`).
 - Each kernel compiles once per variant (primal, adjoint, forward); later
   calls with new values compile nothing.
 

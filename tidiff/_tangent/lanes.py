@@ -39,7 +39,7 @@ def lane_cost(stmts, tangent_names, callee_cost):
     ``callee_cost(stmt)`` gives the lane cost of the function a marked call
     statement calls. Taichi's compile time grows with the square of a
     kernel's straight-line size, so widening is bounded by this (see
-    NOTE: [Vector-mode pushes] in ``_bodies.py``).
+    NOTE: [Vector-mode pushes] in ``_modes.py``).
     """
     total = 0
     for stmt in stmts:

@@ -104,10 +104,10 @@ def _lambda_tree(fn, filename):
     lines = linecache.getlines(filename, fn.__globals__)
     if not lines:
         raise OSError(f"no source for {filename}")
-    cached = _MODULES.get(filename)
-    if cached is None or cached[0] is not lines:
-        cached = _MODULES[filename] = (lines, ast.parse("".join(lines), filename))
     code = fn.__code__
+    cached = _MODULES.get(filename)
+    if cached is None or cached[0] is not lines or code.co_firstlineno not in cached[2]:
+        cached = _MODULES[filename] = (lines, *_parse_around(lines, filename, code.co_firstlineno))
     params = list(code.co_varnames[:code.co_argcount])
     found = [node for node in ast.walk(cached[1]) if isinstance(node, ast.Lambda)
              and node.lineno == code.co_firstlineno and [a.arg for a in node.args.args] == params]
@@ -125,6 +125,22 @@ def _lambda_tree(fn, filename):
     tree = ast.FunctionDef(name, node.args, [ast.copy_location(ast.Return(node.body), node.body)], [], None)
     tree.is_lambda = True  # for messages: a lambda cannot be decorated
     return ast.copy_location(tree, node)
+
+
+def _parse_around(lines, filename, line, reach=40):
+    """The AST of a file, with the lines it covers; for a file that is not all Python
+    (a page of documentation with code blocks), of the smallest run of lines around ``line`` that parses."""
+    try:
+        return ast.parse("".join(lines), filename), range(1, len(lines) + 1)
+    except SyntaxError:
+        for start in range(line, max(line - reach, 0), -1):
+            for end in range(line, min(line + reach, len(lines)) + 1):
+                try:
+                    tree = ast.parse("".join(lines[start - 1:end]), filename)
+                except SyntaxError:
+                    continue
+                return ast.increment_lineno(tree, start - 1), range(start, end + 1)
+        raise
 
 
 def _lambda_name(module, lam):
