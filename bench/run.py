@@ -110,11 +110,11 @@ def plot_scaling(rows, path):
          ["tidiff td.hessian", "Taichi closed-form kernel (limit)", "JAX jit(vmap(hessian))",
           "torch.func vmap(hessian)"]),
     ]
-    for ax, (prefix, title, peers) in zip(axes, panels):
+    for ax, (prefix, title, peers) in zip(axes, panels, strict=True):
         for peer, pts in scaling_series(rows, prefix, peers).items():
             if len(pts) < 2:
                 continue
-            xs, ys = zip(*pts)
+            xs, ys = zip(*pts, strict=True)
             style = "-o" if peer.startswith("tidiff") else "--s" if "closed-form" in peer else ":^"
             ax.loglog(xs, [y * 1e3 for y in ys], style, label=peer)
         ax.set_title(title, fontsize=10)
@@ -148,8 +148,8 @@ def targets(rows):
 
     for B in (1e6, 1e4):
         closed = find(rows, "W1", "Taichi closed-form kernel", B)
-        jax_best = min([r for r in (find(rows, "W1", "JAX jit(vmap(jacfwd", B), find(rows, "W1", "JAX jit(vmap(jacrev", B))
-                        if r is not None], key=lambda r: r.median, default=None)
+        jax_rows = (find(rows, "W1", "JAX jit(vmap(jacfwd", B), find(rows, "W1", "JAX jit(vmap(jacrev", B))
+        jax_best = min([r for r in jax_rows if r is not None], key=lambda r: r.median, default=None)
         for name in ("td.jacfwd", "td.jacobian"):
             t = find(rows, "W1", f"tidiff {name}", B)
             if t is None:
@@ -165,7 +165,8 @@ def targets(rows):
             else:
                 q = ratio(t, jax_best)
                 add(f"W1 B=1e4: {name} ≤ 1.5× JAX", q, q is not None and q <= 1.5,
-                    f"{fmt_time(t.median)} vs {jax_best.peer + ' ' + fmt_time(jax_best.median) if jax_best else 'JAX absent'}")
+                    f"{fmt_time(t.median)} vs "
+                    f"{jax_best.peer + ' ' + fmt_time(jax_best.median) if jax_best else 'JAX absent'}")
     t, closed, jx = find(rows, "W2", "tidiff td.hessian"), find(rows, "W2", "Taichi closed-form kernel"), \
         find(rows, "W2", "JAX")
     if t is not None:
@@ -342,7 +343,8 @@ def main(argv=None):
     t0, load0 = time.time(), load()
     meta = {"quick": args.quick, "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(),
             "load0": load0, "versions": versions()}
-    log(f"tidiff bench ({'quick' if args.quick else 'full'}); " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()))
+    version_list = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    log(f"tidiff bench ({'quick' if args.quick else 'full'}); " + version_list)
     import importlib
 
     rows = []

@@ -2,10 +2,9 @@
 import numpy as np
 import taichi as ti
 import torch
+from op_table import ROW_BY_NAME
 
 import tidiff as td
-
-from op_table import ROW_BY_NAME
 
 vector = ROW_BY_NAME["vector"].func  # s * x.dot(x) + sin(x[0])
 matmul = ROW_BY_NAME["matmul"].func  # tanh(A x + A^T x)

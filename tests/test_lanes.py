@@ -8,7 +8,8 @@ to a runtime loop.
 import numpy as np
 import taichi as ti
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tidiff as td
 from tidiff._modes import LANE_BUDGET

@@ -4,11 +4,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from op_table import ROWS
 
 import tidiff as td
 import tidiff.testing as tt
-
-from op_table import ROWS
 
 RTOL, ATOL = 1e-7, 1e-10
 BATCHES = st.sampled_from([(), (3,), (2, 2)])

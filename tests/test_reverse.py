@@ -9,7 +9,8 @@ fallback to forward pushes for what the reverse transform does not handle.
 import numpy as np
 import taichi as ti
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tidiff as td
 from tidiff._adjoint import why_not

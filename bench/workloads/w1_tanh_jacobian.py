@@ -3,7 +3,6 @@
 Result: ``J`` of shape ``(B, 4, 8)``, ``J[i] = (1 - y_i^2) * W``.
 """
 import numpy as np
-
 from common import Case, get_jax, init_taichi, jax_missing_reason, measure, skipped, ti_sync
 
 M, N = 4, 8
@@ -95,6 +94,7 @@ _hand = {}
 def cases(B, which=None, seed=0):
     """The contenders at batch size B; ``which`` filters them by name substring."""
     import torch
+
     import tidiff as td
 
     rng = np.random.default_rng(seed)

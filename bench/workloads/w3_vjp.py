@@ -5,7 +5,6 @@ bandwidth bound is a plain copy of x (read 80 MB, write 80 MB) by a Taichi kerne
 The vjp itself reads x and c and writes two arrays: about 2x the copy's traffic.
 """
 import numpy as np
-
 from common import Case, get_jax, init_taichi, jax_missing_reason, measure, skipped, ti_sync
 
 ti = init_taichi()
@@ -71,6 +70,7 @@ class RawTaichi:
 
 def cases(n, which=None, seed=0):
     import torch
+
     import tidiff as td
 
     rng = np.random.default_rng(seed)
@@ -95,7 +95,8 @@ def cases(n, which=None, seed=0):
     out.append(Case("tidiff vjp_fn(c) alone", lambda: f(c)[0], kind="tidiff", to_numpy=lambda r: r,
                     ref=ref_g, note="primal done once"))
     raw = RawTaichi(x, c)
-    out.append(Case("Taichi raw kernel + kernel.grad (fields)", raw, to_numpy=lambda r: pair(raw.y.to_numpy(), r.to_numpy()),
+    out.append(Case("Taichi raw kernel + kernel.grad (fields)", raw,
+                    to_numpy=lambda r: pair(raw.y.to_numpy(), r.to_numpy()),
                     note="data already in fields; gradient left in x.grad (no copy out)"))
     yb, gb = np.empty(n), np.empty(n)
     out.append(Case("Taichi closed-form kernel (limit)", lambda: (closed_form(x, c, yb, gb), ti_sync(), (yb, gb))[2],

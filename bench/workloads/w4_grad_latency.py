@@ -4,7 +4,6 @@ Per-call times (each sample is a loop of many calls). The floor is a Taichi
 kernel launch: an empty one, and one taking and returning a scalar.
 """
 import numpy as np
-
 from common import Case, get_jax, init_taichi, jax_missing_reason, measure, skipped
 
 ti = init_taichi()
@@ -51,6 +50,7 @@ class RawTaichi:
 
 def cases():
     import torch
+
     import tidiff as td
 
     wl = "W4 latency of one scalar grad call"
