@@ -236,20 +236,32 @@ def _out(dout: Sym, o: int, single_out: bool) -> Sym:
 
 
 class LocalBlocks:
-    """Jacobian blocks held in local values of a body, which returns them (NOTE: [Flat values])."""
+    """Jacobian blocks held in local values of a body, which returns them (NOTE: [Flat values]).
+
+    A block whose entries all come at constant positions (reverse calls) is
+    built at the end as one literal of its entries instead of a zero value
+    stored into entry by entry: Taichi's store-to-load forwarding costs about
+    the square of the stores into a local value (NOTE: [Blocks written to the output]).
+    """
 
     def __init__(self, w: BodyWriter) -> None:
         self.w = w
         self.blocks: dict[tuple[int, int], Sym] = {}
+        self.deferred: dict[tuple[int, int], tuple[tuple[int, ...], Any, dict[tuple[int, ...], Any]]] = {}
 
-    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any) -> None:
-        if full:
+    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False) -> None:
+        """Start block (o, a); ``constant_positions``: every entry will come at a constant position."""
+        if full and constant_positions:
+            self.deferred[o, a] = (full, dtype, {})
+        elif full:
             self.blocks[o, a] = self.w.let(f"J_{o}_{a}", zero(full, dtype))
 
     def put(self, o: int, a: int, full: tuple[int, ...], index: Sequence[Any], value: Any) -> None:
         """Entry ``index`` (a multi-index into ``full``, constants or runtime values) of block (o, a)."""
         if not full:
             self.blocks[o, a] = self.w.let(f"J_{o}_{a}", value)
+        elif (o, a) in self.deferred:
+            self.deferred[o, a][2][tuple(index)] = value  # of names bound once: valid at close
         elif len(full) <= 2:
             self.w.store(_subscript(self.blocks[o, a], list(index)), value)
         else:
@@ -258,6 +270,15 @@ class LocalBlocks:
     def put_whole(self, o: int, a: int, full: tuple[int, ...], value: Any) -> None:
         """All of block (o, a) at once (a block as the arguments' shape)."""
         self.blocks[o, a] = self.w.let(f"J_{o}_{a}", value)
+
+    def close(self) -> None:
+        """Build the deferred blocks from their entries (missing entries are zeros)."""
+        for (o, a), (full, dtype, entries) in self.deferred.items():
+            every = [entries.get(idx, 0.0) for idx in itertools.product(*[range(n) for n in full])]
+            shape = full if len(full) <= 2 else (len(every),)
+            values = dict(zip(itertools.product(*[range(n) for n in shape]), every, strict=True))
+            self.blocks[o, a] = self.w.let(f"J_{o}_{a}", literal(values, shape, dtype))
+        self.deferred.clear()
 
 
 class OutputBlocks:
@@ -277,7 +298,10 @@ class OutputBlocks:
     def __init__(self, w: BodyWriter, arrays: dict[tuple[int, int], Sym], index: Sym) -> None:
         self.w, self.arrays, self.index = w, arrays, index
 
-    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any) -> None:
+    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
     def put(self, o: int, a: int, full: tuple[int, ...], index: Sequence[Any], value: Any) -> None:
@@ -301,7 +325,7 @@ def jacobian_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], argnum
         for o in wanted:
             for a in argnums:
                 if out_specs[o].shape:
-                    sink.open(o, a, out_specs[o].shape + specs[a].shape, out_specs[o].dtype)
+                    sink.open(o, a, out_specs[o].shape + specs[a].shape, out_specs[o].dtype, constant_positions=True)
         for o in wanted:
             out = out_specs[o]
             for q, oidx in enumerate(itertools.product(*[range(n) for n in out.shape])):
@@ -314,6 +338,7 @@ def jacobian_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], argnum
                         continue
                     for idx in itertools.product(*[range(n) for n in spec.shape]):
                         sink.put(o, a, full, oidx + idx, entry(ct, spec.shape, idx))
+        sink.close()
         return pushes.value
     for a in argnums:
         spec = specs[a]

@@ -26,7 +26,7 @@ def compile_source(source: str | ast.AST, name: str, namespace: dict[str, Any], 
     """
     if isinstance(source, ast.AST):
         module = source if isinstance(source, ast.Module) else ast.Module([source], [])
-        source = ast.unparse(ast.fix_missing_locations(module)) + "\n"
+        source = wrap_long_lines(ast.unparse(ast.fix_missing_locations(module))) + "\n"
     filename = f"<tidiff-{tag}-{next(_counter)}:{name}>"
     lines = source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
@@ -38,3 +38,64 @@ def compile_source(source: str | ast.AST, name: str, namespace: dict[str, Any], 
     except TypeError:  # an object that cannot be weakly referenced keeps its entry
         pass
     return obj
+
+
+# NOTE: [Where compile time goes] A first call compiles one Taichi kernel;
+# for generated derivative code its time splits three ways (cProfile and
+# ti.profiler.print_scoped_profiler_info, 2-core CPU, offline cache off):
+# - Taichi's Python frontend visits every AST node of the inlined code at a
+#   few µs each, plus a message it formats for every node from the node's
+#   whole source line (textwrap): linear in nodes, times the line length.
+#   Generated lines are therefore wrapped (``wrap_long_lines``).
+# - Its IR passes, mostly ``full_simplify``: ``cfg_optimization``
+#   (store-to-load forwarding, reaching definitions) and ``whole_kernel_cse``
+#   grow faster than linearly with the statements of one basic block and
+#   with the stores into one local value (a local matrix is one alloca per
+#   entry); stores at run-time positions into a local value are the worst,
+#   about the square of its size. Hence: Jacobian blocks written straight
+#   into output arrays on the host (NOTE: [Blocks written to the output]),
+#   blocks of constant positions built as one literal, pushes beyond the
+#   lane budget in a run-time loop (NOTE: [Vector-mode pushes]).
+# - LLVM: about 0.1 s, nearly constant.
+# Measured for ``jacfwd(jacrev(tanh(W x + b), 0), 0)`` by a 4x8 W (a
+# 4x4x8x4x8 block): frontend 1.1 s over 13,000 nodes (1.6 s before lines were
+# wrapped), IR passes 2.0 s (CSE 0.6 s, store-to-load 0.5 s) over four
+# copies of the reverse function's tangent, one per output component;
+# LLVM 0.1 s. ``td.hessian`` of a 64-vector function: 0.7 s in all.
+# bench/compile_scaling.py measures tidiff against JAX and hand-written Taichi.
+
+
+def wrap_long_lines(source: str, longest: int = 300, width: int = 100) -> str:
+    """Break lines longer than ``longest`` after commas inside brackets, about every ``width`` characters.
+
+    Taichi's frontend formats a message (the node's whole line, wrapped to 80
+    columns) for every AST node it visits, so a generated line of thousands of
+    characters (a literal Jacobian of 128 entries) costs about the square of
+    its length: 1.5 s of the 4.5 s first call of an mlp Hessian.
+    """
+    wrapped = []
+    for line in source.splitlines():
+        if len(line) <= longest:
+            wrapped.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 8)
+        depth, quote, start, escaped = 0, "", 0, False
+        for i, c in enumerate(line):
+            if quote:
+                if escaped:
+                    escaped = False
+                elif c == "\\":
+                    escaped = True
+                elif c == quote:
+                    quote = ""
+            elif c in "'\"":
+                quote = c
+            elif c in "([{":
+                depth += 1
+            elif c in ")]}":
+                depth -= 1
+            elif c == "," and depth > 0 and i - start >= width:
+                wrapped.append(line[start:i + 1] if start == 0 else indent + line[start:i + 1].lstrip())
+                start = i + 1
+        wrapped.append(line[start:] if start == 0 else indent + line[start:].lstrip())
+    return "\n".join(wrapped)

@@ -5,6 +5,7 @@ import copy
 import taichi as ti
 
 from .._codegen import compile_source
+from .._codegen.compile import wrap_long_lines
 from . import rule_helpers
 from .activity import assignments
 from .parse import parse, python_function
@@ -68,7 +69,7 @@ def generate(f, active, make, tag="jvp"):
     tree = transformer.run()
     if parsed.kind == "helper":
         _by_reference(tree, transformer.taichi_name)
-    text = ast.unparse(ast.Module([tree], []))
+    text = wrap_long_lines(ast.unparse(ast.Module([tree], [])))
     namespace = dict(parsed.namespace)
     namespace.update(transformer.helpers)
     namespace[transformer.taichi_name] = ti
