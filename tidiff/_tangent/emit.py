@@ -76,7 +76,6 @@ def generate(f, active, make, tag="jvp"):
     namespace[RULE_HELPERS] = rule_helpers
     g = compile_source(text + "\n", tree.name, namespace, tag=tag)
     g._tidiff_primal = f
-    g._tidiff_active = active
     if hasattr(transformer, "lane_cost"):
         g._tidiff_lane_cost = transformer.lane_cost
     if getattr(transformer, "uses_bwd", False):

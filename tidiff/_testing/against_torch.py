@@ -3,7 +3,8 @@ import numpy as np
 
 from .. import _api as T
 from .evidence import Comparison, Evidence, entry_namer
-from .problem import Problem, contract_in, sum_to, walk
+from .._tree import flatten_like
+from .problem import Problem, contract_in, sum_to
 
 REF = "torch"
 
@@ -158,7 +159,7 @@ def _second_order_jacobian(p, ref, evidence, rtol, atol, call):
     for label, outer, inner in (("td.jacfwd(td.jacrev(f))", T.jacfwd, T.jacrev),
                                 ("td.jacrev(td.jacrev(f))", T.jacrev, T.jacrev)):
         got = outer(inner(p.fn, argnums), argnums)(*p.arrays)
-        for k, per_arg in enumerate(walk(p.tree, got)):  # output k, then d/d argnums[j], then d/d argnums[i]
+        for k, per_arg in enumerate(flatten_like(p.tree, got, "td.testing", "a result")):  # output k, then d/d argnums[j], then d/d argnums[i]
             if k not in p.float_outs:
                 continue
             for j, a in enumerate(argnums):

@@ -7,7 +7,7 @@ they stay an independent reference.
 import numpy as np
 
 from .._protocol import as_function
-from .._tree import leaves, unflatten
+from .._tree import flatten_like, leaves, unflatten
 
 # NOTE: [Step of central differences] The error of (f(x+h) - f(x-h)) / 2h is
 # about h^2 |f'''| / 6 (truncation) plus eps_mach |f| / h (rounding); the sum
@@ -47,12 +47,12 @@ class Problem:
     # -- outputs -------------------------------------------------------------
     def flatten(self, value):
         """The outputs of one call in order (nested tuples flattened depth first)."""
-        return [np.asarray(v) for v in walk(self.tree, value)]
+        return [np.asarray(v) for v in flatten_like(self.tree, value, "td.testing", "a result")]
 
     def flatten_jacobian(self, value):
         """``{(k, j): block}`` from a transform with ``argnums=self.floats``: output k, float argument j."""
         return {(k, j): np.asarray(block)
-                for k, blocks in enumerate(walk(self.tree, value)) for j, block in enumerate(blocks)}
+                for k, blocks in enumerate(flatten_like(self.tree, value, "td.testing", "a result")) for j, block in enumerate(blocks)}
 
     def structure(self, flat):
         """Nest a flat list of per-output values as the function's outputs are nested."""
@@ -140,15 +140,6 @@ class Problem:
         arrays = list(self.arrays)
         arrays[a] = value
         return arrays
-
-
-def walk(tree, value):
-    """The leaves of ``value``, nested as ``tree``, depth first."""
-    if isinstance(tree, tuple):
-        for t, v in zip(tree, value):
-            yield from walk(t, v)
-    else:
-        yield value
 
 
 def _pick(values, ks):
