@@ -71,8 +71,9 @@ def tape_gradient(v0, k=None):
 
 
 def central(f, x, eps=1e-6):
-    return np.array([(f(x + eps * e) - f(x - eps * e)) / (2 * eps) for e in np.eye(x.size)]).reshape(
-        np.shape(f(x)) + x.shape)
+    steps = [e.reshape(x.shape) for e in np.eye(x.size)]
+    columns = [(f(x + eps * e) - f(x - eps * e)) / (2 * eps) for e in steps]
+    return np.moveaxis(np.array(columns), 0, -1).reshape(np.shape(f(x)) + x.shape)
 
 
 def test_data_oriented_program_value_and_grad_equal_tape():
