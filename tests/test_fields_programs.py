@@ -233,28 +233,3 @@ def test_call_errors_name_the_argument_and_leave_no_state(err_prog):
     (value,), grads = err_prog.vjp(good, [np.array(1.0)])
     assert value == 8.0 and grads[1] == 4.0
     np.testing.assert_array_equal(grads[0], np.full(4, 2.0))
-
-
-def test_a_kernel_reached_through_an_attribute_is_refused_before_it_runs():
-    class Sim:
-        pass
-
-    target = ti.field(ti.f64, shape=())
-
-    @ti.kernel
-    def poke():
-        target[None] = 99.0
-
-    sim = Sim()
-    sim.poke = poke
-
-    def program():
-        err_kernel()
-        sim.poke()
-
-    prog = Program(program, inputs=[xe, we], outputs=[le])
-    with pytest.raises(TypeError, match="poke.*did not rebuild"):
-        prog.primal([np.ones(4), np.array(1.0)])
-    with pytest.raises(TypeError, match="poke.*did not rebuild"):
-        prog.jvp([np.ones(4), np.array(1.0)], [None, None])
-    assert target[None] == 0.0

@@ -1,32 +1,38 @@
-"""The tangent transform of kernels over global fields, against Taichi's own forward mode (ti.ad.FwdMode).
+"""The tangent transform of kernels over global fields, through the public API.
 
 Each program's tangent program (every kernel replaced by its tangent kernel,
-tidiff._fields.tangent) must push tangents exactly as FwdMode does
-(FieldProgram.jvp drives FwdMode); one test drives FwdMode by hand on the
-user's own fields.
+tidiff._fields.tangent) must give ``td.jvp`` equal to reverse mode by the
+dot-product test ``<t, vjp(c)> == <jvp(t), c>`` (reverse mode is Taichi's
+own adjoint kernels, replayed as ti.ad.Tape does) and to central
+differences; one test drives ti.ad.FwdMode by hand on the user's own fields.
 """
 import numpy as np
 import pytest
 import taichi as ti
+from programs import M, Program, energy_out, s0, s3, simulate
 
 from tidiff._errors import TransformError
-from tidiff._fields import FieldProgram
 from tidiff._tangent import FieldTangents, jvp_kernel, source
-
-from programs import M, energy_out, s0, s3, simulate
 
 RTOL = 1e-12
 
 
-def assert_tangents_match_fwdmode(program, args, seed=0):
-    """The tangent program's outputs and tangents equal FieldProgram.jvp's (FwdMode), at random tangents."""
+def assert_tangents_match_reverse(program, args, seed=0, eps=1e-6):
+    """td.jvp's outputs are the primal's; its tangents pass the dot-product test and central differences."""
     rng = np.random.default_rng(seed)
     tangents = [rng.standard_normal(np.shape(a)) for a in args]
+    cotangents = [rng.standard_normal(s.shape) for s in program.out_specs]
     outs, out_tangents = program.jvp(args, tangents)
-    got = program.tangent().primal(list(args) + tangents)
-    assert len(got) == 2 * len(outs)
-    for expected, actual in zip(outs + out_tangents, got):
+    for actual, expected in zip(outs, program.primal(args)):
         np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=1e-13)
+    _, grads = program.vjp(args, cotangents)
+    lhs = sum(float(np.vdot(t, g)) for t, g in zip(tangents, grads))
+    rhs = sum(float(np.vdot(t, c)) for t, c in zip(out_tangents, cotangents))
+    assert lhs == pytest.approx(rhs, rel=1e-10, abs=1e-12)
+    plus = program.primal([a + eps * t for a, t in zip(args, tangents)])
+    minus = program.primal([a - eps * t for a, t in zip(args, tangents)])
+    for actual, p, m in zip(out_tangents, plus, minus):
+        np.testing.assert_allclose(actual, (p - m) / (2 * eps), rtol=1e-6, atol=1e-7)
     assert any(np.abs(t).max() > 0 for t in out_tangents)
 
 
@@ -48,8 +54,8 @@ def energy():
 
 
 def test_scalar_fields_and_a_func_reading_fields():
-    program = FieldProgram(energy, inputs=[x, w], outputs=[loss])
-    assert_tangents_match_fwdmode(program, [np.linspace(-1, 1, 8), np.array(1.7)])
+    program = Program(energy, inputs=[x, w], outputs=[loss])
+    assert_tangents_match_reverse(program, [np.linspace(-1, 1, 8), np.array(1.7)])
 
 
 def test_against_fwdmode_on_the_users_own_fields():
@@ -99,10 +105,10 @@ def mechanics():
 
 
 def test_vector_matrix_fields_and_a_void_func():
-    program = FieldProgram(mechanics, inputs=[F, b], outputs=[strain, y])
+    program = Program(mechanics, inputs=[F, b], outputs=[strain, y])
     rng = np.random.default_rng(1)
     Fs = np.eye(2) + 0.3 * rng.standard_normal((2, 3, 2, 2))
-    assert_tangents_match_fwdmode(program, [Fs, rng.standard_normal((2, 3, 2))])
+    assert_tangents_match_reverse(program, [Fs, rng.standard_normal((2, 3, 2))])
 
 
 # --- range, ti.ndrange, ti.static, ti.atomic_add, branches on field values, an index field -------
@@ -129,8 +135,8 @@ def reductions():
 
 def test_loops_atomics_branches_and_index_fields():
     index.from_numpy(np.array([3, 2, 1, 0], dtype=np.int32))
-    program = FieldProgram(reductions, inputs=[grid], outputs=[total, rows])
-    assert_tangents_match_fwdmode(program, [np.random.default_rng(2).standard_normal((3, 4))])
+    program = Program(reductions, inputs=[grid], outputs=[total, rows])
+    assert_tangents_match_reverse(program, [np.random.default_rng(2).standard_normal((3, 4))])
 
 
 # --- a Python program: two kernels through an intermediate field -------------------------------
@@ -157,17 +163,17 @@ def step():
 
 
 def test_python_program_with_an_intermediate_field():
-    program = FieldProgram(step, inputs=[u], outputs=[out])
-    assert_tangents_match_fwdmode(program, [np.linspace(0.2, 1.1, 4)])
+    program = Program(step, inputs=[u], outputs=[out])
+    assert_tangents_match_reverse(program, [np.linspace(0.2, 1.1, 4)])
     # the intermediate's tangent starts from zero on every run: a second run gives the same
-    assert_tangents_match_fwdmode(program, [np.linspace(0.2, 1.1, 4)])
+    assert_tangents_match_reverse(program, [np.linspace(0.2, 1.1, 4)])
 
 
 # --- template kernels: fields passed as ti.template() arguments, double buffers (tests/programs.py)
 def test_template_kernels_get_their_tangent_fields_at_launch():
-    program = FieldProgram(simulate, inputs=[s0], outputs=[s3, energy_out])
-    assert_tangents_match_fwdmode(program, [np.linspace(-1, 1, M)])
-    text = source(program.tangent()._source.__globals__["advance"])
+    program = Program(simulate, inputs=[s0], outputs=[s3, energy_out])
+    assert_tangents_match_reverse(program, [np.linspace(-1, 1, M)])
+    text = source(program.fn.program.tangent()._source.__globals__["advance"])
     assert "def advance_jvp(h: ti.f64, src: ti.template(), dst: ti.template(), dsrc: ti.template(), " \
            "ddst: ti.template()):" in text
     assert "return advance_jvp(h, src, dst, tangent_of(src), tangent_of(dst))" in text

@@ -15,6 +15,7 @@ from ._api import vjp as vjp
 from ._cache import CacheInfo as CacheInfo
 from ._cache import cache_info as cache_info
 from ._errors import TransformError as TransformError
+from ._fields.parts import part as part
 from ._kinds.custom import custom_jvp as custom_jvp
 from ._kinds.custom import custom_vjp as custom_vjp
 from ._protocol import Function as Function
@@ -48,6 +49,7 @@ __all__ = [
     "jacobian",
     "jacrev",
     "jvp",
+    "part",
     "source",
     "stop_gradient",
     "testing",

@@ -27,7 +27,7 @@ from ._tree import flatten_like, leaves, unflatten
 
 
 def function(f: Any, *, inputs: Any = None, outputs: Any = None, signature: Any = None, name: str | None = None,
-             constants: dict[str, Any] | None = None) -> Function:
+             constants: dict[str, Any] | None = None, state: Any = None) -> Function:
     """Wrap Taichi code as a differentiable :class:`Function`.
 
     Args:
@@ -48,6 +48,11 @@ def function(f: Any, *, inputs: Any = None, outputs: Any = None, signature: Any 
             by name, of Taichi types (``ti.math.vec3``, ``ti.f64``) or shape
             tuples (``(3,)``, ``(2, 2)``, ``()`` for float values).
         name: the name ``td.cache_info()`` and error messages use.
+        state: for a field program, fields it writes as it runs
+            (accumulators, intermediate state) that are zeroed before each
+            call instead of being loaded with their current values.
+            ``inputs``/``outputs`` may also name part of a field along its
+            leading axes: ``td.part(v, 0)`` (see docs/kernel-programs.md).
 
     Returns:
         A :class:`Function`: call it on host arrays (NumPy, torch, Python
@@ -58,7 +63,9 @@ def function(f: Any, *, inputs: Any = None, outputs: Any = None, signature: Any 
         >>> F = td.function(f, signature=[(3,), ()])
         >>> conv = td.function(conv_kernel, inputs=["k", "w"], outputs={"out": lambda k, w: k.shape})
     """
-    return _function(f, inputs=inputs, outputs=outputs, signature=signature, name=name, constants=constants)
+    options = {} if state is None else {"state": state}  # only field programs take it
+    return _function(f, inputs=inputs, outputs=outputs, signature=signature, name=name, constants=constants,
+                     **options)
 
 
 @taichi_callable

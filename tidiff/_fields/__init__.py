@@ -37,7 +37,9 @@ Limitations:
       mode, as with ``ti.ad.Tape``/``FwdMode``; use ``x.fill(0)`` or a
       kernel. ``from_numpy`` inside the program cannot run under forward
       mode.
-    - ``ti.ad.grad_replaced``/``grad_for`` custom gradients are not honoured.
+    - ``ti.ad.grad_replaced``/``grad_for`` functions are honoured as ``ti.ad.Tape``
+      does (their backward is the gradient; ``no_grad`` stops it); forward mode
+      of a program calling one is refused, naming it.
     - An integer input is not differentiable: its ``vjp`` gradient is
       ``None`` and its tangent is ignored. An integer output's tangent is
       zeros and its cotangent is ignored.

@@ -1,66 +1,103 @@
 """Validate what a :class:`~.program.FieldProgram` is given, at construction and per call.
 
 Every check runs before any twin is touched, so a refused call leaves no
-state behind.
+state behind. Messages name the user's call (``td.function(run)``) and the
+argument (``inputs[1]``), never tidiff's own classes.
 """
 import inspect
+import types
 
 import numpy as np
+from taichi.lang.kernel_impl import _BoundedDifferentiableMethod
 
 from .._errors import describe_shape
-from .graph import is_field, is_kernel
-from .twins import full_shape, is_real, numpy_dtype
+from .graph import (
+    is_class_kernel,
+    is_field,
+    is_grad_replaced,
+    is_kernel,
+    is_user_object,
+)
+from .parts import Part, as_part
+from .twins import is_real, numpy_dtype
 
 
-def check_program(program):
-    """A parameterless ``@ti.kernel`` or plain Python callable; else ``TypeError``."""
-    if getattr(program, "_is_classkernel", False) or hasattr(program, "_kernel_owner"):
+def program_callable(program, call):
+    """The callable to run: a kernel, a function, a bound method (``sim.run``) or a callable object.
+
+    Raises ``TypeError`` for anything else, and for a class kernel taken
+    from its class rather than from an object.
+    """
+    if is_class_kernel(program):
+        raise TypeError(f"{call}: {program.__name__} is a kernel of a @ti.data_oriented class taken from the "
+                        "class; pass it bound to its object (sim.run, not Sim.run)")
+    if (is_kernel(program) or isinstance(program, (types.FunctionType, types.MethodType, _BoundedDifferentiableMethod))
+            or is_grad_replaced(program)):
+        return program
+    if is_user_object(program) and callable(program):
+        return program.__call__
+    raise TypeError(f"{call}: expected a @ti.kernel, a Python function or a method that launches kernels, "
+                    f"got {type(program).__name__}")
+
+
+def required_parameters(program):
+    """Names of the parameters a call of ``program`` must pass."""
+    if isinstance(program, _BoundedDifferentiableMethod):
+        fn, skip = program._primal.func, 0 if program._is_staticmethod else 1
+    else:
+        fn, skip = (program.__wrapped__ if is_kernel(program) else program), 0
+    params = list(inspect.signature(fn).parameters.values())[skip:]
+    return [p.name for p in params
+            if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def check_program(program, call, takes=0):
+    """``program`` as a callable taking ``takes`` positional parameters; else ``TypeError``."""
+    program = program_callable(program, call)
+    required = required_parameters(program)
+    if len(required) > takes:
+        what = "no parameters" if not takes else f"{takes} parameter{'s' if takes > 1 else ''} (the step index)"
         raise TypeError(
-            "FieldProgram(program=...): kernels of @ti.data_oriented classes are not supported; "
-            "pass a module-level @ti.kernel or a plain function that launches kernels"
+            f"{call}: the program must take {what}, it takes {', '.join(required)}; bind them with a "
+            "closure (lambda: step(dt)) or move them into fields"
         )
-    if not (is_kernel(program) or inspect.isfunction(program)):
-        raise TypeError(
-            "FieldProgram(program=...): expected a @ti.kernel or a plain Python function "
-            f"with no parameters that launches kernels, got {type(program).__name__}"
-        )
-    fn = program.__wrapped__ if is_kernel(program) else program
-    required = [
-        p.name
-        for p in inspect.signature(fn).parameters.values()
-        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-    if required:
-        raise TypeError(
-            f"FieldProgram(program={fn.__name__}): the program must take no parameters, "
-            f"it takes {', '.join(required)}; bind them with a closure or move them into fields"
-        )
+    return program
 
 
-def check_fields(inputs, outputs):
-    """Fields only, each listed once, outputs not also inputs, at least one output."""
-    inputs, outputs = list(inputs), list(outputs)
+def check_fields(inputs, outputs, call, state=()):
+    """Fields or parts, each listed once, outputs not overlapping inputs, at least one output.
+
+    Returns ``(inputs, outputs, state)``: inputs and outputs as
+    :class:`~.parts.Part`, ``state`` as fields.
+    """
+    inputs, outputs, state = list(inputs), list(outputs), list(state)
     if not outputs:
-        raise ValueError("FieldProgram(outputs=...): expected at least one output field, got an empty list")
-    for role, fields in (("inputs", inputs), ("outputs", outputs)):
-        seen = set()
-        for position, field in enumerate(fields):
+        raise ValueError(f"{call}: outputs=[...]: expected at least one output field, got an empty list")
+    for role, entries in (("inputs", inputs), ("outputs", outputs), ("state", state)):
+        for position, entry in enumerate(entries):
+            field = entry.field if isinstance(entry, Part) and role != "state" else entry
             if not is_field(field):
+                kind = "a field" if role == "state" else "a field or td.part(field, i)"
                 raise TypeError(
-                    f"FieldProgram({role}[{position}]): expected a Taichi scalar, vector or "
-                    f"matrix field (ti.field, ti.Vector.field, ti.Matrix.field), got {type(field).__name__}"
+                    f"{call}: {role}[{position}]: expected {kind} (ti.field, ti.Vector.field, "
+                    f"ti.Matrix.field), got {type(entry).__name__}"
                 )
-            if id(field) in seen:
-                raise ValueError(f"FieldProgram({role}[{position}]): this field is already listed in {role}")
-            seen.add(id(field))
-    output_ids = {id(f) for f in outputs}
-    for position, field in enumerate(inputs):
-        if id(field) in output_ids:
+    ins, outs = [as_part(e) for e in inputs], [as_part(e) for e in outputs]
+    for role, parts in (("inputs", ins), ("outputs", outs)):
+        for position, p in enumerate(parts):
+            if any(q.overlaps(p) for q in parts[:position]):
+                raise ValueError(f"{call}: {role}[{position}]: this field is already listed in {role}")
+    for position, p in enumerate(ins):
+        if any(q.overlaps(p) for q in outs):
             raise ValueError(
-                f"FieldProgram(inputs[{position}]): this field is also an output. Outputs are zeroed "
-                "before each evaluation, which would erase the input; write the result to a separate field"
+                f"{call}: inputs[{position}]: this field is also an output. Outputs are zeroed before each "
+                "evaluation, which would erase the input; write the result to a separate field"
             )
-    return inputs, outputs
+    declared = {id(p.field) for p in ins + outs if p.whole}
+    for position, field in enumerate(state):
+        if id(field) in declared:
+            raise ValueError(f"{call}: state[{position}]: this field is already an input or output")
+    return ins, outs, state
 
 
 def describe(role, position, name):
@@ -68,8 +105,8 @@ def describe(role, position, name):
     return f"{role}[{position}]" + (f" (field '{name}')" if name else "")
 
 
-def convert(call, role, position, name, field, value, tangent=False):
-    """``value`` as a NumPy array of the field's shape and dtype.
+def convert(call, role, position, name, part, value, tangent=False):
+    """``value`` as a NumPy array of the part's shape and its field's dtype.
 
     A tangent or cotangent (``tangent=True``) may be ``None`` (zero) and is
     ``None`` for an integer field, which has none. Raises ``ValueError``
@@ -85,12 +122,11 @@ def convert(call, role, position, name, field, value, tangent=False):
     array = np.asarray(value)
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
         raise TypeError(f"{call}: {describe(role, position, name)} must be numeric, got dtype {array.dtype}")
-    expected = full_shape(field)
-    if array.shape != expected:
+    if array.shape != part.shape:
         raise ValueError(
-            f"{call}: {describe(role, position, name)}: expected {describe_shape(expected)}, "
+            f"{call}: {describe(role, position, name)}: expected {describe_shape(part.shape)}, "
             f"got {describe_shape(array.shape)}"
         )
-    if tangent and not is_real(field):
+    if tangent and not is_real(part.field):
         return None
-    return array.astype(numpy_dtype(field), copy=False)
+    return array.astype(numpy_dtype(part.field), copy=False)

@@ -1,21 +1,36 @@
-"""Find what a field program reaches: fields, kernels, ``@ti.func``s, helpers.
+"""Find what a field program reaches: fields, kernels, ``@ti.func``s, helpers and the objects holding them.
 
 Taichi resolves a name in a kernel or func from the function's globals and
-closure, so that is where fields hide. :class:`CodeGraph` follows every name a
-function's code uses (nested code objects included) through globals and
-closure cells, recursively, and records which slot holds what, so that
-:mod:`.rebind` can swap exactly those slots.
+closure, and an attribute (``self.x``, ``sim.step``) or an item
+(``fields[0]``) from the Python object it is taken from, so that is where
+fields hide. :class:`CodeGraph` follows, from the program:
 
-Only names are followed: a field reached through an attribute (``sim.x``,
-``self.x``) or a container (``fields[0]``) is invisible here.
+- every name a function's code uses (nested code objects included), through
+  its globals, closure cells and default values;
+- the parts of a bound method (``sim.run``: the function and ``sim``) and of a
+  ``@ti.data_oriented`` kernel bound to its object;
+- the attributes of objects of user classes (``vars(obj)``) and the methods,
+  kernels and funcs of their classes;
+- the items of lists, tuples and dicts;
+- the primal and gradient functions of ``ti.ad.grad_replaced`` / ``no_grad``.
+
+It records which slot holds what, so that :mod:`.rebind` can swap exactly
+those slots. Library objects (Taichi's, NumPy's, torch's, tidiff's own) are
+never walked.
+
+Limitations: properties are not rebuilt (they run with the rebuilt object as
+``self``, which is enough when they read its attributes); a method reached
+through its class (``Sim.step(self)``, ``super()``) is the class's own.
 """
 import types
 
 from taichi.lang.field import ScalarField
-from taichi.lang.kernel_impl import Func
+from taichi.lang.kernel_impl import Func, _BoundedDifferentiableMethod
 from taichi.lang.matrix import MatrixField
 
 SUPPORTED_FIELDS = (ScalarField, MatrixField)
+_LIBRARIES = ("taichi", "numpy", "torch", "tidiff", "builtins", "jax", "scipy")
+_CONTAINERS = (list, tuple, dict)
 
 
 def is_field(obj):
@@ -24,13 +39,38 @@ def is_field(obj):
 
 
 def is_kernel(obj):
-    """A ``@ti.kernel`` (the wrapper ``ti.kernel`` returns)."""
-    return callable(obj) and getattr(obj, "_is_wrapped_kernel", False)
+    """A ``@ti.kernel`` (the wrapper ``ti.kernel`` returns), of a module or of a ``@ti.data_oriented`` class."""
+    return callable(obj) and getattr(obj, "_is_wrapped_kernel", False) is True
+
+
+def is_class_kernel(obj):
+    """A kernel defined in a ``@ti.data_oriented`` class (its ``self`` is bound at launch)."""
+    return is_kernel(obj) and getattr(obj, "_is_classkernel", False)
 
 
 def is_taichi_func(obj):
     """A ``@ti.func`` / ``ti.real_func`` / ``ti.pyfunc`` wrapper."""
     return getattr(obj, "_is_taichi_function", False) and isinstance(getattr(obj, "func", None), Func)
+
+
+def is_grad_replaced(obj):
+    """A function made by ``ti.ad.grad_replaced`` or ``ti.ad.no_grad`` (its gradient is the user's)."""
+    return (isinstance(obj, types.FunctionType) and obj.__module__ == "taichi.ad._ad"
+            and obj.__qualname__ in ("grad_replaced.<locals>.decorated", "no_grad.<locals>.decorated"))
+
+
+def replaced_parts(obj):
+    """``(primal, gradient)`` of a grad_replaced function: the user's functions (the gradient None for
+    no_grad, which has none, or while no ``grad_for`` was given)."""
+    primal = _cell(obj, "func")
+    grad = getattr(obj, "grad", None)
+    if obj.__qualname__.startswith("no_grad"):
+        return primal, None
+    return primal, None if grad is None else _cell(grad, "func")
+
+
+def _cell(fn, name):
+    return fn.__closure__[fn.__code__.co_freevars.index(name)].cell_contents
 
 
 def python_function(obj):
@@ -44,10 +84,17 @@ def python_function(obj):
     return None
 
 
-def _is_library(fn):
-    """Taichi's and NumPy's own functions are never rebuilt (nor walked: they are large)."""
-    module = getattr(fn, "__module__", None) or ""
-    return module.split(".")[0] in ("taichi", "numpy", "torch", "tidiff")
+def _is_library(obj):
+    """Taichi's, NumPy's, torch's and tidiff's own objects are never rebuilt (nor walked: they are large)."""
+    module = getattr(obj, "__module__", None) or ""
+    return module.split(".")[0] in _LIBRARIES
+
+
+def is_user_object(obj):
+    """An instance of a user-defined class with a ``__dict__``: its attributes and methods are followed."""
+    if isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
+        return False
+    return not _is_library(type(obj)) and hasattr(obj, "__dict__")
 
 
 def _code_names(code):
@@ -60,9 +107,9 @@ def _code_names(code):
 
 
 def slots(fn):
-    """``(slot, value)`` for each global and closure cell ``fn`` may read.
+    """``(slot, value)`` for each global, closure cell and default value ``fn`` may read.
 
-    A slot is ``("global", name)`` or ``("cell", index)``.
+    A slot is ``("global", name)``, ``("cell", index)`` or ``("default", index)``.
     """
     found = []
     for name in sorted(_code_names(fn.__code__)):
@@ -73,53 +120,140 @@ def slots(fn):
             found.append((("cell", index), cell.cell_contents))
         except ValueError:  # an empty cell: a name assigned later in the enclosing scope
             continue
+    found.extend((("default", index), value) for index, value in enumerate(fn.__defaults__ or ()))
     return found
 
 
+def class_members(cls):
+    """``name -> value`` of the methods, kernels, funcs and other attributes a class gives its objects.
+
+    The first definition along the MRO wins, as attribute lookup does;
+    dunder names, properties and library base classes are left out.
+    """
+    members = {}
+    for klass in cls.__mro__:
+        if klass is object or _is_library(klass):
+            continue
+        for name, value in vars(klass).items():
+            if name.startswith("__") or name in members or isinstance(value, property):
+                continue
+            members[name] = value
+    return members
+
+
+def _name_of(slot, fn=None, parent=""):
+    """The name a slot gives its value in messages (``x``, ``v0``, ``fields[1]``)."""
+    kind, key = slot[0], slot[-1]
+    if kind == "global" or kind in ("attr", "member"):
+        return key
+    if kind == "cell":
+        return fn.__code__.co_freevars[key]
+    if kind == "item":
+        return f"{parent}[{key!r}]" if parent else ""
+    return ""
+
+
 class CodeGraph:
-    """The callables and fields reachable from a program, by name.
+    """The callables, objects and fields reachable from a program.
 
     Attributes:
         fields: reachable fields, ``id -> field``, in discovery order.
-        names: ``id(field) -> name`` the program uses for it (for messages).
-        callables: reachable kernels, funcs and Python functions, ``id -> obj``.
-        edges: ``id(callable) -> [(slot, value), ...]``.
-        dirty: ids of callables that reach a field or a kernel, hence must be rebuilt.
+        names: ``id(field) -> name`` the program uses for it (for messages and specs).
+        nodes: every walked object, ``id -> obj``.
+        edges: ``id(node) -> [(slot, value), ...]``.
+        owners: ``id(class kernel) -> [objects it was reached through]``.
+        replaced: the ``ti.ad.grad_replaced`` / ``no_grad`` functions reached.
+        dirty: ids of nodes that reach a field, a kernel or a replaced
+            gradient, hence must be rebuilt.
     """
 
-    def __init__(self, root):
+    def __init__(self, *roots):
         self.fields = {}
         self.names = {}
-        self.callables = {}
+        self.nodes = {}
         self.edges = {}
-        self._visit(root)
+        self.owners = {}
+        self.replaced = []
+        self._labels = {}
+        for root in roots:
+            if is_field(root):
+                self.fields.setdefault(id(root), root)
+            else:
+                self._visit(root, getattr(root, "__name__", "") or "")
         self.dirty = self._find_dirty()
 
     def kernels(self):
-        """Every reachable kernel."""
-        return [obj for obj in self.callables.values() if is_kernel(obj)]
+        """Every reachable kernel (module kernels and class kernels)."""
+        return [obj for obj in self.nodes.values() if is_kernel(obj)]
 
-    def _visit(self, obj):
-        if id(obj) in self.callables:
+    def kernels_with_owners(self):
+        """``(kernel, owner)`` for each reachable kernel: a class kernel once per object it is bound to."""
+        pairs = []
+        for kernel in self.kernels():
+            if is_class_kernel(kernel):
+                pairs.extend((kernel, owner) for owner in self.owners.get(id(kernel), ()))
+            else:
+                pairs.append((kernel, None))
+        return pairs
+
+    # --- the walk ---------------------------------------------------------------
+    def _visit(self, obj, label=""):
+        if id(obj) in self.nodes:
             return
-        fn = python_function(obj)
-        self.callables[id(obj)] = obj
-        self.edges[id(obj)] = []
-        for slot, value in slots(fn):
+        self.nodes[id(obj)] = obj
+        edges = self.edges[id(obj)] = []
+        for slot, value in self._children(obj):
             if is_field(value):
                 self.fields.setdefault(id(value), value)
-                if slot[0] == "global":
-                    self.names.setdefault(id(value), slot[1])
-                else:
-                    self.names.setdefault(id(value), fn.__code__.co_freevars[slot[1]])
-                self.edges[id(obj)].append((slot, value))
-            elif python_function(value) is not None:
-                self.edges[id(obj)].append((slot, value))
-                self._visit(value)
+                fn = python_function(obj)
+                name = _name_of(slot, fn, label)
+                if name:
+                    self.names.setdefault(id(value), name)
+                edges.append((slot, value))
+            elif self._walkable(value):
+                edges.append((slot, value))
+                fn = python_function(obj)
+                self._visit(value, _name_of(slot, fn, label) if slot[0] != "self" else "")
+                if slot[0] == "member" and is_class_kernel(value):
+                    self.owners.setdefault(id(value), []).append(obj)
+
+    @staticmethod
+    def _walkable(value):
+        return (python_function(value) is not None or is_grad_replaced(value) or is_user_object(value)
+                or isinstance(value, (types.MethodType, _BoundedDifferentiableMethod, staticmethod, classmethod))
+                or (isinstance(value, _CONTAINERS) and len(value) > 0))
+
+    def _children(self, obj):
+        """``(slot, value)`` pairs of one node (see the module docstring for what is followed)."""
+        if is_grad_replaced(obj):
+            self.replaced.append(obj)
+            primal, grad = replaced_parts(obj)
+            return [(("replaced", "primal"), primal)] + ([(("replaced", "grad"), grad)] if grad is not None else [])
+        fn = python_function(obj)
+        if fn is not None:
+            return slots(fn)
+        if isinstance(obj, types.MethodType):
+            return [(("bound", "self"), obj.__self__), (("bound", "func"), obj.__func__)]
+        if isinstance(obj, _BoundedDifferentiableMethod):
+            owner = obj._kernel_owner
+            return [(("bound", "self"), owner)]
+        if isinstance(obj, (staticmethod, classmethod)):
+            return [(("descriptor", "func"), obj.__func__)]
+        if isinstance(obj, dict):
+            return [(("item", key), value) for key, value in obj.items()]
+        if isinstance(obj, (list, tuple)):
+            return [(("item", index), value) for index, value in enumerate(obj)]
+        if is_user_object(obj):
+            own = vars(obj)
+            found = [(("attr", name), value) for name, value in own.items()]
+            found += [(("member", name), value) for name, value in class_members(type(obj)).items()
+                      if name not in own]
+            return found
+        return []
 
     def _find_dirty(self):
-        """Callables from which a field or a kernel can be reached (a fixed point, cycles allowed)."""
-        dirty = {key for key, obj in self.callables.items() if is_kernel(obj)}
+        """Nodes from which a field, a kernel or a replaced gradient can be reached (a fixed point, cycles allowed)."""
+        dirty = {key for key, obj in self.nodes.items() if is_kernel(obj) or is_grad_replaced(obj)}
         changed = True
         while changed:
             changed = False

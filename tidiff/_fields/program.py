@@ -1,4 +1,4 @@
-"""``FieldProgram``: value, vjp and jvp of a kernel (or kernels) over global fields.
+"""``FieldProgram``: value and vjp of a kernel (or kernels) over fields; its tangent program.
 
 See the package docstring (:mod:`tidiff._fields`) for the semantics and limits.
 """
@@ -7,8 +7,8 @@ from collections import namedtuple
 import numpy as np
 
 from . import checks
-from .forward import forward_mode
 from .graph import CodeGraph
+from .parts import Part
 from .rebind import Rebinder
 from .tape import LaunchGuard, recording
 from .twins import Twins, full_shape, is_real, load, numpy_dtype, read, zero
@@ -21,14 +21,20 @@ class FieldProgram:
     """A kernel, or a Python function launching kernels, as a function of some fields.
 
     Args:
-        program: a ``@ti.kernel`` without parameters, or a Python function
-            without parameters that launches kernels.
-        inputs: the fields the program reads as variables (float for a
-            derivative; an integer field is a non-differentiable input).
-        outputs: the fields it writes as results (not also inputs).
+        program: a ``@ti.kernel``, a Python function, a bound method
+            (``sim.run``) or a callable object, launching kernels; it takes
+            ``takes`` positional parameters (0 for ``td.function``).
+        inputs: the fields (or :class:`~.parts.Part`\\ s of fields) the
+            program reads as variables (float for a derivative; an integer
+            field is a non-differentiable input).
+        outputs: the fields (or parts) it writes as results (not overlapping
+            the inputs).
         constants: more fields to twin and load as constants, for programs
             that reach them other than by name (the tangent program's
             tangent fields, passed to template kernels at launch).
+        state: fields zeroed before each evaluation instead of being loaded
+            with their current values (accumulators, intermediate state).
+        name: the program's name; ``call`` how messages name the user's call.
 
     Example::
 
@@ -37,31 +43,49 @@ class FieldProgram:
         (value,), (dx, dw) = prog.vjp([np.ones(16), np.array(2.0)], [np.array(1.0)])
     """
 
-    def __init__(self, program, inputs, outputs, constants=()):
-        checks.check_program(program)
-        self.inputs, self.outputs = checks.check_fields(inputs, outputs)
-        self.name = getattr(program, "__name__", type(program).__name__)
+    def __init__(self, program, inputs, outputs, constants=(), state=(), name=None, call=None, takes=0):
+        self.name = name or getattr(program, "__name__", None) or type(program).__name__
+        self.call = call or f"td.function({self.name})"
+        program = checks.check_program(program, self.call, takes)
+        self.inputs, self.outputs, self.state = checks.check_fields(inputs, outputs, self.call, state)
+        self.takes = takes
         graph = CodeGraph(program)
-        declared = {id(f): f for f in self.inputs + self.outputs}
+        declared = {}
+        for p in self.inputs + self.outputs:
+            declared.setdefault(id(p.field), p.field)
         reached = dict(graph.fields)
-        reached.update((id(f), f) for f in constants)  # passed at run time, not reached by name
-        self._constants = [f for key, f in reached.items() if key not in declared]
-        self._twins = Twins(list(declared.values()) + self._constants)
-        rebinder = Rebinder(graph, self._twins)
+        reached.update((id(f), f) for f in list(constants) + list(self.state))
+        self._state_ids = {id(f) for f in self.state}
+        self._undeclared = [f for key, f in reached.items() if key not in declared]
+        self._twins = Twins(list(declared.values()) + self._undeclared)
+        rebinder = Rebinder(graph, self._twins.as_mapping())
         self._run = rebinder.rebuild(program)
         self._kernels = [rebinder.rebuild(k) for k in graph.kernels()]
-        self._guard = LaunchGuard([k._primal for k in self._kernels], self.name)
+        self._guard = LaunchGuard([k._primal for k in self._kernels], self.call)
         self._names = graph.names
-        self.in_specs = [self._spec(f) for f in self.inputs]
-        self.out_specs = [self._spec(f) for f in self.outputs]
+        # a field with a part declared gets its other entries from its current values (or zeros)
+        self._split = {}
+        for p in self.inputs + self.outputs:
+            if not p.whole:
+                self._split.setdefault(id(p.field), p.field)
+        self.in_specs = [self._spec(p) for p in self.inputs]
+        self.out_specs = [self._spec(p) for p in self.outputs]
         self._source, self._graph = program, graph
         self._tangent = None
 
-    def _spec(self, field):
-        return ArgSpec(self._names.get(id(field), ""), full_shape(field), numpy_dtype(field))
+    def _spec(self, part):
+        return ArgSpec(part.label(self._names.get(id(part.field), "")), part.shape, numpy_dtype(part.field))
+
+    def name_of(self, field):
+        """The name the program uses for ``field`` ("" when it has none)."""
+        return self._names.get(id(field), "")
+
+    def twin(self, field):
+        """The twin of one of the program's fields."""
+        return self._twins[field]
 
     def compiles(self):
-        """How many Taichi kernels (primal, adjoint, forward variants) this program compiled so far."""
+        """How many Taichi kernels (primal and adjoint variants) this program compiled so far."""
         return sum(len(k._primal.compiled_kernels) + len(k._adjoint.compiled_kernels) for k in self._kernels)
 
     def primal(self, args):
@@ -83,35 +107,10 @@ class FieldProgram:
         with recording(self._guard) as tape:
             self._run()
         outs = self._read_outputs()
-        for twin in self._twins.real():
-            zero(twin.grad)
-        for field, cotangent in zip(self.outputs, cotangents):
-            if cotangent is not None:
-                load(self._twins[field].grad, cotangent)
+        self.clear_gradients()
+        self.seed(cotangents)
         tape.replay_adjoints()
-        grads = [read(self._twins[f].grad) if is_real(f) else None for f in self.inputs]
-        return outs, grads
-
-    def jvp(self, args, tangents):
-        """``(outputs, output_tangents)`` for one tangent per input (``None`` is zero).
-
-        An integer input's tangent is ignored; an integer output's tangent is zeros.
-        """
-        args = self._convert_args("jvp", args)
-        tangents = self._convert("jvp", "tangents", self.inputs, tangents, tangent=True)
-        self._prepare(args)
-        for twin in self._twins.real():
-            zero(twin.dual)
-        for field, tangent in zip(self.inputs, tangents):
-            if tangent is not None:
-                load(self._twins[field].dual, tangent)
-        with forward_mode(self._twins.seed, self._guard):
-            self._run()
-        outs = self._read_outputs()
-        out_tangents = [
-            read(self._twins[f].dual) if is_real(f) else np.zeros(full_shape(f), numpy_dtype(f)) for f in self.outputs
-        ]
-        return outs, out_tangents
+        return outs, self.gradients()
 
     def tangent(self):
         """The tangent program ``(x..., dx...) -> (y..., dy...)``, built once (see :mod:`.tangent`).
@@ -120,44 +119,101 @@ class FieldProgram:
         order. Its ``primal`` is a jvp; its ``vjp`` with cotangent ``e`` on
         ``dy`` gives ``sum_k e_k H_k dx`` (plus ``J^T c`` for cotangent ``c``
         on ``y``) for ``x`` and ``J^T e`` for ``dx``. Raises
-        ``td.TransformError`` when a kernel cannot be transformed.
+        ``td.TransformError`` when a kernel cannot be transformed (and again
+        on every later call, without retrying).
         """
         if self._tangent is None:
             from .tangent import tangent_program
 
-            self._tangent = tangent_program(self._source, self._graph, self.inputs, self.outputs)
+            try:
+                self._tangent = tangent_program(self)
+            except Exception as error:  # noqa: BLE001 -- remembered, re-raised: a retry would allocate again
+                self._tangent = error
+        if isinstance(self._tangent, Exception):
+            raise self._tangent
         return self._tangent[0]
 
     def close(self):
-        """Free the twin fields; the program cannot be evaluated afterwards."""
-        if self._tangent is not None:
+        """Free the twin fields; the program cannot be evaluated afterwards.
+
+        Taichi recompiles every kernel of the process after a tree is freed:
+        tidiff itself never calls this.
+        """
+        if isinstance(self._tangent, tuple):
             program, fields = self._tangent
             program.close()
             fields.destroy()
         self._twins.destroy()
 
+    # --- the steps of a call (the time loop drives them one by one) -------------------------
     def _convert_args(self, call, args):
         return self._convert(call, "args", self.inputs, args)
 
-    def _convert(self, call, role, fields, values, tangent=False):
-        """One checked array per field (see :func:`.checks.convert`)."""
+    def _convert(self, call, role, parts, values, tangent=False):
+        """One checked array per part (see :func:`.checks.convert`)."""
         values = list(values)
-        call = f"FieldProgram({self.name}).{call}"
-        if len(values) != len(fields):
-            raise ValueError(f"{call}: expected {len(fields)} {role} (one per field), got {len(values)}")
+        if len(values) != len(parts):
+            raise ValueError(f"{self.call}: expected {len(parts)} {role} (one per field), got {len(values)}")
         return [
-            checks.convert(call, role, i, self._names.get(id(f), ""), f, v, tangent)
-            for i, (f, v) in enumerate(zip(fields, values))
+            checks.convert(self.call, role, i, self.name_of(p.field), p, v, tangent)
+            for i, (p, v) in enumerate(zip(parts, values))
         ]
 
     def _prepare(self, args):
-        """Load inputs and the constants' current values, zero the outputs."""
-        for field, array in zip(self.inputs, args):
-            load(self._twins[field], array)
-        for field in self._constants:
-            load(self._twins[field], read(field))
-        for field in self.outputs:
-            zero(self._twins[field])
+        """Load inputs and the other fields' current values (zeros for state), zero the outputs."""
+        for p, array in zip(self.inputs, args):
+            if p.whole:
+                load(self._twins[p.field], array)
+        for field in self._split.values():
+            whole = np.zeros(full_shape(field), numpy_dtype(field)) if id(field) in self._state_ids else read(field)
+            for p, array in zip(self.inputs, args):
+                if p.field is field:
+                    whole[p.index] = array
+            for p in self.outputs:
+                if p.field is field:
+                    whole[p.index] = 0
+            load(self._twins[field], whole)
+        for field in self._undeclared:
+            if id(field) in self._state_ids:
+                zero(self._twins[field])
+            elif id(field) not in self._split:
+                load(self._twins[field], read(field))
+        for p in self.outputs:
+            if p.whole:
+                zero(self._twins[p.field])
+
+    def run(self, *params):
+        """Run the rebuilt program on the twins as they are, recording its launches."""
+        with recording(self._guard) as tape:
+            self._run(*params)
+        return tape
 
     def _read_outputs(self):
-        return [read(self._twins[f]) for f in self.outputs]
+        return [p.take(read(self._twins[p.field])) for p in self.outputs]
+
+    def clear_gradients(self, keep=()):
+        """Zero the gradients of every twin (but those of the fields in ``keep``)."""
+        kept = {id(self._twins[f]) for f in keep}
+        for twin in self._twins.real():
+            if id(twin) not in kept:
+                zero(twin.grad)
+
+    def seed(self, cotangents):
+        """Load cotangents (``None``: zero) into the outputs' gradients."""
+        for p, cotangent in zip(self.outputs, cotangents):
+            if cotangent is None:
+                continue
+            grad = self._twins[p.field].grad
+            if p.whole:
+                load(grad, cotangent)
+            else:
+                whole = read(grad)
+                whole[p.index] = cotangent
+                load(grad, whole)
+
+    def gradients(self):
+        """The inputs' gradients (``None`` for integer inputs)."""
+        return [p.take(read(self._twins[p.field].grad)) if is_real(p.field) else None for p in self.inputs]
+
+
+__all__ = ["ArgSpec", "FieldProgram", "Part"]

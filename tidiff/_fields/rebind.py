@@ -1,45 +1,104 @@
-"""Rebuild a program's kernels, funcs and Python functions over twin fields.
+"""Rebuild a program's kernels, funcs, Python functions and objects over twin fields.
 
-Each rebuilt callable is ``types.FunctionType(code, globals_with_twins, name,
+Each rebuilt function is ``types.FunctionType(code, globals_with_twins, name,
 defaults, closure_with_twins)`` of the original's own code object, wrapped
-again by ``ti.kernel`` / ``ti.func`` as the original was: Taichi reads the
-source through the code object (same file and line) and resolves names from
-the new globals and cells, so the same code now runs on the twins.
+again as the original was (a kernel, a class kernel, a func): Taichi reads
+the source through the code object (same file and line) and resolves names
+from the new globals and cells, so the same code now runs on the twins.
+
+An object of a user class (``sim``) is rebuilt as a *shadow*: a new instance
+of the same class, made without ``__init__``, whose attributes are the
+rebuilt attributes of the original and whose instance dict also holds the
+rebuilt versions of the class's kernels and methods that reach fields (a
+``@ti.data_oriented`` object binds a class kernel found there to itself, as
+it does for the class's own). ``sim.step()`` on the shadow then launches the
+rebuilt kernel with the shadow as ``self``, and ``self.x`` is a twin. Lists,
+tuples and dicts holding fields are rebuilt item by item, bound methods as
+the rebuilt function bound to the rebuilt object.
 
 Every reachable kernel is rebuilt (even one that touches fields only
 through its parameters) so that the program launches only kernels tidiff
-owns; a func or Python function is rebuilt only if it reaches a field or a
-kernel. Cycles (recursive Python helpers) are handled by creating each
-replacement before filling its globals and cells.
+owns; anything else is rebuilt only if it reaches a field or a kernel
+(:attr:`.graph.CodeGraph.dirty`). Cycles (recursive helpers, objects that
+refer to each other) are handled by registering each replacement before
+filling it.
 
 Limitations: globals are copied at construction, so a module global
 rebound later is not seen, and a Python program's ``global x = ...``
-assignments land in the copy.
+assignments land in the copy; attributes an object gains after
+construction are not seen either.
 """
 import functools
 import types
 
-import taichi as ti
+from taichi.lang import impl
+from taichi.lang.exception import TaichiSyntaxError
+from taichi.lang.kernel_impl import (
+    AutodiffMode,
+    Func,
+    Kernel,
+    _BoundedDifferentiableMethod,
+)
 
-from .graph import is_field, is_kernel, is_taichi_func, python_function
+from .graph import (
+    is_class_kernel,
+    is_field,
+    is_grad_replaced,
+    is_kernel,
+    is_taichi_func,
+    python_function,
+    replaced_parts,
+)
 
 
 class Rebinder:
-    """Maps each dirty callable of a :class:`~.graph.CodeGraph` to its rebuilt twin."""
+    """Maps each dirty node of a :class:`~.graph.CodeGraph` to its rebuilt twin.
+
+    Args:
+        graph: the program's :class:`~.graph.CodeGraph`.
+        twins: ``id(field) -> replacement field`` (empty: keep the fields).
+    """
 
     def __init__(self, graph, twins):
         self._graph = graph
-        self._twins = twins.as_mapping()
+        self._twins = twins
         self._done = {}
 
     def rebuild(self, obj):
-        """The replacement of ``obj``: a twin field, a rebuilt callable, or ``obj`` itself."""
+        """The replacement of ``obj``: a twin field, a rebuilt callable or object, or ``obj`` itself."""
         if is_field(obj):
             return self._twins.get(id(obj), obj)
         if id(obj) not in self._graph.dirty:
             return obj
-        if id(obj) in self._done:
-            return self._done[id(obj)]
+        if id(obj) not in self._done:
+            self._make(obj)
+        return self._done[id(obj)]
+
+    # --- kinds of node ------------------------------------------------------------
+    def _make(self, obj):
+        if is_grad_replaced(obj):
+            self._done[id(obj)] = self.replaced(obj)
+        elif python_function(obj) is not None:
+            self._function(obj)
+        elif isinstance(obj, types.MethodType):
+            self._done[id(obj)] = types.MethodType(self.rebuild(obj.__func__), self.rebuild(obj.__self__))
+        elif isinstance(obj, _BoundedDifferentiableMethod):
+            self._done[id(obj)] = getattr(self.rebuild(obj._kernel_owner), obj.__name__)
+        elif isinstance(obj, (staticmethod, classmethod)):
+            self._done[id(obj)] = type(obj)(self.rebuild(obj.__func__))
+        elif isinstance(obj, list):
+            self._done[id(obj)] = new = []
+            new.extend(self.rebuild(value) for value in obj)
+        elif isinstance(obj, tuple):
+            items = [self.rebuild(value) for value in obj]
+            self._done[id(obj)] = type(obj)._make(items) if hasattr(type(obj), "_make") else type(obj)(items)
+        elif isinstance(obj, dict):
+            self._done[id(obj)] = new = type(obj)()
+            new.update((key, self.rebuild(value)) for key, value in obj.items())
+        else:
+            self._object(obj)
+
+    def _function(self, obj):
         old = python_function(obj)
         new_globals = dict(old.__globals__)
         cells = tuple(types.CellType() for _ in old.__code__.co_freevars)
@@ -47,28 +106,113 @@ class Rebinder:
         new.__kwdefaults__ = old.__kwdefaults__
         functools.update_wrapper(new, old, updated=())
         del new.__wrapped__  # Taichi must read the new function's globals, not the old one's
-        self._done[id(obj)] = replacement = _rewrap(obj, new)
+        self._done[id(obj)] = self.kernel(obj, new) if is_kernel(obj) else _rewrap(obj, new)
         for index, cell in enumerate(old.__closure__ or ()):
             try:
                 cells[index].cell_contents = cell.cell_contents
             except ValueError:
                 continue
+        defaults = list(old.__defaults__ or ())
         for (kind, key), value in self._graph.edges[id(obj)]:
             if kind == "global":
                 new_globals[key] = self.rebuild(value)
-            else:
+            elif kind == "cell":
                 cells[key].cell_contents = self.rebuild(value)
-        return replacement
+            elif kind == "default":
+                defaults[key] = self.rebuild(value)
+        new.__defaults__ = tuple(defaults) if old.__defaults__ is not None else None
+
+    def _object(self, obj):
+        """A shadow of a user object (see the module docstring)."""
+        shadow = object.__new__(type(obj))
+        self._done[id(obj)] = shadow
+        attributes = vars(shadow)
+        attributes.update(vars(obj))
+        for (kind, name), value in self._graph.edges[id(obj)]:
+            if kind == "attr":
+                attributes[name] = self.rebuild(value)
+            elif kind == "member" and (is_field(value) or id(value) in self._graph.dirty):
+                attributes[name] = self.member(obj, shadow, value)
+
+    # --- what subclasses change -------------------------------------------------------
+    def kernel(self, obj, new):
+        """The rebuilt kernel for the rebuilt function ``new`` of kernel ``obj``."""
+        return _kernel_like(obj, new)
+
+    def member(self, owner, shadow, value):
+        """What the shadow of ``owner`` holds for a class member that reaches fields."""
+        if is_class_kernel(value):
+            return self.rebuild(value)  # the data_oriented object binds it to itself on access
+        if isinstance(value, staticmethod):
+            return self.rebuild(value.__func__)
+        if isinstance(value, classmethod):
+            return types.MethodType(self.rebuild(value.__func__), type(owner))
+        if isinstance(value, types.FunctionType) or is_taichi_func(value):
+            return types.MethodType(self.rebuild(value), shadow)
+        return self.rebuild(value)
+
+    def replaced(self, obj):
+        """A ``ti.ad.grad_replaced``/``no_grad`` function over the rebuilt primal and gradient."""
+        primal, grad = replaced_parts(obj)
+        return _replaced_like(obj, self.rebuild(primal), None if grad is None else self.rebuild(grad))
+
+
+def _kernel_like(obj, new):
+    """A kernel over ``new`` made the way ``ti.kernel`` made ``obj`` (a module or a class kernel)."""
+    classkernel = is_class_kernel(obj)
+    primal = Kernel(new, autodiff_mode=AutodiffMode.NONE, _classkernel=classkernel)
+    adjoint = Kernel(new, autodiff_mode=AutodiffMode.REVERSE, _classkernel=classkernel)
+    primal.grad = adjoint
+
+    if classkernel:
+        @functools.wraps(new)
+        def wrapped(*args, **kwargs):  # a data_oriented object binds it; never called unbound
+            raise TaichiSyntaxError(f"the class kernel {new.__name__} was called without its object")
+    else:
+        @functools.wraps(new)
+        def wrapped(*args, **kwargs):
+            return primal(*args, **kwargs)
+
+        wrapped.grad = adjoint
+    wrapped._is_wrapped_kernel = True
+    wrapped._is_classkernel = classkernel
+    wrapped._primal = primal
+    wrapped._adjoint = adjoint
+    return wrapped
 
 
 def _rewrap(obj, new):
-    """Decorate ``new`` the way ``obj`` was decorated."""
-    if is_kernel(obj):
-        return ti.kernel(new)
-    if is_taichi_func(obj):
-        if obj.func.pyfunc:
-            return ti.pyfunc(new)
-        if obj.func.is_real_function:
-            return ti.real_func(new)
-        return ti.func(new)
-    return new
+    """Decorate ``new`` the way ``obj`` was decorated (a func keeps its class, real and py flags)."""
+    if not is_taichi_func(obj):
+        return new
+    old = obj.func
+    fun = Func(new, _classfunc=old.classfunc, _pyfunc=old.pyfunc, is_real_function=old.is_real_function)
+
+    @functools.wraps(new)
+    def decorated(*args, **kwargs):
+        return fun.__call__(*args, **kwargs)
+
+    decorated._is_taichi_function = True
+    decorated._is_real_function = old.is_real_function
+    decorated.func = fun
+    return decorated
+
+
+def _replaced_like(obj, primal, grad):
+    """What ``ti.ad.grad_replaced(primal)`` with ``grad_for`` gives (``no_grad``: an empty gradient)."""
+
+    def decorated(*args, **kwargs):
+        runtime = impl.get_runtime()
+        runtime.grad_replaced = True  # kernels launched inside are not recorded: the gradient is ``grad``
+        if runtime.target_tape:
+            runtime.target_tape.insert(decorated, args)
+        try:
+            primal(*args, **kwargs)
+        finally:
+            runtime.grad_replaced = False
+
+    decorated.__name__ = decorated.__qualname__ = getattr(primal, "__name__", "decorated")
+    decorated.autodiff_mode = AutodiffMode.NONE
+    decorated.grad = (lambda *args, **kwargs: None) if obj.__qualname__.startswith("no_grad") else grad
+    decorated._tidiff_replaced = True
+    return decorated

@@ -3,11 +3,13 @@
 NOTE: [Tangent program] For a program ``P: x -> y`` over fields, the
 tangent program ``T: (x, dx) -> (y, dy)`` runs P with each kernel replaced
 by its tangent kernel (:func:`tidiff._tangent.jvp_kernel`), which carries a
-tangent field ``df`` beside every float field ``f``; ``dy = J(x) dx``. T is
-an ordinary :class:`~.program.FieldProgram` over the user's fields and the
-tangent fields, so it gets twins, loading, zeroing and replayed adjoints
-like any other. Taichi's reverse mode over T, with cotangents ``c`` on
-``y`` and ``e`` on ``dy``, gives
+tangent field ``df`` beside every *active* float field ``f`` (one that
+depends on an input, NOTE: [Known-zero tangents] in
+``_tangent/field_flows``); ``dy = J(x) dx``. T is an ordinary
+:class:`~.program.FieldProgram` over the user's fields and the tangent
+fields, so it gets twins, loading, zeroing and replayed adjoints like any
+other. Taichi's reverse mode over T, with cotangents ``c`` on ``y`` and ``e``
+on ``dy``, gives
 
     d/dx  = J^T c + sum_k e_k H_k dx      d/d(dx) = J^T e
 
@@ -15,13 +17,21 @@ where ``H_k`` is the Hessian of output component ``k``: a Hessian-vector
 product in one reverse pass, exactly (DESIGN, "Second order").
 
 The tangent fields themselves are only names for the tangent program's
-twins to copy: they live in a ``ti.FieldsBuilder`` tree of their own, are
-never written, and read as zeros, so the tangent of a constant or of an
-intermediate field is zero when T starts, as it must be.
+twins: they live in a ``ti.FieldsBuilder`` tree of their own, are never
+written, and are declared ``state`` of T (zeroed before each run), so the
+tangent of an intermediate field is zero when T starts, as it must be. An
+output that does not depend on an input gets a tangent field too, never
+written: its tangent reads as zeros.
 
-Fields passed to ``ti.template()`` parameters find their tangent field at
-launch: every field of the program and its tangent field is twinned (as a
-constant when not declared) and the twins are paired too.
+Objects are rebuilt as for the primal program (:mod:`.rebind`), with each
+kernel, and each class kernel of each object, replaced by its tangent
+kernel. Fields passed to ``ti.template()`` parameters find their tangent
+field at launch: every field of the program and its tangent field is twinned
+(as a constant when not declared) and the twins are paired too.
+
+``ti.ad.grad_replaced`` / ``no_grad`` functions have a custom gradient that
+forward mode cannot use: the tangent program refuses them by name, as JAX
+refuses forward mode of a ``custom_vjp`` function.
 
 Limitations: those of :func:`tidiff._tangent.jvp_kernel`; a Python-scope ``f.fill(...)``
 inside a Python program resets ``f`` but not ``df``, which is only wrong if
@@ -29,30 +39,39 @@ an earlier kernel of the same run wrote ``df``.
 """
 import taichi as ti
 
+from .._errors import TransformError
 from .._tangent import FieldTangents, jvp_kernel
-from .graph import is_kernel
+from .activity import active_fields
+from .graph import is_class_kernel, replaced_parts
 from .rebind import Rebinder
 from .twins import _new_like, is_real
 
 
-class _NoTwins:
-    """Rebinding for the tangent program keeps the user's fields (the tangent program twins them itself)."""
-
-    def as_mapping(self):
-        return {}
-
-
 class _TangentRebinder(Rebinder):
-    """Rebuilds the program's Python functions with each kernel swapped for its tangent kernel."""
+    """Rebuilds the program over the user's own fields with each kernel swapped for its tangent kernel."""
 
-    def __init__(self, graph, tangents):
-        super().__init__(graph, _NoTwins())
+    def __init__(self, graph, tangents, call):
+        super().__init__(graph, {})
         self._tangents = tangents
+        self._call = call
 
-    def rebuild(self, obj):
-        if is_kernel(obj):
-            return jvp_kernel(obj, self._tangents)
-        return super().rebuild(obj)
+    def kernel(self, obj, new):
+        return jvp_kernel(obj, self._tangents)
+
+    def member(self, owner, shadow, value):
+        if is_class_kernel(value):
+            return jvp_kernel(value, self._tangents, owner=owner)
+        return super().member(owner, shadow, value)
+
+    def replaced(self, obj):
+        primal, _ = replaced_parts(obj)
+        name = getattr(primal, "__name__", "?")
+        raise TransformError(
+            f"`{name}` in forward mode: the program calls it through ti.ad.grad_replaced or ti.ad.no_grad, "
+            "whose custom gradient gives reverse mode only (as JAX's custom_vjp)",
+            hint=f"{self._call}: use reverse mode (td.grad, td.vjp, td.jacrev) of a program calling `{name}`, "
+                 "or call its kernels directly to differentiate them",
+        )
 
 
 class TangentFields:
@@ -84,35 +103,44 @@ class TangentFields:
             self._tree = None
 
 
-def tangent_program(source, graph, inputs, outputs):
-    """The tangent program of ``source`` (see NOTE: [Tangent program]).
-
-    Args:
-        source: the user's program (a ``@ti.kernel`` or a Python function).
-        graph: its :class:`~.graph.CodeGraph`.
-        inputs, outputs: the program's declared fields.
+def tangent_program(prog):
+    """The tangent program of a :class:`~.program.FieldProgram` (see NOTE: [Tangent program]).
 
     Returns:
         ``(program, tangent_fields)``: a :class:`~.program.FieldProgram` with
         inputs ``inputs + [dx for each float input]`` and outputs
         ``outputs + [dy for each float output]``, and the
-        :class:`TangentFields` to destroy with it.
+        :class:`TangentFields` it runs on. Raises ``td.TransformError``
+        when a kernel cannot be transformed.
     """
     from .program import FieldProgram
 
-    fields = TangentFields(list(graph.fields.values()))
-    try:
-        tangents = FieldTangents(fields.pairs())
-        run = _TangentRebinder(graph, tangents).rebuild(source)
-        program = FieldProgram(
-            run,
-            inputs=list(inputs) + [fields[f] for f in inputs if is_real(f)],
-            outputs=list(outputs) + [fields[f] for f in outputs if is_real(f)],
-            constants=[f for pair in fields.pairs() for f in pair],
-        )
-        # template kernels get fields at launch: the twins the program runs on
-        tangents.add((program._twins[f], program._twins[df]) for f, df in fields.pairs())
-    except BaseException:
-        fields.destroy()
-        raise
+    graph = prog._graph
+    everything = {}
+    for f in [p.field for p in prog.inputs + prog.outputs] + list(graph.fields.values()) + list(prog.state):
+        everything.setdefault(id(f), f)
+    float_inputs = [p.field for p in prog.inputs if is_real(p.field)]
+    active = active_fields(graph, float_inputs, everything.values())
+    active = {key for key, f in everything.items() if is_real(f)} if active is None else active
+    for p in prog.inputs:  # every float input carries its tangent, whatever reads it
+        if is_real(p.field):
+            active.add(id(p.field))
+    carried = [f for key, f in everything.items() if key in active]
+    zero_outputs = [p.field for p in prog.outputs if is_real(p.field) and id(p.field) not in active]
+    # a refused kernel raises after the tangent fields exist: their tree is kept, never freed (freeing a
+    # tree makes Taichi recompile every kernel of the process), and the error is remembered by the caller
+    fields = TangentFields(carried + [f for f in zero_outputs if f not in carried])
+    tangents = FieldTangents([(f, fields[f]) for f in carried])
+    run = _TangentRebinder(graph, tangents, prog.call).rebuild(prog._source)
+    declared = {id(fields[p.field]) for p in prog.inputs + prog.outputs if is_real(p.field) and p.whole}
+    program = FieldProgram(
+        run,
+        inputs=list(prog.inputs) + [p.of(fields[p.field]) for p in prog.inputs if is_real(p.field)],
+        outputs=list(prog.outputs) + [p.of(fields[p.field]) for p in prog.outputs if is_real(p.field)],
+        constants=list(everything.values()),
+        state=list(prog.state) + [df for _, df in fields.pairs() if id(df) not in declared],
+        name=prog.name, call=prog.call, takes=prog.takes,
+    )
+    # template kernels get fields at launch: the twins the program runs on
+    tangents.add((program.twin(f), program.twin(df)) for f, df in fields.pairs() if id(f) in active)
     return program, fields

@@ -34,19 +34,18 @@ def is_taichi_helper(kernel):
 class LaunchGuard:
     """Lets through only kernels tidiff owns and Taichi's own helpers."""
 
-    def __init__(self, owned, program_name):
+    def __init__(self, owned, call):
         self._owned = {id(kernel) for kernel in owned}
-        self._program_name = program_name
+        self._call = call
 
     def check(self, kernel):
         if not isinstance(kernel, Kernel) or id(kernel) in self._owned or is_taichi_helper(kernel):
             return
         raise TypeError(
-            f"FieldProgram({self._program_name}): the program launched kernel "
-            f"'{kernel.func.__name__}', which tidiff did not rebuild over its own fields "
-            "(it would read and write the user's fields). Refer to kernels and fields "
-            "by global or closure names: attributes (sim.step, self.x), containers and "
-            "@ti.data_oriented methods are not followed."
+            f"{self._call}: the program launched kernel '{kernel.func.__name__}', which tidiff did not "
+            "rebuild over its own fields (it would read and write the user's fields). Reach kernels and "
+            "fields through names, attributes, lists or dicts the program holds; a kernel made while the "
+            "program runs, or reached through a property or a class (Sim.step(self)), is not followed."
         )
 
 
@@ -71,6 +70,10 @@ class Recorder:
                 written = args[_OVERWRITES[name]]
                 if isinstance(written, Field) and written.grad is not None:
                     written.grad.fill(0)
+            elif getattr(kernel, "_tidiff_replaced", False) and kernel.grad is None:
+                raise TypeError(
+                    f"the ti.ad.grad_replaced function '{kernel.__name__}' has no gradient function: "
+                    f"give it one with @ti.ad.grad_for({kernel.__name__})")
             elif hasattr(kernel, "grad") and not any(_is_external_array(arg) for arg in args):
                 kernel.grad(*args)  # readers of external arrays (to_numpy) have no adjoint
 

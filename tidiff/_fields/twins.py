@@ -1,11 +1,12 @@
-"""Tidiff-owned copies of the user's fields, with gradients and duals.
+"""Tidiff-owned copies of the user's fields, with gradients.
 
 A field declared without ``needs_grad`` can never get a usable ``.grad``
 once its tree is materialized (DESIGN, "Facts about Taichi 1.7.4"), and the
 user's fields must never change. So every field a program touches gets a
-*twin* of the same kind, dtype, shape and offset, with ``.grad`` and
-``.dual`` when its dtype is real, all placed in one ``ti.FieldsBuilder`` tree
-that :meth:`Twins.destroy` can free.
+*twin* of the same kind, dtype, shape and offset, with ``.grad`` when its
+dtype is real, all placed in one ``ti.FieldsBuilder`` tree that
+:meth:`Twins.destroy` can free (forward mode runs tangent kernels over
+tangent fields of their own, :mod:`.tangent`: twins need no ``.dual``).
 
 Data moves only through ``from_numpy``/``to_numpy``/``fill(0)``, whose kernels
 Taichi compiles once per field and array dtype: a call compiles nothing new.
@@ -34,13 +35,13 @@ def numpy_dtype(field):
 
 
 def is_real(field):
-    """Whether the field's dtype is a float, i.e. it can carry gradients and duals."""
+    """Whether the field's dtype is a float, i.e. it can carry gradients and tangents."""
     return np.issubdtype(numpy_dtype(field), np.floating)
 
 
 def _new_like(field, differentiable):
     """An unplaced field of the same kind and dtype as ``field``."""
-    flags = dict(needs_grad=differentiable, needs_dual=differentiable)
+    flags = {"needs_grad": differentiable}
     if not isinstance(field, MatrixField):
         return ti.field(field.dtype, **flags)
     if field.ndim == 1:
@@ -49,7 +50,7 @@ def _new_like(field, differentiable):
 
 
 class Twins:
-    """The twin of each field, plus a 0-D float64 field of our own for ``FwdMode``'s ``param``."""
+    """The twin of each field, in one tree."""
 
     def __init__(self, fields):
         builder = ti.FieldsBuilder()
@@ -57,12 +58,10 @@ class Twins:
         for field in fields:
             twin = _new_like(field, is_real(field))
             offset = list(field.snode.ptr.offset) or None
-            members = (twin, twin.grad, twin.dual) if is_real(field) else (twin,)
+            members = (twin, twin.grad) if is_real(field) else (twin,)
             for member in members:
                 builder.dense(ti.axes(*range(len(field.shape))), tuple(field.shape)).place(member, offset=offset)
             self._twins[id(field)] = twin
-        self.seed = ti.field(ti.f64, needs_dual=True)
-        builder.dense(ti.axes(), ()).place(self.seed, self.seed.dual)
         self._tree = builder.finalize(raise_warning=False)
         self.originals = {id(field): field for field in fields}
 
@@ -74,7 +73,7 @@ class Twins:
         return dict(self._twins)
 
     def real(self):
-        """Twins that have gradients and duals."""
+        """Twins that have gradients."""
         return [self._twins[key] for key, field in self.originals.items() if is_real(field)]
 
     def destroy(self):
@@ -83,18 +82,18 @@ class Twins:
 
 
 def load(twin, array):
-    """Write a NumPy array (already of the twin's shape and dtype) into a twin or its grad/dual."""
+    """Write a NumPy array (already of the twin's shape and dtype) into a twin or its grad."""
     # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
     twin.from_numpy(array if array.flags.c_contiguous else array.copy(order="C"))
 
 
 def read(twin):
-    """A twin (or its grad/dual) as a NumPy array of the user-facing shape."""
+    """A twin (or its grad) as a NumPy array of the user-facing shape."""
     if isinstance(twin, MatrixField) and twin.ndim == 2:
         return twin.to_numpy(keep_dims=True)
     return twin.to_numpy()
 
 
 def zero(twin):
-    """Zero a twin (or its grad/dual); always ``fill(0)`` so Taichi compiles one kernel per field."""
+    """Zero a twin (or its grad); always ``fill(0)`` so Taichi compiles one kernel per field."""
     twin.fill(0)

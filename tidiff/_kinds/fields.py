@@ -124,18 +124,20 @@ def _accepts(f: Any, options: dict[str, Any]) -> bool:
 
 
 def _make(f: Any, *, inputs: Any = None, outputs: Any = None, signature: Any = None, name: str | None = None,
-          constants: Any = None) -> FieldFunction:
-    fn_name = getattr(f, "__name__", type(f).__name__)
+          constants: Any = None, state: Any = None) -> FieldFunction:
+    fn_name = name or getattr(f, "__name__", None) or type(f).__name__
+    call = f"td.function({fn_name})"
     if inputs is None or outputs is None:
         raise TypeError(
-            f"td.function: {fn_name!r} is a kernel or Python program; declare the fields it reads and "
+            f"{call}: {fn_name!r} is a kernel or Python program; declare the fields it reads and "
             "writes: td.function(f, inputs=[...], outputs=[...])"
         )
     if signature is not None:
-        raise TypeError("td.function: signature= is for @ti.func; a field program's shapes come from its fields")
+        raise TypeError(f"{call}: signature= is for @ti.func; a field program's shapes come from its fields")
     if constants is not None:
-        raise TypeError("td.function: constants= is for kernels over ndarrays (inputs named by parameter)")
-    return FieldFunction(FieldProgram(f, inputs=inputs, outputs=outputs), name or fn_name)
+        raise TypeError(f"{call}: constants= is for kernels over ndarrays (inputs named by parameter)")
+    program = FieldProgram(f, inputs=inputs, outputs=outputs, state=state or (), name=fn_name, call=call)
+    return FieldFunction(program, fn_name)
 
 
 register_kind("field program", _accepts, _make)

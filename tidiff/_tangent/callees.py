@@ -171,6 +171,8 @@ def call_name(func, callee):
 
 
 def signature_of(callee):
-    """The Python signature a call of ``callee`` binds against."""
+    """The Python signature a call of ``callee`` binds against (a bound @ti.func's ``self`` is not passed)."""
+    if isinstance(callee, types.MethodType):
+        return inspect.Signature(list(signature_of(callee.__func__).parameters.values())[1:])
     fn = callee.__wrapped__ if is_taichi_func(callee) else callee
     return inspect.signature(fn)

@@ -40,7 +40,7 @@ helpers are the transposes of the same linear maps.
 """
 import taichi as ti
 
-from . import rule_helpers  # cofactors: read when Taichi compiles (rule_helpers imports this module)
+from .cofactors import cofactors
 
 _PAIRS = [(i, j) for i in range(3) for j in range(3)]
 """Index pairs of a 3x3 matrix; 2x2 code skips those past its size. (A loop over
@@ -136,7 +136,7 @@ def _spin_solve(P, K):
         W = ti.Matrix([[0.0, -theta], [theta, 0.0]])
     else:
         G = P.trace() * ti.Matrix.identity(float, 3) - P  # symmetric: G^-1 = cofactors(G) / det G
-        W = _cross_matrix(rule_helpers.cofactors(G) @ _axial(K - K.transpose()) / G.determinant())
+        W = _cross_matrix(cofactors(G) @ _axial(K - K.transpose()) / G.determinant())
     return W
 
 

@@ -13,7 +13,6 @@ from .sym import RULE_HELPERS
 from .transform import Transformer
 
 
-
 def owned_cache(f, name):
     """A dict stored on ``f`` itself: what is generated from ``f`` lives as long as ``f`` does."""
     cache = f.__dict__.get(name)

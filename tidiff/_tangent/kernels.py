@@ -27,10 +27,14 @@ Python launcher with the kernel's own parameters that looks the tangent
 field up at each launch (``FieldTangents.tangent_of``; 0 for a template
 argument that is not a field).
 
-Limitations: fields are reached by global or closure name or as
-``ti.template()`` arguments (not ``self.x``); ndarray parameters, struct
-fields and reading ``x.grad``/``x.dual`` are refused with a
-:class:`~tidiff._errors.TransformError`.
+Fields reached through objects (``self.x``, ``sim.fields[k]``) are named
+first (NOTE: [Fields through objects] in :mod:`.objects`); a float field
+without a tangent field is a constant (NOTE: [Known-zero tangents] in
+:mod:`.field_flows`): reading it carries no tangent.
+
+Limitations: ndarray parameters, struct fields, reading
+``x.grad``/``x.dual`` and a ``for`` loop over a list of active fields are
+refused with a :class:`~tidiff._errors.TransformError`.
 """
 import ast
 import functools
@@ -45,11 +49,12 @@ from taichi.lang.util import to_numpy_type
 from taichi.types.annotations import Template
 
 from .._codegen import compile_source
-from .activity import assignments
+from .activity import assignments, root_names
 from .callees import call_name, transformable
 from .emit import generate, jvp_func
 from .naming import helper_name
-from .parse import MISSING, hashable, parse, python_function, resolve
+from .objects import Unbound, argcount, bind, fields_of, method_parts, parsed_for
+from .parse import MISSING, hashable, resolve
 from .transform import Transformer, _name
 
 _GRADIENT_ATTRIBUTES = {"grad", "dual"}
@@ -74,9 +79,25 @@ class FieldTangents:
         self._void = {}
 
     def __getitem__(self, field):
-        """The tangent field of ``field``, or None."""
+        """The tangent field of ``field``, or None (a field whose tangent is known to be zero)."""
         pair = self._pairs.get(id(field))
         return None if pair is None or pair[0] is not field else pair[1]
+
+    def of(self, value):
+        """The tangent of a namespace value: a field's tangent field, or the list of a list's; else None."""
+        fields = fields_of(value)
+        if not fields:
+            return None
+        if isinstance(value, Field):
+            return self[value]
+        tangents = [self[f] for f in fields]
+        if all(t is None for t in tangents):
+            return None
+        if any(t is None for t in tangents):
+            raise TypeError("a list of fields mixes fields with and without a tangent (integer fields, or "
+                            "fields that do not depend on an input); keep float fields that depend on the "
+                            "inputs in lists of their own")
+        return type(value)(tangents)
 
     def add(self, pairs):
         """Pair more fields (the twins a field program runs the tangent kernels on)."""
@@ -96,20 +117,24 @@ class FieldTangents:
         return tangent
 
     def touches(self, f):
-        """Whether ``@ti.func`` (or helper) ``f`` reaches a float field, directly or through what it calls."""
+        """Whether ``@ti.func`` (or helper) ``f``, maybe bound to an object, reaches a field, directly or
+        through its callees.
+
+        Such a func is transformed with field accesses (:func:`jvp_field_func`),
+        the others by the ordinary transform, which refuses fields.
+        """
         if f not in self._touches:
             self._touches[f] = False  # a recursive func: assume not, while looking
-            parsed = parse(f)
             self._touches[f] = any(
-                _is_float_field(obj) or any(self.touches(c) for c in _callees(obj))
-                for obj in _globals_used(parsed)
+                bool(fields_of(obj)) or any(self.touches(c) for c in _callees(obj))
+                for obj in _globals_used(parsed_for(f))
             )
         return self._touches[f]
 
     def is_void(self, f):
         """Whether ``f`` returns nothing (a func that only writes fields)."""
         if f not in self._void:
-            tree = parse(f).tree
+            tree = parsed_for(f).tree
             self._void[f] = not any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(tree))
         return self._void[f]
 
@@ -162,14 +187,18 @@ def _bound_names(tree):
     return bound
 
 
-def jvp_kernel(kernel, tangents):
+def jvp_kernel(kernel, tangents, owner=None):
     """Tangent transform of a ``@ti.kernel`` over global fields (see NOTE: [Tangent of a kernel]).
 
     Args:
         kernel: a ``@ti.kernel``; its parameters must be numbers (scalars,
-            vectors, matrices), which get zero tangent.
+            vectors, matrices), which get zero tangent, or ``ti.template()`` fields.
         tangents: a :class:`FieldTangents` pairing every float field the
-            kernel (and the funcs it calls) reach with its tangent field.
+            kernel (and the funcs it calls) reach with its tangent field
+            (a field without one is a constant).
+        owner: for a kernel of a ``@ti.data_oriented`` class, the object it is
+            bound to; the tangent kernel is a plain kernel of that object
+            (without ``self``).
 
     Returns:
         A ``@ti.kernel`` with the same parameters that computes what
@@ -183,15 +212,15 @@ def jvp_kernel(kernel, tangents):
         energy_jvp = jvp_kernel(energy, tangents)
         energy_jvp()          # loss and dloss, from x and dx
     """
-    key = (kernel, None)
+    key = (kernel, id(owner))
     if key not in tangents.generated:
         made = []
 
         def make(parsed, active):
-            made.append(KernelTransformer(parsed, active, tangents, kernel=kernel))
+            made.append(KernelTransformer(parsed, active, tangents, kernel=kernel, owner=owner))
             return made[0]
 
-        g = generate(kernel, (), make)
+        g = generate(Unbound(kernel) if owner is not None else kernel, (), make)
         if made[0].template_params:
             g = _launcher(g, made[0], tangents)
         tangents.generated[key] = g
@@ -218,42 +247,46 @@ def jvp_field_func(f, active, tangents):
     tangent), with field accesses paired with tangent fields; a func that
     returns nothing gives a tangent func that returns nothing.
     """
-    n = python_function(f).__code__.co_argcount
+    n = argcount(f)
     active = tuple(bool(a) for a in active)
     if len(active) != n:
         raise ValueError(f"jvp_field_func(f, active): f takes {n} parameters, active has {len(active)} entries")
-    key = (f, active)
+    fn, owner = method_parts(f)
+    key = (fn, id(owner), active)
     if key not in tangents.generated:
         tangents.generated[key] = generate(
-            f, active, lambda parsed, act: KernelTransformer(parsed, act, tangents))
+            fn, active, lambda parsed, act: KernelTransformer(parsed, act, tangents, owner=owner))
     return tangents.generated[key]
 
 
 class KernelTransformer(Transformer):
     """The tangent of a kernel, or of a func it calls, with field accesses (see NOTE: [Tangent of a kernel])."""
 
-    def __init__(self, parsed, active, tangents, kernel=None):
+    def __init__(self, parsed, active, tangents, kernel=None, owner=None):
         self.field_tangents = tangents
         self.kernel = kernel  # the @ti.kernel being transformed, or None for a func
+        self.owner = owner  # the object a class kernel or a func taken from an object is bound to
         self.is_kernel = kernel is not None
+        bind(parsed, owner)
         super().__init__(parsed, active, self._jvp_of)
         self.locals = _bound_names(self.tree)
         self.template_params = []
         if kernel:
             self.decorator, self.returns = "kernel", parsed.tree.returns
-            for p in inspect.signature(kernel.__wrapped__).parameters.values():
+            for p in self._parameters():
                 if isinstance(p.annotation, Template):
                     self.template_params.append(p.name)
-        # sources: global names whose use carries a tangent (float fields, funcs reaching them)
+        # sources: global names whose use carries a tangent (float fields, lists of them, funcs reaching them)
         self.sources = set()
         self.fields = {}
         for name in sorted({n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)} - self.locals):
             obj = resolve(ast.Name(name, ast.Load()), parsed.namespace)
-            if isinstance(obj, (Field, Ndarray)):
+            if isinstance(obj, Ndarray) or fields_of(obj):
                 self.fields[name] = obj
-                if tangents[obj] is not None:
+                tangent = None if isinstance(obj, Ndarray) else tangents.of(obj)
+                if tangent is not None:
                     self.sources.add(name)
-                    self.helpers[self.namer.tangent(name)] = tangents[obj]
+                    self.helpers[self.namer.tangent(name)] = tangent
             elif any(tangents.touches(c) for c in _callees(obj)):  # a func, helper or table of them
                 self.sources.add(name)
         # a ti.template() parameter is taken for a field: its tangent is a parameter beside it
@@ -272,8 +305,12 @@ class KernelTransformer(Transformer):
             self._check_parameters()
         return super().run()
 
+    def _parameters(self):
+        """The kernel's parameters (a class kernel's ``self`` is bound, not one)."""
+        return list(inspect.signature(self.kernel.__wrapped__).parameters.values())[self.owner is not None:]
+
     def _check_parameters(self):
-        for p in inspect.signature(self.kernel.__wrapped__).parameters.values():
+        for p in self._parameters():
             ann = p.annotation
             if ann in (int, float) or isinstance(ann, (type(ti.f64), MatrixType, Template)):
                 continue
@@ -331,7 +368,7 @@ class KernelTransformer(Transformer):
         return node.id in self.locals or (subscripted and node.id in self.fields)
 
     def _check_fields(self):
-        """Fields are welcome here; ndarrays and float fields without a tangent are not."""
+        """Fields are welcome here (those without a tangent field are constants); ndarrays are not."""
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
                 obj = self.fields.get(node.value.id)
@@ -339,12 +376,32 @@ class KernelTransformer(Transformer):
                     raise self.error(node, f"ndarray access `{ast.unparse(node)}` in a kernel over fields",
                                      "copy the data into a field, or make the program one kernel over ndarrays "
                                      "(td.function(kernel, inputs=[...], outputs={...}))")
-                if obj is not None and _is_float_field(obj) and node.value.id not in self.sources:
-                    raise self.error(node, f"the field `{node.value.id}`, which has no tangent field",
-                                     "give every float field the kernel reaches a tangent field")
+
+    def _check_store(self, target, value):
+        """A store of an active value into a field known to have a zero tangent would drop it: refuse."""
+        roots = root_names(target)
+        if roots and roots[0] in self.fields and roots[0] not in self.sources and self.is_active(value):
+            raise self.error(target, f"a store of a differentiable value into `{ast.unparse(target)}`, "
+                             "a field found not to depend on the inputs",
+                             "this is a tidiff bug in its activity analysis; please report it")
+
+    def stmt_Assign(self, node):
+        for target in node.targets:
+            self._check_store(target, node.value)
+        super().stmt_Assign(node)
+
+    def stmt_AugAssign(self, node):
+        self._check_store(node.target, node.value)
+        super().stmt_AugAssign(node)
 
     # --- statements ----------------------------------------------------------
     def stmt_For(self, node):
+        iterated = node.iter.args[0] if isinstance(node.iter, ast.Call) and len(node.iter.args) == 1 \
+            and resolve(node.iter.func, self.parsed.namespace) is ti.static else node.iter
+        if isinstance(iterated, ast.Name) and iterated.id in self.sources \
+                and isinstance(self.fields.get(iterated.id), (list, tuple)):
+            raise self.error(node, f"a for loop over the fields of `{ast.unparse(iterated)}`",
+                             "loop over indices instead: for k in ti.static(range(len(fields))): fields[k][i]")
         if self._loads(node.iter) & (self.active - self.sources - set(self.template_params)):
             raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
                              "loop over indices instead: for i in ti.static(range(n))")

@@ -6,6 +6,7 @@ import copy
 import inspect
 import linecache
 import textwrap
+import types
 from dataclasses import dataclass
 
 from .callees import Quiet, is_helper, is_taichi_func, signature_of
@@ -63,7 +64,7 @@ def parse(f):
         fn, kind = python_function(f), "helper" if is_helper(f) else "func"
     tree, filename, first_line = source_tree(fn)
     namespace = dict(fn.__globals__)
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
         try:
             namespace[name] = cell.cell_contents
         except ValueError:  # an unfilled cell: the name is not bound yet
@@ -150,7 +151,7 @@ def _lambda_name(module, lam):
         if isinstance(node, ast.Assign) and node.value is lam and isinstance(node.targets[0], ast.Name):
             return node.targets[0].id
         if isinstance(node, ast.Dict):
-            for key, value in zip(node.keys, node.values):
+            for key, value in zip(node.keys, node.values, strict=True):
                 if value is lam and isinstance(key, ast.Constant) and str(key.value).isidentifier():
                     return str(key.value)
         if isinstance(node, ast.keyword) and node.value is lam and node.arg:
@@ -241,7 +242,8 @@ def positional(node, callee, name_of=None):
     arguments do not fit the signature.
     """
     code = getattr(python_function(callee), "__code__", None) if is_helper(callee) or is_taichi_func(callee) else None
-    if not node.keywords and (code is None or len(node.args) == code.co_argcount):
+    passed = None if code is None else code.co_argcount - isinstance(callee, types.MethodType)  # a bound `self`
+    if not node.keywords and (code is None or len(node.args) == passed):
         return list(node.args)
     from .callees import value_node
 
