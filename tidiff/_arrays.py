@@ -50,7 +50,8 @@ class Batch:
         """Return a result the way the caller gave arguments: NumPy, or torch on their device."""
         if self.device is None or array is None or is_tensor(array):
             return array
-        return _torch().from_numpy(contiguous(array)).to(self.device)
+        # a broadcast view is read-only, which torch.from_numpy warns about: copied then
+        return _torch().from_numpy(np.require(array, requirements="CW")).to(self.device)
 
     def but(self, arrays: Sequence[Any], specs: Sequence[ArgSpec] | None = None) -> Batch:
         """The same call with other arrays (and specs); the batch shape is recomputed."""

@@ -1,0 +1,163 @@
+"""A generated program with its inputs, ready to check; and what a failure prints.
+
+Inputs are drawn from a seed (uniform in [-1.5, 1.5]), not as hypothesis
+floats: hypothesis favours 0.0, 1.0 and other round values, which sit on
+kinks (``abs(0)``, ``min(x, x * x)`` at 1) where no two correct
+implementations need agree; with random values ties have measure zero.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import hypothesis.strategies as st
+import numpy as np
+import torch
+from hypothesis import assume
+from hypothesis.extra.numpy import mutually_broadcastable_shapes
+
+import tidiff as td
+
+from . import grammar, known, render_taichi, render_torch
+from .grammar import Program
+
+MAX_ELEMENTS = 4
+"""Batch elements per example: the oracle loops over them in Python (NOTE: [Oracle per element])."""
+
+
+@dataclass
+class Case:
+    """One program, built for Taichi and torch, and one set of host arguments."""
+
+    program: Program
+    arrays: list  # NumPy arrays, batch + core
+    as_float: list  # which arguments go in as Python floats (0-d, unbatched)
+    use_torch: bool = False
+    f: Any = None
+    twin: Any = None
+    fn: Any = None
+    notes: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.f = render_taichi.build(self.program)
+        self.twin = render_torch.build(self.program)
+        self.fn = td.function(self.f)
+
+    @property
+    def cores(self):
+        return [shape for _, shape in self.program.main.params]
+
+    @property
+    def nargs(self):
+        return len(self.arrays)
+
+    @property
+    def out_shapes(self):
+        return self.program.main.out_shapes
+
+    @property
+    def batch(self):
+        return np.broadcast_shapes(*[a.shape[: a.ndim - len(c)] for a, c in zip(self.arrays, self.cores)])
+
+    def host(self, arrays=None):
+        """The arguments as tidiff is called with them: arrays, Python floats, or torch tensors."""
+        arrays = self.arrays if arrays is None else arrays
+        if self.use_torch:
+            return [torch.tensor(a, dtype=torch.float64) for a in arrays]
+        return [float(a) if f else a for a, f in zip(arrays, self.as_float)]
+
+    def like_args(self, rng):
+        """Random arrays of the arguments' shapes (tangents)."""
+        return [rng.uniform(-1.0, 1.0, a.shape) for a in self.arrays]
+
+    def like_outputs(self, rng, shapes=None):
+        """Random cotangents for the outputs (``batch + out_core``)."""
+        shapes = self.out_shapes if shapes is None else shapes
+        return tuple(rng.uniform(-1.0, 1.0, self.batch + s) for s in shapes)
+
+    def report(self, call: str) -> str:
+        """Everything needed to reproduce a failure: both programs, the call and the inputs."""
+        args = ", ".join(_literal(a, f) for a, f in zip(self.arrays, self.as_float))
+        kind = " (as torch tensors)" if self.use_torch else ""
+        return "\n".join([
+            "", "=" * 30 + " generated program (Taichi) " + "=" * 30, render_taichi.source(self.program),
+            "=" * 30 + " torch twin " + "=" * 30, render_torch.source(self.program),
+            "=" * 30 + " call " + "=" * 30, f"args = [{args}]{kind}", call,
+            *self.notes,
+        ])
+
+    @contextlib.contextmanager
+    def checking(self, call: str):
+        """Run a check; a failure (mismatch or exception) gets the reproduction attached."""
+        try:
+            yield
+        except Exception as e:
+            e.add_note(self.report(call))
+            raise
+
+
+def _literal(a: np.ndarray, as_float: bool) -> str:
+    if as_float:
+        return repr(float(a))
+    return f"np.array({a.tolist()!r})"
+
+
+def all_argnums(nargs: int) -> list:
+    """Every argnums for ``nargs`` arguments: ints (negatives too), then tuples of distinct positions in any order.
+
+    Simplest first, so hypothesis shrinks towards ``argnums=0``.
+    """
+    ints = list(range(nargs)) + list(range(-nargs, 0))
+    tuples = []
+    for k in range(1, nargs + 1):
+        for perm in itertools.permutations(range(nargs), k):
+            for signs in itertools.product((0, 1), repeat=k):
+                tuples.append(tuple(p - nargs * s for p, s in zip(perm, signs)))
+    return ints + tuples
+
+
+def argnums(nargs: int) -> st.SearchStrategy:
+    """An int (negatives too) or a tuple of distinct positions in any order, negatives included."""
+    return st.sampled_from(all_argnums(nargs))
+
+
+@st.composite
+def inputs(draw, cores: tuple, batched: bool = True, allow_torch: bool = True):
+    """Host arrays for arguments of these core shapes: broadcastable batch shapes, seeded values."""
+    n = len(cores)
+    if batched:
+        shapes = draw(mutually_broadcastable_shapes(num_shapes=n, max_dims=2, max_side=3).filter(
+            lambda s: int(np.prod(s.result_shape)) <= MAX_ELEMENTS))
+        batches = list(shapes.input_shapes)
+    else:
+        batches = [()] * n
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    arrays = [rng.uniform(-1.5, 1.5, tuple(b) + c) for b, c in zip(batches, cores)]
+    as_float = [a.shape == () and draw(st.booleans()) for a in arrays]
+    use_torch = allow_torch and draw(st.integers(0, 7)) == 0
+    return arrays, as_float, use_torch
+
+
+def draw_case(data, out_shapes=None, param_shapes=None, batched=True) -> Case:
+    """Draw a program and its inputs, check its value against the twin, and keep it if its values are tame.
+
+    One program in four may reach a custom_vjp function without a jvp rule
+    (forward mode then refuses, and only reverse-mode transforms are checked).
+
+    Values that overflow or grow past 1e6 say nothing about derivatives (the
+    guards of NOTE: [Domains] keep most programs far from there).
+    """
+    reverse_only = data.draw(st.integers(0, 3), label="reverse_only") == 3
+    program = data.draw(grammar.programs(known.grammar(reverse_only), out_shapes=out_shapes,
+                                         param_shapes=param_shapes), label="program")
+    cores = tuple(s for _, s in program.main.params)
+    arrays, as_float, use_torch = data.draw(inputs(cores, batched=batched), label="inputs")
+    case = Case(program, arrays, as_float, use_torch)
+    from .checks import check_value
+
+    want = check_value(case)
+    values = np.concatenate([np.ravel(v) for v in (want if isinstance(want, tuple) else (want,))])
+    assume(np.all(np.isfinite(values)) and np.max(np.abs(values), initial=0.0) < 1e6)
+    return case

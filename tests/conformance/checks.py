@@ -1,0 +1,192 @@
+"""One check per transform: call tidiff on a Case, call the torch oracle, compare.
+
+Every check runs inside ``case.checking(call)``, so a failure carries the
+program, its twin, the call (transform, argnums, has_aux) and the inputs.
+Semantics (API.md "Batching"): grad, value_and_grad, jac*, hessian and hvp
+act per batch element; jvp and vjp linearize the whole batched function.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import tidiff as td
+
+from . import oracle
+from .cases import Case
+from .compare import Mismatch, assert_fd_close, assert_tree_close, assert_values_close
+from .oracle import jac, main_output, per_element, positions, with_aux
+
+
+def _compare(case: Case, got: Any, want: Any, what: str) -> None:
+    assert_tree_close(got, want, what, tensors=case.use_torch)
+
+
+def _aux_twin(case: Case, has_aux: bool):
+    return main_output(case.twin) if has_aux else case.twin
+
+
+def check_value(case: Case) -> Any:
+    """td.function(f)(*args) against the twin: the renderers agree before any derivative is compared."""
+    with case.checking("td.function(f)(*args)"):
+        got = case.fn(*case.host())
+        want = per_element(case.twin, case.arrays, case.cores)
+        _compare(case, got, want, "value")
+    return want
+
+
+def check_grad(case: Case, argnums: Any, has_aux: bool, kind: str = "grad") -> None:
+    """td.grad / td.value_and_grad, per element."""
+    transform = getattr(td, kind)
+    with case.checking(f"td.{kind}(f, argnums={argnums!r}, has_aux={has_aux})(*args)"):
+        got = transform(case.fn, argnums=argnums, has_aux=has_aux)(*case.host())
+        if kind == "value_and_grad":
+            twin = oracle.value_and_grad(case.twin, argnums, has_aux)
+        else:
+            twin = jac(_aux_twin(case, has_aux), argnums)
+            twin = with_aux(twin, case.twin) if has_aux else twin
+        _compare(case, got, per_element(twin, case.arrays, case.cores), kind)
+
+
+def check_jacobian(case: Case, kind: str, argnums: Any, has_aux: bool) -> None:
+    """td.jacfwd / td.jacrev / td.jacobian / td.hessian, per element."""
+    transform = getattr(td, kind)
+    with case.checking(f"td.{kind}(f, argnums={argnums!r}, has_aux={has_aux})(*args)"):
+        got = transform(case.fn, argnums=argnums, has_aux=has_aux)(*case.host())
+        twin = jac(_aux_twin(case, has_aux), argnums)
+        if kind == "hessian":
+            twin = jac(twin, argnums)
+        twin = with_aux(twin, case.twin) if has_aux else twin
+        _compare(case, got, per_element(twin, case.arrays, case.cores), kind)
+
+
+def check_jvp(case: Case, rng: np.random.Generator, has_aux: bool, fd: bool) -> None:
+    """td.jvp of the whole batched function; central differences of td.function as a second oracle."""
+    tangents = case.like_args(rng)
+    case.notes.append(f"tangents = {[t.tolist() for t in tangents]!r}")
+    with case.checking(f"td.jvp(f, args, tangents, has_aux={has_aux})"):
+        got = td.jvp(case.fn, tuple(case.host()), tuple(case.host(tangents)), has_aux=has_aux)
+        out, tout = oracle.jvp(case.twin, case.cores, case.arrays, tangents)
+        if has_aux:
+            if len(got) != 3:
+                raise Mismatch(f"jvp with has_aux: expected (out, tangent_out, aux), got {len(got)} entries")
+            _compare(case, got, (out[0], tout[0], out[1]), "jvp")
+        else:
+            _compare(case, got, (out, tout), "jvp")
+        if fd:
+            coarse, fine = _directional_differences(case, tangents, 1e-3)
+            main = oracle.leaves(got[1])
+            for k, (g, c, f) in enumerate(zip(main, coarse, fine)):
+                assert_fd_close(np.asarray(g), c, f, f"jvp output {k}")
+
+
+def _directional_differences(case: Case, tangents: list, h: float) -> tuple[list, list]:
+    """Central differences of td.function(f) along ``tangents`` at steps h and h/2, in one launch."""
+    batch, full = oracle.broadcast_all(case.arrays, case.cores)
+    _, dirs = oracle.broadcast_all(tangents, case.cores)
+    points = [np.stack([x + h * t, x - h * t, x + h / 2 * t, x - h / 2 * t]) for x, t in zip(full, dirs)]
+    outs = oracle.leaves(case.fn(*points))
+    coarse = [(o[0] - o[1]) / (2 * h) for o in outs]
+    fine = [(o[2] - o[3]) / h for o in outs]
+    return coarse, fine
+
+
+def check_vjp(case: Case, rng: np.random.Generator, has_aux: bool) -> None:
+    """td.vjp of the whole batched function; and the dot-product test against td.jvp where forward mode exists."""
+    n_main = 1 if has_aux else len(case.out_shapes)
+    cts = case.like_outputs(rng, case.out_shapes[:n_main])
+    ct = cts if len(case.out_shapes) > 1 and not has_aux else cts[0]
+    case.notes.append(f"cotangent = {oracle.tree_map(lambda c: c.tolist(), ct)!r}")
+    with case.checking(f"out, vjp_fn = td.vjp(f, *args, has_aux={has_aux}); vjp_fn(cotangent)"):
+        result = td.vjp(case.fn, *case.host(), has_aux=has_aux)
+        if has_aux and len(result) != 3:
+            raise Mismatch(f"vjp with has_aux: expected (out, vjp_fn, aux), got {len(result)} entries")
+        to_host = (lambda c: case.host([c])[0]) if case.use_torch else (lambda c: c)
+        grads = result[1](oracle.tree_map(to_host, ct))
+        twin = _aux_twin(case, has_aux)
+        out, want = oracle.vjp(twin, case.cores, case.arrays, ct)
+        _compare(case, result[0], out, "vjp primal out")
+        if has_aux:
+            _compare(case, result[2], per_element(case.twin, case.arrays, case.cores)[1], "vjp aux")
+        _compare(case, grads, tuple(want), "vjp cotangents")
+    if case.program.forward_ok:
+        tangents = case.like_args(rng)
+        case.notes.append(f"dot-product test tangents = {[t.tolist() for t in tangents]!r}")
+        with case.checking("dot-product test: <t, vjp_fn(c)> == <jvp(f, args, t), c>"):
+            _, touts = td.jvp(case.fn, tuple(case.arrays), tuple(tangents), has_aux=has_aux)[:2]
+            grads = td.vjp(case.fn, *case.arrays, has_aux=has_aux)[1](ct)
+            left = [np.asarray(t) * np.asarray(g) for t, g in zip(tangents, grads)]
+            right = [np.asarray(t) * c for t, c in zip(oracle.leaves(touts), cts)]
+            size = sum(np.abs(x).sum() for x in left + right)
+            lhs, rhs = sum(x.sum() for x in left), sum(x.sum() for x in right)
+            assert_values_close(np.array(lhs), np.array(rhs), "<t, vjp(c)> against <jvp(t), c>", atol=1e-12 * size)
+
+
+def check_hvp(case: Case, rng: np.random.Generator, fd: bool) -> None:
+    """td.hvp per element; the quadratic form <t, H t> against second central differences."""
+    tangents = case.like_args(rng)
+    case.notes.append(f"tangents = {[t.tolist() for t in tangents]!r}")
+    with case.checking("td.hvp(f, args, tangents)"):
+        got = td.hvp(case.fn, tuple(case.host()), tuple(case.host(tangents)))
+        want = per_element(oracle.hvp_elementwise(case.twin), case.arrays + tangents, case.cores * 2)
+        _compare(case, got, want, "hvp")
+        if fd:
+            batch, dirs = oracle.broadcast_all(tangents, case.cores)
+            quad = sum((np.asarray(h) * t).reshape(batch + (-1,)).sum(-1) for h, t in zip(got[1], dirs))
+            coarse, fine = _second_differences(case, tangents, 4e-3)
+            assert_fd_close(np.asarray(quad), coarse, fine, "<t, hvp(t)>")
+
+
+def _second_differences(case: Case, tangents: list, h: float) -> tuple[np.ndarray, np.ndarray]:
+    _, full = oracle.broadcast_all(case.arrays, case.cores)
+    _, dirs = oracle.broadcast_all(tangents, case.cores)
+    points = [np.stack([x + h * t, x - h * t, x + h / 2 * t, x - h / 2 * t, x]) for x, t in zip(full, dirs)]
+    o = np.asarray(oracle.leaves(case.fn(*points))[0])
+    return (o[0] - 2 * o[4] + o[1]) / h**2, (o[2] - 2 * o[4] + o[3]) / (h / 2) ** 2
+
+
+def check_forward_refused(case: Case) -> None:
+    """Forward mode of code reaching a custom_vjp function without a jvp rule is a td.TransformError (as JAX)."""
+    with case.checking("td.jvp(f, args, args) on code reaching a custom_vjp without a jvp rule"):
+        try:
+            td.jvp(case.fn, tuple(case.arrays), tuple(case.arrays))
+        except td.TransformError:
+            return
+        raise Mismatch("forward mode through a custom_vjp function without a jvp rule did not raise td.TransformError")
+
+
+# -- compositions -------------------------------------------------------------------------------
+
+
+def chain_sizes(chain: list, cores: list) -> list | None:
+    """Leaf sizes of ``chain`` applied to a scalar function of arguments with these cores; None if invalid.
+
+    grad and hessian need a single scalar output; every step multiplies each
+    leaf by the sizes of the arguments it differentiates.
+    """
+    sizes, single_scalar = [1], True
+    for kind, argnums in chain:
+        where = positions(argnums, len(cores))
+        if kind in ("grad", "hessian") and not single_scalar:
+            return None
+        arg_sizes = [int(np.prod(cores[k])) for k in where]
+        if kind == "hessian":
+            sizes = [s * a * b for s in sizes for a in arg_sizes for b in arg_sizes]
+        else:
+            sizes = [s * a for s in sizes for a in arg_sizes]
+        single_scalar = single_scalar and isinstance(argnums, int) and cores[where[0]] == ()
+    return sizes
+
+
+def check_chain(case: Case, chain: list) -> None:
+    """A composition such as ``td.jacfwd(td.jacrev(td.grad(f, 0), 1), (1, 0))``, per element."""
+    call = "f"
+    for kind, argnums in chain:
+        call = f"td.{kind}({call}, argnums={argnums!r})"
+    with case.checking(call + "(*args)"):
+        g, twin = case.fn, case.twin
+        for kind, argnums in chain:
+            g = getattr(td, kind)(g, argnums=argnums)
+            twin = jac(jac(twin, argnums), argnums) if kind == "hessian" else jac(twin, argnums)
+        _compare(case, g(*case.host()), per_element(twin, case.arrays, case.cores), call)

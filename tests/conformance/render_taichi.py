@@ -1,0 +1,116 @@
+"""Render a grammar tree as Taichi source and compile it into live ``@ti.func`` objects.
+
+Taichi reads a function's source with ``inspect``; generated source is found
+there when it is registered in ``linecache`` under a file name of its own
+before ``ti.func`` wraps it (the way tidiff's own code generator does it).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import linecache
+
+import taichi as ti
+
+import tidiff as td
+
+from . import library
+from .grammar import Assign, AugAssign, EntryWrite, Expr, If, Loop
+from .ops import MATRIX_SHAPES, OPS, VECTOR_SIZES, taichi_annotation
+
+_files = itertools.count()
+
+
+def expr(e: Expr) -> str:
+    """The Taichi spelling of one expression."""
+    args = [expr(a) for a in e.args]
+    p = dict(e.params)
+    if e.op == "var":
+        return p["name"]
+    if e.op in ("call", "lib"):
+        return f"{p['func']}({', '.join(args)})"
+    if e.op == "tgrad":
+        return f"td.grad({p['func']}, argnums={p['argnum']})({', '.join(args)})"
+    if e.op == "tjvp":
+        n = len(args) // 2
+        return f"td.jvp({p['func']}, ({', '.join(args[:n])},), ({', '.join(args[n:])},))[1]"
+    if e.op == "loop_scale":
+        return f"({args[0]} * ({p['var']} + 1.0))"
+    if e.op == "dyn_entry":
+        return f"{p['vector']}[{p['var']}]"
+    op = OPS[e.op]
+    if "{rows}" in op.taichi:
+        m = p["m"]
+        p["rows"] = ", ".join("[" + ", ".join(args[r * m:(r + 1) * m]) + "]" for r in range(p["n"]))
+    p["args"] = ", ".join(args)
+    return op.taichi.format(*args, **p)
+
+
+def statements(block, indent):
+    pad = "    " * indent
+    lines = []
+    for s in block:
+        if isinstance(s, Assign):
+            lines.append(f"{pad}{s.name} = {expr(s.expr)}")
+        elif isinstance(s, AugAssign):
+            lines.append(f"{pad}{s.name} {s.op}= {expr(s.expr)}")
+        elif isinstance(s, EntryWrite):
+            target = s.name + s.index if s.index.startswith(".") else f"{s.name}[{s.index}]"
+            op = "=" if s.op == "=" else s.op + "="
+            lines.append(f"{pad}{target} {op} {expr(s.expr)}")
+        elif isinstance(s, If):
+            lines.append(f"{pad}if {expr(s.cond)} > {s.threshold}:")
+            lines.extend(statements(s.body, indent + 1))
+            if s.orelse:
+                lines.append(f"{pad}else:")
+                lines.extend(statements(s.orelse, indent + 1))
+        elif isinstance(s, Loop):
+            if s.kind == "while":
+                lines.append(f"{pad}{s.var} = 0")
+                lines.append(f"{pad}while {s.var} < {s.count}:")
+                lines.extend(statements(s.body, indent + 1))
+                lines.append(f"{pad}    {s.var} += 1")
+            else:
+                loop = f"ti.static(range({s.count}))" if s.kind == "static" else f"range({s.count})"
+                lines.append(f"{pad}for {s.var} in {loop}:")
+                lines.extend(statements(s.body, indent + 1))
+        else:
+            raise TypeError(f"unknown statement {s!r}")
+    return lines
+
+
+def func(f) -> str:
+    params = ", ".join(f"{name}: {taichi_annotation(shape)}" for name, shape in f.params)
+    ret = f" -> {taichi_annotation(f.out_shapes[0])}" if f.annotate_return else ""
+    lines = ["@ti.func", f"def {f.name}({params}){ret}:"]
+    lines.extend(statements(f.body, 1))
+    lines.append("    return " + ", ".join(expr(e) for e in f.returns))
+    return "\n".join(lines) + "\n"
+
+
+def source(program) -> str:
+    """The Taichi module of a program: its helpers, then ``f``."""
+    return "\n\n".join(func(f) for f in program.funcs)
+
+
+def namespace() -> dict:
+    """What generated Taichi code may name: ti, td, float64 vector/matrix types, the library."""
+    ns = {"ti": ti, "td": td}
+    ns.update({f"vec{n}d": ti.types.vector(n, ti.f64) for n in VECTOR_SIZES})
+    ns.update({f"mat{n}{m}d": ti.types.matrix(n, m, ti.f64) for n, m in MATRIX_SHAPES})
+    ns.update({name: entry.func for name, entry in library.LIBRARY.items()})
+    return ns
+
+
+def compile_text(text: str, name: str, ns: dict, tag: str):
+    """Execute generated ``text`` in ``ns`` under a linecache file of its own; return the object ``name``."""
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    filename = f"<conformance-{tag}-{next(_files)}-{digest}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    exec(compile(text, filename, "exec", dont_inherit=True), ns)
+    return ns[name]
+
+
+def build(program):
+    """The program's main ``@ti.func`` (its helpers live in the same namespace)."""
+    return compile_text(source(program), program.main.name, namespace(), "func")

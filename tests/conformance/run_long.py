@@ -1,0 +1,55 @@
+"""A long run of the conformance net, in chunks of separate processes with different seeds.
+
+    python tests/conformance/run_long.py --total 20000 --chunk 200 [--minutes 60]
+
+Each chunk is ``pytest tests/conformance`` with ``TIDIFF_CONFORMANCE_EXAMPLES``
+set to the chunk size (shared by the tests by weight, see ``budget.py``) and
+its own ``--hypothesis-seed``: Taichi keeps every compiled kernel of a process,
+so chunks keep memory bounded. Failures (shrunk programs, printed by the
+tests) are appended to ``conformance-failures.log``; the summary gives how many
+examples ran.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--total", type=int, default=20_000, help="examples in all")
+    ap.add_argument("--chunk", type=int, default=200, help="examples per process")
+    ap.add_argument("--minutes", type=float, default=None, help="stop starting chunks after this long")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the first chunk")
+    ap.add_argument("--log", default=os.path.join(ROOT, "conformance-failures.log"))
+    args = ap.parse_args()
+    start, done, failed = time.time(), 0, 0
+    for k in range(0, args.total, args.chunk):
+        if args.minutes is not None and time.time() - start > 60 * args.minutes:
+            break
+        n = min(args.chunk, args.total - k)
+        env = dict(os.environ, TIDIFF_CONFORMANCE_EXAMPLES=str(n), OMP_WAIT_POLICY="PASSIVE")
+        seed = args.seed + k // args.chunk
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                              f"--hypothesis-seed={seed}", os.path.join(HERE)],
+                             capture_output=True, text=True, env=env, cwd=ROOT)
+        done += n
+        if run.returncode:
+            failed += 1
+            with open(args.log, "a") as log:
+                log.write(f"=== chunk seed {seed}, {n} examples\n{run.stdout[-20000:]}\n")
+        print(f"seed {seed}: {n} examples, {'FAILED' if run.returncode else 'ok'}; "
+              f"{done} in {time.time() - start:.0f} s", flush=True)
+    print(f"{done} examples in {failed} failing chunks of {-(-done // args.chunk)}; "
+          f"{(time.time() - start) / 60:.1f} min" + (f"; failures in {args.log}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
