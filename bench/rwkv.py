@@ -69,8 +69,8 @@ def main(argv=None):
             warm = (time.perf_counter() - t0) * 1e3
             diff = (op(k, w) - torch_conv(k, w)).abs().max().item()
             fwd_bwd(torch_conv, k, w, cot)
-            ours = median_ms(lambda: fwd_bwd(op, k, w, cot), args.repeats)
-            theirs = median_ms(lambda: fwd_bwd(torch_conv, k, w, cot), args.repeats)
+            ours = median_ms(lambda k=k, w=w, cot=cot: fwd_bwd(op, k, w, cot), args.repeats)
+            theirs = median_ms(lambda k=k, w=w, cot=cot: fwd_bwd(torch_conv, k, w, cot), args.repeats)
             print(f"{str(dtype).replace('torch.', ''):8} {str((B, C, T)):>16} {ours:10.3f} {theirs:10.3f} "
                   f"{ours / theirs:7.2f}  {diff:.1e}   (first call {warm:.0f} ms)")
     print("compiles:", td.cache_info()["rwkv_conv"])

@@ -14,7 +14,6 @@ import torch
 import tidiff as td
 
 
-
 @ti.kernel
 def linear_kernel(x: ti.types.ndarray(), W: ti.types.ndarray(), b: ti.types.ndarray(), y: ti.types.ndarray()):
     for i, j in y:

@@ -73,13 +73,21 @@ def trig(x: ti.f64) -> ti.f64:
     return ti.sin(x) * ti.cos(2 * x) + ti.tan(x / 3)
 
 
-@row("inverse_trig", ((), ()), lambda x, y: torch.asin(x) + torch.acos(x * y) + torch.atan2(y, x + 2.0), low=-0.9, high=0.9)
+@row(
+    "inverse_trig",
+    ((), ()),
+    lambda x, y: torch.asin(x) + torch.acos(x * y) + torch.atan2(y, x + 2.0),
+    low=-0.9,
+    high=0.9,
+)
 @ti.func
 def inverse_trig(x: ti.f64, y: ti.f64) -> ti.f64:
     return ti.asin(x) + ti.acos(x * y) + ti.atan2(y, x + 2.0)
 
 
-@row("exp_log_sqrt", ((),), lambda x: torch.exp(-x) * torch.log(x) + torch.sqrt(x) + 1 / torch.sqrt(x), low=0.3, high=3.0)
+@row(
+    "exp_log_sqrt", ((),), lambda x: torch.exp(-x) * torch.log(x) + torch.sqrt(x) + 1 / torch.sqrt(x), low=0.3, high=3.0
+)
 @ti.func
 def exp_log_sqrt(x: ti.f64) -> ti.f64:
     return ti.exp(-x) * ti.log(x) + ti.sqrt(x) + ti.rsqrt(x)
@@ -123,7 +131,13 @@ def vector(x: vec3, s: ti.f64) -> ti.f64:
     return s * x.dot(x) + ti.sin(x[0])
 
 
-@row("norms", ((3,),), lambda x: torch.cat([x / torch.linalg.norm(x), torch.linalg.norm(x).reshape(1)]), low=0.5, high=2.0)
+@row(
+    "norms",
+    ((3,),),
+    lambda x: torch.cat([x / torch.linalg.norm(x), torch.linalg.norm(x).reshape(1)]),
+    low=0.5,
+    high=2.0,
+)
 @ti.func
 def norms(x: vec3) -> ti.types.vector(4, ti.f64):
     n = x.normalized()
@@ -148,7 +162,15 @@ def matmul(A: mat2, x: vec2) -> vec2:
     return ti.tanh(A @ x + A.transpose() @ x)
 
 
-@row("det_inv", ((2, 2),), lambda A: torch.linalg.inv(A + 3 * torch.eye(2, dtype=A.dtype)) * torch.linalg.det(A + 3 * torch.eye(2, dtype=A.dtype)), low=-0.5, high=0.5)
+@row(
+    "det_inv",
+    ((2, 2),),
+    lambda A: (
+        torch.linalg.inv(A + 3 * torch.eye(2, dtype=A.dtype)) * torch.linalg.det(A + 3 * torch.eye(2, dtype=A.dtype))
+    ),
+    low=-0.5,
+    high=0.5,
+)
 @ti.func
 def det_inv(A: mat2) -> mat2:
     B = A + 3 * ti.Matrix.identity(ti.f64, 2)

@@ -9,11 +9,10 @@ for-loops and statements", or gets them wrong; second order is checked against t
 import numpy as np
 import pytest
 import taichi as ti
+from op_table import ROWS
 
 import tidiff as td
 from tidiff._signature import ArgSpec
-
-from op_table import ROWS
 
 UNSUPPORTED_BY_TAICHI = {  # row -> what Taichi's reverse mode refuses in it ("Not supported" in auto_diff.cpp)
     "stop_gradient": "nothing, but td.stop_gradient is a plain @ti.func to it: it differentiates through",

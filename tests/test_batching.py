@@ -1,13 +1,12 @@
 """Batch dims: broadcasting across arguments, per-element transforms, whole-batch jvp/vjp."""
 import numpy as np
+import taichi as ti
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-
-import taichi as ti
-import tidiff as td
-
 from op_table import ROW_BY_NAME
+
+import tidiff as td
 
 vector = ROW_BY_NAME["vector"].func  # s * x.dot(x) + sin(x[0]), x: vec3, s: scalar
 

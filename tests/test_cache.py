@@ -1,8 +1,8 @@
 """Compile once: repeated calls with new values or batch sizes compile nothing."""
 import numpy as np
 import pytest
-
 import taichi as ti
+
 import tidiff as td
 
 

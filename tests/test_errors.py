@@ -1,11 +1,10 @@
 """Bad input is refused at the call, naming the argument, and leaves no state behind."""
 import numpy as np
 import pytest
-
 import taichi as ti
-import tidiff as td
-
 from op_table import ROW_BY_NAME
+
+import tidiff as td
 
 vector = ROW_BY_NAME["vector"].func
 norms = ROW_BY_NAME["norms"].func

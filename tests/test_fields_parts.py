@@ -88,15 +88,25 @@ def test_two_leading_indices_and_an_offset():
     np.testing.assert_allclose(td.grad(G)(np.arange(4.0)), 2 * np.arange(4.0), rtol=RTOL)
 
 
-@pytest.mark.parametrize("make, error, words", [
-    (lambda: td.part(V, 5), IndexError, "index 5 is out of range for axis 0 (from 0 to 3)"),
-    (lambda: td.part(V, 0.5), TypeError, "integers along leading axes"),
-    (lambda: td.part(V, 0, 0, 0), ValueError, "the field has 2 axes, got 3"),
-    (lambda: td.part(np.zeros(3), 0), TypeError, "got ndarray"),
-    (lambda: td.function(RUN, inputs=[td.part(V, 0), V], outputs=[LOSS]), ValueError,
-     "inputs[1]: this field is already listed"),
-    (lambda: td.function(RUN, inputs=[td.part(V, 1)], outputs=[V]), ValueError, "inputs[0]: this field is also an output"),
-])
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda: td.part(V, 5), IndexError, "index 5 is out of range for axis 0 (from 0 to 3)"),
+        (lambda: td.part(V, 0.5), TypeError, "integers along leading axes"),
+        (lambda: td.part(V, 0, 0, 0), ValueError, "the field has 2 axes, got 3"),
+        (lambda: td.part(np.zeros(3), 0), TypeError, "got ndarray"),
+        (
+            lambda: td.function(RUN, inputs=[td.part(V, 0), V], outputs=[LOSS]),
+            ValueError,
+            "inputs[1]: this field is already listed",
+        ),
+        (
+            lambda: td.function(RUN, inputs=[td.part(V, 1)], outputs=[V]),
+            ValueError,
+            "inputs[0]: this field is also an output",
+        ),
+    ],
+)
 def test_parts_errors_name_the_call(make, error, words):
     with pytest.raises(error) as info:
         make()

@@ -215,14 +215,18 @@ def test_program_must_be_a_parameterless_kernel_or_function():
 
 def test_call_errors_name_the_argument_and_leave_no_state(err_prog):
     good = [np.ones(4), np.array(2.0)]
-    with pytest.raises(ValueError, match=r"err_kernel: argument 'xe' \(a field\): expected shape \(4,\), got shape \(5,\)"):
+    with pytest.raises(
+        ValueError, match=r"err_kernel: argument 'xe' \(a field\): expected shape \(4,\), got shape \(5,\)"
+    ):
         err_prog.primal([np.ones(5), np.array(2.0)])
     with pytest.raises(ValueError, match=r"td.vjp\(err_kernel\): argument 'we' \(a field\): expected a scalar, "
                                          r"got shape \(1,\) \(a field program takes no batch dims\)"):
         err_prog.vjp([np.ones(4), np.ones(1)], [np.array(1.0)])
     with pytest.raises(ValueError, match=r"td.vjp\(err_kernel\): the cotangent must have the output's shape \(\)"):
         err_prog.vjp(good, [np.ones(3)])
-    with pytest.raises(ValueError, match=r"td.jvp\(err_kernel\): argument 'tangents\[0\]' .*got an array of shape \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"td.jvp\(err_kernel\): argument 'tangents\[0\]' .*got an array of shape \(3,\)"
+    ):
         err_prog.jvp(good, [np.ones(3), None])
     with pytest.raises(TypeError, match=r"expected 2 arguments \(xe, we\), got 1"):
         err_prog.primal([np.ones(4)])

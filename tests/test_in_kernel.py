@@ -72,7 +72,7 @@ def test_jacobian_in_parallel_loop_matches_torch():
     jacobians_in_loop(A, x, J)
     for i in range(6):
         expected = torch.autograd.functional.jacobian(
-            lambda x_: ROW_BY_NAME["matmul"].torch_fn(torch.tensor(A[i]), x_), torch.tensor(x[i])
+            lambda x_, i=i: ROW_BY_NAME["matmul"].torch_fn(torch.tensor(A[i]), x_), torch.tensor(x[i])
         )
         np.testing.assert_allclose(J[i], expected.numpy(), rtol=1e-12, atol=1e-14)
 

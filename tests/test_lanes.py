@@ -113,7 +113,7 @@ def test_hessian_over_a_widened_gradient_against_torch():
     H = td.hessian(energy)(x, s)
     for b in range(3):
         want = torch.autograd.functional.hessian(
-            lambda v: s[b] * torch.exp(-v.dot(v)) + torch.sin(v[0] * v[2]), torch.tensor(x[b]))
+            lambda v, b=b: s[b] * torch.exp(-v.dot(v)) + torch.sin(v[0] * v[2]), torch.tensor(x[b]))
         np.testing.assert_allclose(H[b], want.numpy(), rtol=1e-12, atol=1e-14)
 
 

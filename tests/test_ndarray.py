@@ -51,7 +51,11 @@ def test_forward_numpy_and_torch():
 def test_td_transforms_match_torch():
     k, w = _rand(1, 2, 4, grad=False), _rand(2, 1, 4, seed=1, grad=False)
     kn, wn = k.numpy(), w.numpy()
-    c, dk, dw = _rand(1, 2, 4, seed=2, grad=False), _rand(1, 2, 4, seed=3, grad=False), _rand(2, 1, 4, seed=4, grad=False)
+    c, dk, dw = (
+        _rand(1, 2, 4, seed=2, grad=False),
+        _rand(1, 2, 4, seed=3, grad=False),
+        _rand(2, 1, 4, seed=4, grad=False),
+    )
     _, vjp_fn = td.vjp(conv, kn, wn)
     gk, gw = vjp_fn(c.numpy())
     rk, rw = torch.func.vjp(conv_torch, k, w)[1](c)
@@ -68,7 +72,11 @@ def test_td_transforms_match_torch():
 
 def test_second_order_hessian_vector_products():
     k, w, c = _rand(1, 2, 4, grad=False), _rand(2, 1, 4, seed=1, grad=False), _rand(1, 2, 4, seed=2, grad=False)
-    dk, dw, dc = _rand(1, 2, 4, seed=3, grad=False), _rand(2, 1, 4, seed=4, grad=False), _rand(1, 2, 4, seed=5, grad=False)
+    dk, dw, dc = (
+        _rand(1, 2, 4, seed=3, grad=False),
+        _rand(2, 1, 4, seed=4, grad=False),
+        _rand(1, 2, 4, seed=5, grad=False),
+    )
     V = vjp_function(conv)
     outs, touts = td.jvp(V, (k.numpy(), w.numpy(), c.numpy()), (dk.numpy(), dw.numpy(), dc.numpy()))
 

@@ -24,7 +24,9 @@ def per_element(batch, args, fn):
     for idx in np.ndindex(*batch):
         results.append(fn([a[idx] for a in args]))
     if isinstance(results[0], tuple):
-        return tuple(np.stack([r[k] for r in results]).reshape(batch + results[0][k].shape) for k in range(len(results[0])))
+        return tuple(
+            np.stack([r[k] for r in results]).reshape(batch + results[0][k].shape) for k in range(len(results[0]))
+        )
     return np.stack(results).reshape(batch + results[0].shape)
 
 

@@ -110,7 +110,9 @@ def test_public_api_is_typed():
     untyped = []
     for name in td.__all__:
         obj = getattr(td, name)
-        if inspect.isfunction(obj) and not getattr(obj, "_is_taichi_function", False):  # not stop_gradient (Taichi code)
+        if inspect.isfunction(obj) and not getattr(
+            obj, "_is_taichi_function", False
+        ):  # not stop_gradient (Taichi code)
             sig = inspect.signature(obj)
             if sig.return_annotation is inspect.Signature.empty or any(
                     p.annotation is inspect.Parameter.empty for p in sig.parameters.values()):

@@ -43,7 +43,9 @@ def torch_mixed(A, v, s):
     x, y = torch.linalg.cross(u, v), torch.linalg.det(B)
     x = x / x.norm() * y
     m = torch.stack([torch.stack([x[0], s]), torch.stack([y, x[2] ** 2])])
-    return ((u - v).norm() - 1.0) * torch.log(1.0 + torch.trace(m) ** 2) + torch.minimum(s, x.sum()) + (m @ m).sum() / 7.0
+    return (
+        ((u - v).norm() - 1.0) * torch.log(1.0 + torch.trace(m) ** 2) + torch.minimum(s, x.sum()) + (m @ m).sum() / 7.0
+    )
 
 
 def draw(seed):
@@ -62,7 +64,9 @@ def test_straight_line_code_is_reversed():
 def test_gradient_by_reverse_matches_torch(seed):
     A, v, s = draw(seed)
     got = td.grad(mixed, argnums=(0, 1, 2))(A, v, s)
-    want = torch.autograd.functional.jacobian(torch_mixed, tuple(torch.tensor(a, dtype=torch.float64) for a in (A, v, s)))
+    want = torch.autograd.functional.jacobian(
+        torch_mixed, tuple(torch.tensor(a, dtype=torch.float64) for a in (A, v, s))
+    )
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-10, atol=1e-12)
 
@@ -71,8 +75,9 @@ def test_gradient_by_reverse_matches_torch(seed):
 def test_forward_over_reverse_hessian_matches_torch_and_forward_over_forward(seed):
     A, v, s = draw(seed)
     got = td.hessian(mixed, argnums=1)(A, v, s)
-    want = torch.autograd.functional.hessian(lambda v_: torch_mixed(torch.tensor(A), v_, torch.tensor(s, dtype=torch.float64)),
-                                             torch.tensor(v)).numpy()
+    want = torch.autograd.functional.hessian(
+        lambda v_: torch_mixed(torch.tensor(A), v_, torch.tensor(s, dtype=torch.float64)), torch.tensor(v)
+    ).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
     forward = td.jacfwd(td.jacfwd(mixed, argnums=1), argnums=1)(A, v, s)
     np.testing.assert_allclose(got, forward, rtol=1e-10, atol=1e-12)
@@ -88,7 +93,9 @@ def test_several_outputs_by_reverse_rows():
     assert why_not(pair, (True, True), 2) is None
     got = td.jacrev(pair, argnums=(0, 1))(x, s)
     want = torch.autograd.functional.jacobian(
-        lambda x_, s_: (x_ * s_ + 1.0, x_.dot(x_) * torch.sin(s_)), (torch.tensor(x), torch.tensor(s, dtype=torch.float64)))
+        lambda x_, s_: (x_ * s_ + 1.0, x_.dot(x_) * torch.sin(s_)),
+        (torch.tensor(x), torch.tensor(s, dtype=torch.float64)),
+    )
     for g_row, w_row in zip(got, want):
         for g, w in zip(g_row, w_row):
             np.testing.assert_allclose(g, w.numpy(), rtol=1e-12, atol=1e-14)

@@ -70,14 +70,18 @@ def test_jvp_and_vjp_of_several_outputs():
     x, s = np.array([0.3, -0.4]), 1.5
     (y0, y1), (t0, t1) = td.jvp(two_outputs, (x, s), (np.array([1.0, 0.0]), 0.5))
     _, (e0, e1) = torch.autograd.functional.jvp(
-        _torch_two, (torch.tensor(x), torch.tensor(s, dtype=torch.float64)), (torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64))
+        _torch_two,
+        (torch.tensor(x), torch.tensor(s, dtype=torch.float64)),
+        (torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64)),
     )
     np.testing.assert_allclose(t0, e0.numpy(), rtol=1e-12)
     np.testing.assert_allclose(t1, e1.numpy(), rtol=1e-12)
     _, vjp_fn = td.vjp(two_outputs, x, s)
     gx, gs = vjp_fn((np.array([1.0, 2.0]), np.array(0.5)))
     _, (ex, es) = torch.autograd.functional.vjp(
-        _torch_two, (torch.tensor(x), torch.tensor(s, dtype=torch.float64)), (torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64))
+        _torch_two,
+        (torch.tensor(x), torch.tensor(s, dtype=torch.float64)),
+        (torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64)),
     )
     np.testing.assert_allclose(gx, ex.numpy(), rtol=1e-12)
     np.testing.assert_allclose(gs, es.numpy(), rtol=1e-12)
@@ -125,7 +129,12 @@ def named_like_locals(p: ti.math.vec3, e: ti.f64, t: ti.f64, r: ti.f64) -> ti.f6
 
 def test_parameters_named_like_generated_locals():
     rng = np.random.default_rng(4)
-    p, e, t, r = rng.uniform(0.2, 1.0, (2, 3)), rng.uniform(0.2, 1.0, 2), rng.uniform(0.2, 1.0, 2), rng.uniform(0.2, 1.0, 2)
+    p, e, t, r = (
+        rng.uniform(0.2, 1.0, (2, 3)),
+        rng.uniform(0.2, 1.0, 2),
+        rng.uniform(0.2, 1.0, 2),
+        rng.uniform(0.2, 1.0, 2),
+    )
     grads = td.grad(named_like_locals, argnums=(0, 1, 2, 3))(p, e, t, r)
     hess = td.hessian(named_like_locals)(p, e, t, r)
     _, vjp_fn = td.vjp(named_like_locals, p, e, t, r)
@@ -134,7 +143,7 @@ def test_parameters_named_like_generated_locals():
         fn = lambda p_, e_, t_, r_: e_ * p_.dot(p_) + torch.sin(t_ * p_[0]) * r_  # noqa: E731
         for got, want in zip(grads, torch.autograd.functional.jacobian(fn, args)):
             np.testing.assert_allclose(got[b], want.numpy(), rtol=1e-13)
-        want_h = torch.autograd.functional.hessian(lambda p_: fn(p_, *args[1:]), args[0])
+        want_h = torch.autograd.functional.hessian(lambda p_, fn=fn, args=args: fn(p_, *args[1:]), args[0])
         np.testing.assert_allclose(hess[b], want_h.numpy(), rtol=1e-13, atol=1e-14)
     for got, want in zip(vjp_fn(np.ones(2)), grads):
         np.testing.assert_allclose(got, want, rtol=1e-13)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import taichi as ti
 import torch
-
 from test_tangent_harness import assert_close, evaluate, flatten, structure, torch_jvp, torch_second
+
 from tidiff._errors import TransformError
 from tidiff._tangent import jvp_func, register_jvp, source, stop_gradient
 

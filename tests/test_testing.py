@@ -5,11 +5,10 @@ import taichi as ti
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_table import ROW_BY_NAME
 
 import tidiff as td
 import tidiff.testing as tt
-
-from op_table import ROW_BY_NAME
 
 vec3 = ti.types.vector(3, ti.f64)
 

@@ -2,7 +2,8 @@
 import numpy as np
 import taichi as ti
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tidiff as td
 from tidiff._api import _linearization

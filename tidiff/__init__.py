@@ -1,6 +1,8 @@
 """tidiff: JAX-style function transforms for Taichi code."""
-from . import _inline  # lets the source transforms call through tidiff Functions
-from . import _kinds  # registers the kinds of function with td.function
+from . import (
+    _inline,  # lets the source transforms call through tidiff Functions
+    _kinds,  # registers the kinds of function with td.function
+)
 from . import testing as testing
 from ._api import function as function
 from ._api import grad as grad

@@ -246,7 +246,9 @@ def _jvp_in_kernel(fn: Function, primals: Sequence[Any], tangents: Sequence[Any]
     T = fn.tangent()
     body = T.body_for(T.specs_for(args))
     if body is None:
-        raise TypeError(f"td.jvp({fn.name}) cannot be called inside a kernel: only @ti.func code and its transforms can")
+        raise TypeError(
+            f"td.jvp({fn.name}) cannot be called inside a kernel: only @ti.func code and its transforms can"
+        )
     flat = list(body(*args))
     _, tree = fn.signature(specs)
     m = len(flat) // 2

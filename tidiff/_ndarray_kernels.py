@@ -17,9 +17,8 @@ import taichi as ti
 
 from ._codegen import compile_source
 from ._errors import TransformError
-from ._tangent import jvp_func
+from ._tangent import jvp_func, rule_helpers
 from ._tangent.parse import parse
-from ._tangent import rule_helpers
 from ._tangent.sym import RULE_HELPERS, TAICHI, spell_taichi
 from ._tangent.transform import Transformer, _name
 
@@ -48,7 +47,9 @@ class KernelTransformer(Transformer):
             )
 
     def stmt_For(self, node):  # NOTE: [Kernel loops]
-        self.emit(ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else []))
+        self.emit(
+            ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else [])
+        )
 
     def run(self):
         args = self.tree.args

@@ -124,7 +124,9 @@ def input_specs(pyfunc: Callable[..., Any], signature: Sequence[Any] | Mapping[s
         if isinstance(signature, Mapping):
             unknown = set(signature) - set(names)
             if unknown:
-                raise ValueError(f"{call}: signature names unknown parameters {sorted(unknown)}; parameters are {names}")
+                raise ValueError(
+                    f"{call}: signature names unknown parameters {sorted(unknown)}; parameters are {names}"
+                )
             anns = [signature.get(n, params[n].annotation) for n in names]
         else:
             anns = list(signature)

@@ -217,7 +217,9 @@ def _make_op(fn: Function, owner: Function) -> Any:
                     ts.append(torch.zeros(shape, dtype=getattr(torch, s.dtype.name), device=device) if t is None else t)
             flat = op_of(fn.tangent(), owner).apply(*primals, *ts)
             m = len(flat) // 2
-            return tuple(t.expand(o.shape) if t.shape != o.shape else t for o, t in zip(flat[:m], flat[m:], strict=True))
+            return tuple(
+                t.expand(o.shape) if t.shape != o.shape else t for o, t in zip(flat[:m], flat[m:], strict=True)
+            )
 
         @staticmethod
         def vmap(info: Any, in_dims: Sequence[int | None], *args: Any) -> tuple[Any, Any]:

@@ -6,9 +6,9 @@ tree puts results back into the nested tuples JAX users expect.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Union
+from typing import Any
 
-Tree = Union[int, tuple["Tree", ...]]
+Tree = int | tuple["Tree", ...]
 
 
 def unflatten(tree: Tree, flat: Sequence[Any]) -> Any:

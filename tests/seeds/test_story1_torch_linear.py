@@ -12,7 +12,9 @@ import tidiff as td
 F64 = torch.float64
 
 
-example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "examples" / "torch_linear_layer.py"), run_name="example")
+example = runpy.run_path(
+    str(pathlib.Path(__file__).parents[2] / "examples" / "torch_linear_layer.py"), run_name="example"
+)
 linear, linear_kernel, TaichiLinear = example["linear"], example["linear_kernel"], example["TaichiLinear"]
 
 

@@ -8,7 +8,11 @@ import torch
 import tidiff as td
 
 example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "examples" / "rwkv_operator.py"), run_name="example")
-rwkv_conv, rwkv_conv_torch, rwkv_conv_kernel = example["rwkv_conv"], example["rwkv_conv_torch"], example["rwkv_conv_kernel"]
+rwkv_conv, rwkv_conv_torch, rwkv_conv_kernel = (
+    example["rwkv_conv"],
+    example["rwkv_conv_torch"],
+    example["rwkv_conv_kernel"],
+)
 
 
 def _data(B, C, T, dtype=torch.float64, seed=0, grad=True):

@@ -7,7 +7,9 @@ import torch
 
 import tidiff as td
 
-example = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "examples" / "newton_neo_hookean.py"), run_name="example")
+example = runpy.run_path(
+    str(pathlib.Path(__file__).parents[2] / "examples" / "newton_neo_hookean.py"), run_name="example"
+)
 
 
 def torch_energy(f, p):
@@ -22,7 +24,9 @@ def test_hessian_matches_torch():
     p = rng.uniform(-0.3, 0.3, size=(5, 3))
     H = td.hessian(example["neo_hookean"])(f, p)
     for i in range(5):
-        expected = torch.autograd.functional.hessian(lambda f_: torch_energy(f_, torch.tensor(p[i])), torch.tensor(f[i]))
+        expected = torch.autograd.functional.hessian(
+            lambda f_, i=i: torch_energy(f_, torch.tensor(p[i])), torch.tensor(f[i])
+        )
         np.testing.assert_allclose(H[i], expected.numpy(), rtol=1e-10, atol=1e-12)
 
 

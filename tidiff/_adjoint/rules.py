@@ -18,7 +18,8 @@ from taichi.lang.matrix import MatrixType, VectorType
 
 from .._tangent import rule_helpers
 from .._tangent.rules import exponent_less_one, is_dtype, is_integral, log_of_base, unbound_method
-from .._tangent.sym import helpers, ti as T
+from .._tangent.sym import helpers
+from .._tangent.sym import ti as T
 
 ADJOINTS: dict[Any, Any] = {}
 """op key -> (g, out, *operands) -> [contribution or None per operand]."""

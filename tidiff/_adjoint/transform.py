@@ -28,12 +28,12 @@ from .._tangent.activity import loaded_names
 from .._tangent.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
 from .._tangent.naming import Namer, helper_name, names_in
 from .._tangent.parse import MISSING, hashable, parse, positional, resolve, static_call
-from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, lookup as forward_rule, zero
-from .._tangent.transform import _callee_hint, callable_positional
+from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, zero
+from .._tangent.rules import lookup as forward_rule
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
+from .._tangent.transform import _callee_hint, callable_positional
 from . import rules
 from .rules import ADJOINTS, is_constructor
-
 
 USES_BWD = "_tidiff_uses_bwd"
 """Attribute of a generated reverse function that calls a td.custom_vjp rule (see NOTE: [Mode choice])."""
@@ -89,7 +89,7 @@ class Reverser:
         self.namer = Namer(names_in(self.tree))
         self.env = {p: p for p in self.params}  # variable -> the SSA name holding its current value
         self.defined = set(self.params)
-        self.active = {p for p, a in zip(self.params, active) if a}
+        self.active = {p for p, a in zip(self.params, active, strict=False) if a}
         self.temps = set()
         self.tuples = {}  # SSA name of a tuple-valued call result -> the names of its elements
         self.uses_bwd = False  # whether a custom_vjp rule is called (here or in a callee's reverse)
@@ -113,13 +113,21 @@ class Reverser:
                      for k in range(self.n_outputs)]
         cts = self.sweep(outputs, ct_params)
         result = outputs[0] if self.n_outputs == 1 else ast.Tuple(outputs, ast.Load())
-        grads = [_name(cts[p]) if p in cts else ast.Call(ast.Attribute(_name(TAICHI), "zero", ast.Load()), [_name(p)], [])
-                 for p in self.params if p in self.active]
+        grads = [
+            _name(cts[p]) if p in cts else ast.Call(ast.Attribute(_name(TAICHI), "zero", ast.Load()), [_name(p)], [])
+            for p in self.params
+            if p in self.active
+        ]
         self.backward.append(ast.Return(ast.Tuple([result] + grads, ast.Load())))
         name = self.namer.fresh(self.tree.name + "_vjp")
         decorator = ast.Attribute(_name(TAICHI), "func", ast.Load())
-        fn = ast.FunctionDef(name, ast.arguments([], args.args + [ast.arg(c) for c in ct_params], None, [], [], None, []),
-                             self.forward + self.backward, [decorator], None)
+        fn = ast.FunctionDef(
+            name,
+            ast.arguments([], args.args + [ast.arg(c) for c in ct_params], None, [], [], None, []),
+            self.forward + self.backward,
+            [decorator],
+            None,
+        )
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
     # --- statements: the forward sweep -----------------------------------------
@@ -144,12 +152,12 @@ class Reverser:
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
                 and len(target.elts) == len(node.value.elts) and all(isinstance(t, ast.Name) for t in target.elts):
             values = [self.operand(v) for v in node.value.elts]  # all read before any is written
-            for t, v in zip(target.elts, values):
+            for t, v in zip(target.elts, values, strict=False):
                 self.bind(t.id, v)
             return
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, ast.Call) \
                 and all(isinstance(t, ast.Name) for t in target.elts):
-            for t, v in zip(target.elts, self.call_outputs(node.value, len(target.elts))):
+            for t, v in zip(target.elts, self.call_outputs(node.value, len(target.elts)), strict=False):
                 self.bind(t.id, v)
             return
         if isinstance(target, (ast.Subscript, ast.Attribute)):
@@ -224,7 +232,11 @@ class Reverser:
     def constant(self, node, kind):
         """The value of ``range(...)`` (a list) or a condition made of constants, else None."""
         node = self.rename(node)
-        if isinstance(node, ast.Call) and resolve(node.func, self.parsed.namespace) is ti.static and len(node.args) == 1:
+        if (
+            isinstance(node, ast.Call)
+            and resolve(node.func, self.parsed.namespace) is ti.static
+            and len(node.args) == 1
+        ):
             node = node.args[0]
         if kind == "range":
             if not (isinstance(node, ast.Call) and resolve(node.func, self.parsed.namespace) is range):
@@ -527,7 +539,9 @@ class Reverser:
             self.uses_bwd = True
         else:
             mask = tuple(self.is_active(a) for a in args)
-            reverse = rule.reverse(callee, mask, n_outputs) if rule is not None else self.vjp_of(callee, mask, n_outputs)
+            reverse = (
+                rule.reverse(callee, mask, n_outputs) if rule is not None else self.vjp_of(callee, mask, n_outputs)
+            )
             if reverse is None:
                 raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
             self.uses_bwd = self.uses_bwd or getattr(reverse, USES_BWD, False)
@@ -648,7 +662,7 @@ class Reverser:
                 value = contribution.node
             self.backward.append(_assign(cts[variable], value))
 
-        for out, ct in zip(outputs, ct_params):
+        for out, ct in zip(outputs, ct_params, strict=False):
             if self.is_active(out):
                 add(out.id, Sym(_name(ct)))
         for op in reversed(self.ops):
@@ -666,7 +680,7 @@ class Reverser:
             else:
                 g = Sym(_name(cts[op.target]))
                 contributions = op.rule(g, Sym(_name(op.target)), *[Sym(a) for a in op.args])
-            for arg, contribution in zip(op.args, contributions):
+            for arg, contribution in zip(op.args, contributions, strict=False):
                 if contribution is not None and self.is_active(arg):
                     add(arg.id, contribution)
         return cts

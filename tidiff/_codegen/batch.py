@@ -186,9 +186,11 @@ class ScalarKernel:
         fn = src.bind(name, body)
         params = [(src.namer.fresh(f"a{k}"), src.bind(f"T{k}", s.ti_type())) for k, s in enumerate(in_specs)]
         kernel = src.namer.fresh(f"{name}__one")
-        src.lines += ["@ti.kernel",
-                      f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}) -> {src.bind('R', out_spec.ti_type())}:",
-                      f"    return {fn}({', '.join(p for p, _ in params)})"]
+        src.lines += [
+            "@ti.kernel",
+            f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}) -> {src.bind('R', out_spec.ti_type())}:",
+            f"    return {fn}({', '.join(p for p, _ in params)})",
+        ]
         self.kernel = src.compile(kernel, "one")
 
     @staticmethod

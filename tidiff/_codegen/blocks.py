@@ -86,7 +86,9 @@ class BlocksKernel:
                     dtype=to_taichi_type(spec.dtype), ndim=1 + len(spec.shape)))
                 targets.append((arrays[it[1], it[2]], spec, True))
             else:
-                targets.append((w.output(f"v_{it[1]}", ti.types.ndarray(dtype=element_type(spec), ndim=1)), spec, False))
+                targets.append(
+                    (w.output(f"v_{it[1]}", ti.types.ndarray(dtype=element_type(spec), ndim=1)), spec, False)
+                )
         value = jacobian_blocks(w, parent, specs, argnums, out_specs, single_out, wanted, flavour,
                                 OutputBlocks(w, arrays, w.index))
         if any(it[0] == "out" for it in items):

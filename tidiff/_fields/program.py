@@ -156,17 +156,17 @@ class FieldProgram:
             raise ValueError(f"{self.call}: expected {len(parts)} {role} (one per field), got {len(values)}")
         return [
             checks.convert(self.call, role, i, self.name_of(p.field), p, v, tangent)
-            for i, (p, v) in enumerate(zip(parts, values))
+            for i, (p, v) in enumerate(zip(parts, values, strict=False))
         ]
 
     def _prepare(self, args):
         """Load inputs and the other fields' current values (zeros for state), zero the outputs."""
-        for p, array in zip(self.inputs, args):
+        for p, array in zip(self.inputs, args, strict=False):
             if p.whole:
                 load(self._twins[p.field], array)
         for field in self._split.values():
             whole = np.zeros(full_shape(field), numpy_dtype(field)) if id(field) in self._state_ids else read(field)
-            for p, array in zip(self.inputs, args):
+            for p, array in zip(self.inputs, args, strict=False):
                 if p.field is field:
                     whole[p.index] = array
             for p in self.outputs:
@@ -200,7 +200,7 @@ class FieldProgram:
 
     def seed(self, cotangents):
         """Load cotangents (``None``: zero) into the outputs' gradients."""
-        for p, cotangent in zip(self.outputs, cotangents):
+        for p, cotangent in zip(self.outputs, cotangents, strict=False):
             if cotangent is None:
                 continue
             grad = self._twins[p.field].grad

@@ -53,7 +53,9 @@ class CustomJvpFunction(FuncFunction):
 
     def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
         if self.rule is None and self.bwd is None:
-            raise TypeError(f"{self.name} is a td.custom_jvp function without a rule: call {self.name}.defjvp(rule) first")
+            raise TypeError(
+                f"{self.name} is a td.custom_jvp function without a rule: call {self.name}.defjvp(rule) first"
+            )
         return self._wrapper
 
     def call_in_kernel(self, *args: Any) -> Any:
@@ -94,7 +96,9 @@ class CustomVjpFunction(CustomJvpFunction):
 
     def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
         if self.bwd is None and self.rule is None:
-            raise TypeError(f"{self.name} is a td.custom_vjp function without a rule: call {self.name}.defvjp(bwd) first")
+            raise TypeError(
+                f"{self.name} is a td.custom_vjp function without a rule: call {self.name}.defvjp(bwd) first"
+            )
         return self._wrapper
 
 

@@ -206,7 +206,9 @@ class NdarrayFunction(Function):
         """Check the arguments: tensors stay tensors (on their device), anything else becomes NumPy."""
         call = call or self.name
         if len(args) != len(self.inputs):
-            raise TypeError(f"{call}: expected {len(self.inputs)} arguments ({', '.join(self.inputs)}), got {len(args)}")
+            raise TypeError(
+                f"{call}: expected {len(self.inputs)} arguments ({', '.join(self.inputs)}), got {len(args)}"
+            )
         specs = self.specs_for(args)
         arrays, device = [], None
         for spec, value in zip(specs, args, strict=True):

@@ -1,8 +1,12 @@
 """Source-to-source forward mode: ``jvp_func(f)`` for a ``@ti.func``, ``jvp_kernel(k, tangents)``
 for a kernel over global fields, and the generated ``source``."""
-from .emit import jvp_func as jvp_func, source as source
-from .kernels import FieldTangents as FieldTangents, jvp_kernel as jvp_kernel
-from .rules import CUSTOM_JVPS as CUSTOM_JVPS, CUSTOM_VJPS as CUSTOM_VJPS, RULES as RULES
+from .emit import jvp_func as jvp_func
+from .emit import source as source
+from .kernels import FieldTangents as FieldTangents
+from .kernels import jvp_kernel as jvp_kernel
+from .rules import CUSTOM_JVPS as CUSTOM_JVPS
+from .rules import CUSTOM_VJPS as CUSTOM_VJPS
+from .rules import RULES as RULES
 from .rules import stop_gradient as stop_gradient
 
 
@@ -24,5 +28,15 @@ def register_vjp(f, bwd):
     CUSTOM_VJPS[f] = bwd
 
 
-__all__ = ["jvp_func", "jvp_kernel", "FieldTangents", "source", "register_jvp", "register_vjp", "stop_gradient", "RULES",
-           "CUSTOM_JVPS", "CUSTOM_VJPS"]
+__all__ = [
+    "jvp_func",
+    "jvp_kernel",
+    "FieldTangents",
+    "source",
+    "register_jvp",
+    "register_vjp",
+    "stop_gradient",
+    "RULES",
+    "CUSTOM_JVPS",
+    "CUSTOM_VJPS",
+]

@@ -28,7 +28,8 @@ from taichi.lang.matrix import MatrixType, VectorType
 from taichi.types import primitive_types
 
 from . import rule_helpers
-from .sym import Sym, helpers, ti as T, zero_like
+from .sym import Sym, helpers, zero_like
+from .sym import ti as T
 
 RULES = {}
 """op key -> rule(call) -> tangent Sym or None."""
@@ -76,13 +77,13 @@ class Call:
 
     def zeros(self):
         """Tangents with every zero spelled out, for rules that are not a sum of terms."""
-        return [zero_like(a) if t is None else t for a, t in zip(self.args, self.tangents)]
+        return [zero_like(a) if t is None else t for a, t in zip(self.args, self.tangents, strict=False)]
 
 
 def defjvp(keys, *jvps):
     """Register a rule summing ``jvp(g, *args)`` over operands with a nonzero tangent."""
     def rule(call):
-        terms = [jvp(t, *call.args) for jvp, t in zip(jvps, call.tangents)
+        terms = [jvp(t, *call.args) for jvp, t in zip(jvps, call.tangents, strict=False)
                  if jvp is not None and t is not None]
         if not terms:
             return None

@@ -19,7 +19,7 @@ from .callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refu
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, helper_name, names_in
 from .parse import MISSING, hashable, positional, resolve, static_call
-from .rules import CUSTOM_JVPS, CUSTOM_VJPS, REFUSED, Call, RULES, callable_rule, lookup, zero
+from .rules import CUSTOM_JVPS, CUSTOM_VJPS, REFUSED, RULES, Call, callable_rule, lookup, zero
 from .sym import TAICHI, Sym, spell_taichi, taichi_name, zero_like
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
@@ -107,7 +107,7 @@ class Transformer:
         self.width = width
         self.tree = parsed.tree
         self.params = [a.arg for a in self.tree.args.args]
-        self.active_params = [p for p, a in zip(self.params, active) if a]
+        self.active_params = [p for p, a in zip(self.params, active, strict=False) if a]
         self.locals = local_names(self.tree)
         self.assigned_once = _assigned_once(self.tree)
         self.zero = set()  # variables assigned once, at the top level, with a zero tangent: no dx at all
@@ -240,7 +240,7 @@ class Transformer:
             parts = [self.atom(elt) for elt in value.elts]
             parts = [self.lift(p, dp, hint="value", force=bool(loaded_names(p) & written))
                      for p, dp in parts]
-            for target, (p, dp) in zip(targets.elts, parts):
+            for target, (p, dp) in zip(targets.elts, parts, strict=False):
                 self.split(target, p, dp)
         else:
             p, dp = self.lift(*self.expr(value), hint="value")
@@ -269,7 +269,9 @@ class Transformer:
             if dvalue is not None:
                 self.emit(ast.AugAssign(store(dtarget), node.op, dvalue))
         else:
-            call = Call(None, [Sym(load(target)), Sym(value)], [Sym(load(dtarget)), None if dvalue is None else Sym(dvalue)])
+            call = Call(
+                None, [Sym(load(target)), Sym(value)], [Sym(load(dtarget)), None if dvalue is None else Sym(dvalue)]
+            )
             dp = RULES[type(node.op)](call)
             self.emit(_assign(dtarget, zero_like(load(target)).node if dp is None else dp.node))
         self.emit(ast.AugAssign(store(target), node.op, value))
@@ -281,7 +283,11 @@ class Transformer:
         p, dp = self.expr(node.value)
         self.emit(ast.AnnAssign(store(node.target), node.annotation, p, node.simple))
         dtarget = store(retarget(node.target, self.namer.tangent(root)))
-        self.emit(ast.AnnAssign(dtarget, node.annotation, dp if dp is not None else zero_like(load(node.target)).node, node.simple))
+        self.emit(
+            ast.AnnAssign(
+                dtarget, node.annotation, dp if dp is not None else zero_like(load(node.target)).node, node.simple
+            )
+        )
 
     def stmt_If(self, node):
         self.emit(ast.If(node.test, self.nested(node.body), self.nested(node.orelse) if node.orelse else []))
@@ -290,7 +296,9 @@ class Transformer:
         if self.is_active(node.iter):
             raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
                              "loop over indices instead: for i in ti.static(range(n))")
-        self.emit(ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else []))
+        self.emit(
+            ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else [])
+        )
 
     def stmt_While(self, node):
         self.emit(ast.While(node.test, self.nested(node.body), []))
@@ -319,7 +327,9 @@ class Transformer:
             callee = resolve(value.func, self.parsed.namespace)
             if any(callee is op for op in _ATOMIC_SUMS):
                 return self.atomic_sum(value)
-            if getattr(callee, "__name__", "").startswith("atomic_") and getattr(callee, "__module__", "").startswith("taichi"):
+            if getattr(callee, "__name__", "").startswith("atomic_") and getattr(callee, "__module__", "").startswith(
+                "taichi"
+            ):
                 self.expr(value)  # atomic_max & co. have no rule: the usual error names them
         receiver = _fill_receiver(value)
         if receiver is not None and root_names(receiver)[0] in self.active:
@@ -525,7 +535,9 @@ class Transformer:
         if hashable(callee) and callee in CUSTOM_JVPS:
             return self.call_function(node, callee, custom=CUSTOM_JVPS[callee])
         if hashable(callee) and callee in CUSTOM_VJPS:
-            raise NoForwardRule(getattr(callee, "name", ast.unparse(func)), self.parsed.filename, self.parsed.lineno(node))
+            raise NoForwardRule(
+                getattr(callee, "name", ast.unparse(func)), self.parsed.filename, self.parsed.lineno(node)
+            )
         if callable_rule(callee) is not None:  # a tidiff Function (td.grad(E) bound to a name)
             return self.call_function(node, callee)
         rule = lookup(callee)
@@ -630,7 +642,9 @@ class Transformer:
             fn = custom
             tangents = [zero_like(p).node if dp is None else dp for p, dp in parts]
         base = _callee_hint(node.func, callee)
-        helper = helper_name(self.helpers, self.namer, fn, widened_name(base + "_jvp", self.width if custom is None else 1))
+        helper = helper_name(
+            self.helpers, self.namer, fn, widened_name(base + "_jvp", self.width if custom is None else 1)
+        )
         call = ast.Call(_name(helper), [p for p, _ in parts] + tangents, [])
         if into is None:
             out = self.namer.fresh(_hint(node))

@@ -2,8 +2,8 @@
 import numpy as np
 
 from .. import _api as T
-from .evidence import Comparison, Evidence, entry_namer
 from .._tree import flatten_like
+from .evidence import Comparison, Evidence, entry_namer
 from .problem import Problem, contract_in, sum_to
 
 REF = "torch"
@@ -159,15 +159,26 @@ def _second_order_jacobian(p, ref, evidence, rtol, atol, call):
     for label, outer, inner in (("td.jacfwd(td.jacrev(f))", T.jacfwd, T.jacrev),
                                 ("td.jacrev(td.jacrev(f))", T.jacrev, T.jacrev)):
         got = outer(inner(p.fn, argnums), argnums)(*p.arrays)
-        for k, per_arg in enumerate(flatten_like(p.tree, got, "td.testing", "a result")):  # output k, then d/d argnums[j], then d/d argnums[i]
+        for k, per_arg in enumerate(
+            flatten_like(p.tree, got, "td.testing", "a result")
+        ):  # output k, then d/d argnums[j], then d/d argnums[i]
             if k not in p.float_outs:
                 continue
             for j, a in enumerate(argnums):
                 for i, b in enumerate(argnums):
-                    evidence.add(Comparison(call, f"{label} disagrees with torch's Jacobian of its Jacobian",
-                                            (label, REF), per_arg[j][i], second[k, j, i],
-                                            where=f"output {p.out_names[k]!r}, d/d {p.specs[a].name!r} then d/d {p.specs[b].name!r}",
-                                            entry=_second_namer(p, k, a, b), rtol=rtol, atol=atol))
+                    evidence.add(
+                        Comparison(
+                            call,
+                            f"{label} disagrees with torch's Jacobian of its Jacobian",
+                            (label, REF),
+                            per_arg[j][i],
+                            second[k, j, i],
+                            where=f"output {p.out_names[k]!r}, d/d {p.specs[a].name!r} then d/d {p.specs[b].name!r}",
+                            entry=_second_namer(p, k, a, b),
+                            rtol=rtol,
+                            atol=atol,
+                        )
+                    )
 
 
 def _second_namer(p, k, a, b):
@@ -190,7 +201,7 @@ class _TorchReference:
         self.p, self.torch_f, self.torch = p, torch_f, torch
         self.af = torch.autograd.functional
         self.elements = list(np.ndindex(*p.batch))
-        self.full = [np.broadcast_to(x, p.batch + s.shape) for x, s in zip(p.arrays, p.specs)]
+        self.full = [np.broadcast_to(x, p.batch + s.shape) for x, s in zip(p.arrays, p.specs, strict=False)]
         per = [self._at(idx) for idx in self.elements]
         self.values = [self._stack([r[0][k] for r in per], p.out_specs[k].shape) for k in range(len(p.out_specs))]
         self.jacobian = {
@@ -201,12 +212,12 @@ class _TorchReference:
     def _inputs(self, idx):
         t = self.torch
         xs = [t.tensor(np.array(x[idx]), dtype=t.float64 if s.is_float else t.int64)
-              for x, s in zip(self.full, self.p.specs)]
+              for x, s in zip(self.full, self.p.specs, strict=False)]
         floats = tuple(xs[a] for a in self.p.floats)
 
         def g(*fl):
             args = list(xs)
-            for a, x in zip(self.p.floats, fl):
+            for a, x in zip(self.p.floats, fl, strict=False):
                 args[a] = x
             out = self.torch_f(*args)
             return tuple(o if isinstance(o, t.Tensor) else t.as_tensor(o, dtype=t.float64)
@@ -218,7 +229,9 @@ class _TorchReference:
         floats, g = self._inputs(idx)
         values = [o.detach().numpy() for o in g(*floats)]
         jac = self.af.jacobian(g, floats)
-        return values, [[np.asarray(jac[k][j].detach().numpy()) for j in range(len(floats))] for k in range(len(values))]
+        return values, [
+            [np.asarray(jac[k][j].detach().numpy()) for j in range(len(floats))] for k in range(len(values))
+        ]
 
     def _stack(self, arrays, core):
         return np.stack([np.asarray(a, dtype=np.float64).reshape(core) for a in arrays]).reshape(self.p.batch + core) \
@@ -254,11 +267,14 @@ class _TorchReference:
         per = []
         for idx in self.elements:
             floats, g = self._inputs(idx)
-            h = self.af.hessian(lambda *xs: g(*xs)[0], floats)
+            h = self.af.hessian(lambda *xs, g=g: g(*xs)[0], floats)
             per.append(h)
         return {
-            (i, j): self._stack([np.asarray(h[i][j].detach().numpy()) for h in per], p.specs[a].shape + p.specs[b].shape)
-            for i, a in enumerate(p.floats) for j, b in enumerate(p.floats)
+            (i, j): self._stack(
+                [np.asarray(h[i][j].detach().numpy()) for h in per], p.specs[a].shape + p.specs[b].shape
+            )
+            for i, a in enumerate(p.floats)
+            for j, b in enumerate(p.floats)
         }
 
     def second_jacobian(self):
@@ -267,7 +283,7 @@ class _TorchReference:
         for idx in self.elements:
             floats, g = self._inputs(idx)
 
-            def first(*xs):
+            def first(*xs, g=g):
                 jac = af.jacobian(g, xs, create_graph=True)
                 return tuple(jac[k][j] for k in range(len(p.out_specs)) for j in range(len(p.floats)))
 

@@ -51,8 +51,11 @@ class Problem:
 
     def flatten_jacobian(self, value):
         """``{(k, j): block}`` from a transform with ``argnums=self.floats``: output k, float argument j."""
-        return {(k, j): np.asarray(block)
-                for k, blocks in enumerate(flatten_like(self.tree, value, "td.testing", "a result")) for j, block in enumerate(blocks)}
+        return {
+            (k, j): np.asarray(block)
+            for k, blocks in enumerate(flatten_like(self.tree, value, "td.testing", "a result"))
+            for j, block in enumerate(blocks)
+        }
 
     def structure(self, flat):
         """Nest a flat list of per-output values as the function's outputs are nested."""
@@ -62,7 +65,10 @@ class Problem:
         return unflatten(self.tree, by_leaf)
 
     def evaluate(self, arrays):
-        return [np.broadcast_to(o, self.batch + s.shape) for o, s in zip(self.flatten(self.fn(*arrays)), self.out_specs)]
+        return [
+            np.broadcast_to(o, self.batch + s.shape)
+            for o, s in zip(self.flatten(self.fn(*arrays)), self.out_specs, strict=False)
+        ]
 
     # -- names ---------------------------------------------------------------
     def arg_name(self, a):
@@ -104,8 +110,14 @@ class Problem:
         x = self.arrays[a]
         h = eps * max(1.0, float(np.max(np.abs(x), initial=0.0))) / max(float(np.max(np.abs(u), initial=0.0)), 1e-300)
         plus, minus = x + h * u, x - h * u
-        phi_plus = sum(float(np.sum(v[k] * o)) for k, o in zip(self.float_outs, _pick(self.evaluate(self._with(a, plus)), self.float_outs)))
-        phi_minus = sum(float(np.sum(v[k] * o)) for k, o in zip(self.float_outs, _pick(self.evaluate(self._with(a, minus)), self.float_outs)))
+        phi_plus = sum(
+            float(np.sum(v[k] * o))
+            for k, o in zip(self.float_outs, _pick(self.evaluate(self._with(a, plus)), self.float_outs), strict=False)
+        )
+        phi_minus = sum(
+            float(np.sum(v[k] * o))
+            for k, o in zip(self.float_outs, _pick(self.evaluate(self._with(a, minus)), self.float_outs), strict=False)
+        )
         return (phi_plus - phi_minus) / (2 * h)
 
     def jvp_from_jacobian(self, blocks, tangents):
@@ -130,7 +142,9 @@ class Problem:
 
     # -- random directions ---------------------------------------------------
     def tangents(self, rng):
-        return [rng.standard_normal(x.shape) if s.is_float else None for x, s in zip(self.arrays, self.specs)]
+        return [
+            rng.standard_normal(x.shape) if s.is_float else None for x, s in zip(self.arrays, self.specs, strict=False)
+        ]
 
     def cotangents(self, rng):
         return [rng.standard_normal(self.batch + s.shape) if s.is_float else np.zeros(self.batch + s.shape, s.dtype)

@@ -51,7 +51,7 @@ def arguments(f, *, batch_shapes=None, elements=None, integers=None, broadcast=T
     fn = as_function(f, "td.testing.arguments")
     if signature is not None:
         names = fn.param_names() if fn.declared_specs() is not None else _names(f, fn, len(signature))
-        specs = [spec_from_annotation(n, s) for n, s in zip(names, signature)]
+        specs = [spec_from_annotation(n, s) for n, s in zip(names, signature, strict=False)]
     else:
         specs = fn.declared_specs()
         if specs is None:
@@ -87,7 +87,9 @@ def arguments(f, *, batch_shapes=None, elements=None, integers=None, broadcast=T
             if broadcast and batch and draw(st.booleans()):
                 own = batch[draw(st.integers(0, len(batch))):]
                 own = tuple(1 if draw(st.booleans()) else n for n in own)
-            strategy = pick(elements, float_default, spec.name) if spec.is_float else pick(integers, int_default, spec.name)
+            strategy = (
+                pick(elements, float_default, spec.name) if spec.is_float else pick(integers, int_default, spec.name)
+            )
             out.append(draw(hnp.arrays(spec.dtype, own + tuple(spec.shape), elements=strategy)))
         return tuple(out)
 
