@@ -249,3 +249,24 @@ def test_cache_info_entries_unpack():
     compiles, calls, hits = td.cache_info()["grad(with_atomic_max)"]
     assert calls >= 1 and 0 <= hits <= calls and compiles >= 0
     assert list(td.cache_info()["grad(with_atomic_max)"]) == [compiles, calls, hits]
+
+
+# --- ops Taichi's reverse mode has no rule for (found by the conformance net) ---------------------
+xr = ti.field(ti.f64, shape=4)
+yr = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def with_tan():
+    for i in xr:
+        yr[None] += xr[i] ** 2 + ti.tan(xr[i])
+
+
+def test_reverse_mode_names_the_kernel_taichi_cannot_reverse_and_forward_mode_works():
+    F = td.function(with_tan, inputs=[xr], outputs=[yr])
+    x = np.array([0.3, -0.7, 1.1, 0.45])
+    with pytest.raises(td.TransformError, match=r"the kernel `with_tan` in reverse mode: .*ti\.tan"):
+        td.grad(F)(x)
+    _, dy = td.jvp(F, (x,), (np.ones(4),))
+    assert dy == pytest.approx((2 * x + 1 / np.cos(x) ** 2).sum(), rel=1e-12)
+    assert not xr.to_numpy().any() and yr[None] == 0.0

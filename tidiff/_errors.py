@@ -59,3 +59,16 @@ class NoForwardRule(TransformError):
             f"use reverse mode (td.grad, td.vjp, td.jacrev), or give it a forward rule too with "
             f"{function}.defjvp(...)",
         )
+
+
+def taichi_cannot_reverse(name, error):
+    """Taichi's bare "Not supported." from ``kernel.grad`` as a TransformError naming the kernel; None for
+    another error. Reverse mode of field programs and ndarray kernels is Taichi's (docs/limits.md)."""
+    if "Not supported" not in str(error):
+        return None
+    return TransformError(
+        f"the kernel `{name}` in reverse mode: Taichi's reverse mode has no rule for an op in it "
+        f"({str(error).splitlines()[0].strip()}); Taichi 1.7.4 lacks ones for ti.tan and "
+        "ti.round, among others",
+        hint="compute that value in a kernel the inputs do not reach, or use forward mode "
+             "(td.jvp, td.jacfwd), which is tidiff's own tangent transform")

@@ -140,8 +140,9 @@ def inputs(draw, cores: tuple, batched: bool = True, allow_torch: bool = True):
     return arrays, as_float, use_torch
 
 
-def draw_case(data, out_shapes=None, param_shapes=None, batched=True) -> Case:
-    """Draw a program and its inputs, check its value against the twin, and keep it if its values are tame.
+def draw_case(data, out_shapes=None, param_shapes=None, batched=True, program=None) -> Case:
+    """Draw a program (unless given) and its inputs, check its value against the twin, and keep it if its
+    values are tame.
 
     One program in four may reach a custom_vjp function without a jvp rule
     (forward mode then refuses, and only reverse-mode transforms are checked).
@@ -149,9 +150,10 @@ def draw_case(data, out_shapes=None, param_shapes=None, batched=True) -> Case:
     Values that overflow or grow past 1e6 say nothing about derivatives (the
     guards of NOTE: [Domains] keep most programs far from there).
     """
-    reverse_only = data.draw(st.integers(0, 3), label="reverse_only") == 3
-    program = data.draw(grammar.programs(known.grammar(reverse_only), out_shapes=out_shapes,
-                                         param_shapes=param_shapes), label="program")
+    if program is None:
+        reverse_only = data.draw(st.integers(0, 3), label="reverse_only") == 3
+        program = data.draw(grammar.programs(known.grammar(reverse_only), out_shapes=out_shapes,
+                                             param_shapes=param_shapes), label="program")
     cores = tuple(s for _, s in program.main.params)
     arrays, as_float, use_torch = data.draw(inputs(cores, batched=batched), label="inputs")
     case = Case(program, arrays, as_float, use_torch)

@@ -19,6 +19,8 @@ from taichi.lang import impl
 from taichi.lang.field import Field
 from taichi.lang.kernel_impl import Kernel
 
+from .._errors import taichi_cannot_reverse
+
 #: Taichi's helpers that overwrite a field with data from outside (a constant, an
 #: external array), by the position of the field argument. Their adjoint is
 #: "the field no longer depends on anything": zero its gradient. Taichi cannot
@@ -75,7 +77,16 @@ class Recorder:
                     f"the ti.ad.grad_replaced function '{kernel.__name__}' has no gradient function: "
                     f"give it one with @ti.ad.grad_for({kernel.__name__})")
             elif hasattr(kernel, "grad") and not any(_is_external_array(arg) for arg in args):
-                kernel.grad(*args)  # readers of external arrays (to_numpy) have no adjoint
+                _adjoint(kernel, args)  # readers of external arrays (to_numpy) have no adjoint
+
+
+def _adjoint(kernel, args):
+    """``kernel.grad(*args)``, with Taichi's bare "Not supported." named."""
+    try:
+        kernel.grad(*args)
+    except RuntimeError as e:
+        name = getattr(getattr(kernel, "func", None), "__name__", None) or getattr(kernel, "__name__", "a kernel")
+        raise taichi_cannot_reverse(name, e) or e from None
 
 
 def _is_external_array(arg):

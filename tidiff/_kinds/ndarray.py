@@ -48,6 +48,7 @@ import numpy as np
 
 from .._arrays import Batch, is_tensor, to_numpy
 from .._cache import uses
+from .._errors import taichi_cannot_reverse
 from .._ndarray_kernels import tangent_kernel
 from .._protocol import Function, register_kind
 from .._signature import ArgSpec
@@ -267,7 +268,10 @@ class NdarrayFunction(Function):
             out = _torch().empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device).requires_grad_(True)
             out.grad = zeros(spec, device) if ct is None else fresh(ct, spec, device)
             tensors[name] = out
-        self._launch(self.kernel.grad, tensors, counted=self.kernel)
+        try:
+            self._launch(self.kernel.grad, tensors, counted=self.kernel)
+        except RuntimeError as e:
+            raise taichi_cannot_reverse(self.name, e) or e from None
         return [self._result(g.grad, as_numpy) if g is not None else
                 (self._result(zeros(s, device), as_numpy) if s.is_float else None)
                 for g, s in zip(grads, batch.specs, strict=True)]

@@ -19,6 +19,8 @@ def node_of(value):
         return ast.Constant(value)
     if isinstance(value, ast.AST):
         return value
+    if isinstance(value, tuple):  # an index of several entries: m[i, j]
+        return ast.Tuple([node_of(v) for v in value], ast.Load())
     raise TypeError(f"cannot use {value!r} in a derivative rule")
 
 

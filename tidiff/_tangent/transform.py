@@ -376,8 +376,9 @@ class Transformer:
 
     def lift(self, p, dp, hint="t", force=False):
         """Bind ``p`` (and ``dp``) to fresh temporaries unless already atomic."""
-        if not force and (is_atomic(p) or (dp is None and not _has_call(p, self.parsed.namespace))):
-            return p, dp
+        if not force and (is_atomic(p) or isinstance(p, (ast.List, ast.Tuple))
+                          or (dp is None and not _has_call(p, self.parsed.namespace))):
+            return p, dp  # a list literal (rows of a constructor) has atoms as entries and stays a literal
         name = self.namer.fresh(hint)
         self.emit(_assign(name, p))
         if dp is None:

@@ -1,0 +1,180 @@
+"""Field programs and ndarray kernels built around a generated element function, against torch.
+
+Each example draws a scalar ``@ti.func`` ``f(a, b)`` from the grammar and
+builds around it (NOTE: [Programs around a function]):
+
+- a field program of three kernels: ``y[i] = f(x[i], w[i])`` (a struct-for),
+  ``z[i] = y[i] * cos(y[i + 1])`` (reads a neighbour), and ``loss += z[i]**2``
+  (an atomic sum into a scalar field); inputs ``x`` and ``w``, outputs ``loss``
+  (a scalar: grad, hvp) or ``z`` (a vector: jacobian, jvp, vjp);
+- an ndarray kernel ``out[i] = f(a[i], b[i]) * sin(a[i + 1])``.
+
+The torch twin applies the function's twin element by element.
+
+NOTE: [Programs around a function] Field programs and ndarray kernels
+differentiate in reverse with Taichi's own autodiff (over tidiff's twins of
+the fields), which has no rule for some ops (``known.FIELD_REVERSE_GAPS``)
+and ignores ``td.custom_vjp`` rules (it differentiates the function's own
+code), so the element function is drawn without those ops; their forward
+mode is tidiff's tangent program.
+"""
+import hypothesis.strategies as st
+import numpy as np
+import taichi as ti
+import torch
+from hypothesis import given
+
+import tidiff as td
+
+from . import budget, grammar, known, render_taichi
+from .cases import Case, draw_case
+
+N = 4
+RTOL, ATOL = 1e-8, 1e-10
+
+FIELD_KERNELS = """
+@ti.kernel
+def apply():
+    for i in x:
+        y[i] = f(x[i], w[i])
+
+
+@ti.kernel
+def mix():
+    for i in range(N):
+        z[i] = y[i] * ti.cos(y[(i + 1) % N])
+
+
+@ti.kernel
+def reduce():
+    for i in z:
+        loss[None] += z[i] * z[i]
+"""
+
+NDARRAY_KERNEL = """
+@ti.kernel
+def nd(a: ti.types.ndarray(dtype=ti.f64, ndim=1), b: ti.types.ndarray(dtype=ti.f64, ndim=1),
+       out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+    for i in range(a.shape[0]):
+        out[i] = f(a[i], b[i]) * ti.sin(a[(i + 1) % a.shape[0]])
+"""
+
+
+def element_case(data) -> Case:
+    g = known.grammar().without(*known.FIELD_REVERSE_GAPS)
+    program = data.draw(grammar.programs(g, out_shapes=grammar.SCALAR_OUT, param_shapes=st.just(((), ()))),
+                        label="element function")
+    return draw_case_for(data, program)
+
+
+def draw_case_for(data, program) -> Case:
+    """The program's case with unbatched scalar inputs (its value checked against its twin on the way)."""
+    return draw_case(data, out_shapes=st.just(program.main.out_shapes), param_shapes=st.just(((), ())),
+                     batched=False, program=program)
+
+
+def field_program(case: Case):
+    """(F scalar loss, G vector z) over fresh fields, and the torch twin of both."""
+    fields = {"x": ti.field(ti.f64, shape=N), "w": ti.field(ti.f64, shape=N), "y": ti.field(ti.f64, shape=N),
+              "z": ti.field(ti.f64, shape=N), "loss": ti.field(ti.f64, shape=())}
+    ns = dict(render_taichi.namespace(), f=case.f, N=N, **fields)
+    render_taichi.compile_text(FIELD_KERNELS, "apply", ns, "fields")
+
+    def program():
+        ns["apply"]()
+        ns["mix"]()
+        ns["reduce"]()
+
+    F = td.function(program, inputs=[fields["x"], fields["w"]], outputs=[fields["loss"]])
+    G = td.function(program, inputs=[fields["x"], fields["w"]], outputs=[fields["z"]])
+
+    def z_twin(x, w):
+        y = torch.stack([case.twin(x[i], w[i]) for i in range(N)])
+        return y * torch.cos(torch.roll(y, -1))
+
+    return F, G, lambda x, w: (z_twin(x, w) ** 2).sum(), z_twin
+
+
+def ndarray_kernel(case: Case):
+    ns = dict(render_taichi.namespace(), f=case.f)
+    nd = render_taichi.compile_text(NDARRAY_KERNEL, "nd", ns, "ndarray")
+    K = td.function(nd, inputs=["a", "b"], outputs={"out": lambda a, b: a.shape})
+
+    def twin(a, b):
+        return torch.stack([case.twin(a[i], b[i]) for i in range(N)]) * torch.sin(torch.roll(a, -1))
+
+    return K, twin
+
+
+def tensors(*arrays):
+    return tuple(torch.tensor(a, dtype=torch.float64) for a in arrays)
+
+
+def close(got, want):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
+
+
+@budget.examples(ci=2, share=0.05)
+@given(st.data())
+def test_field_programs(data):
+    case = element_case(data)
+    F, G, loss_twin, z_twin = field_program(case)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    x, w, dx, dw, c = (rng.uniform(-1.5, 1.5, N) for _ in range(5))
+    with case.checking("field program: value, grad, vjp, jvp, jacobian, hvp"):
+        close(F(x, w), loss_twin(*tensors(x, w)))
+        _, dz = td.jvp(G, (x, w), (dx, dw))
+        close(dz, torch.autograd.functional.jvp(z_twin, tensors(x, w), tensors(dx, dw))[1])
+        close(td.jacfwd(G)(x, w), torch.autograd.functional.jacobian(lambda x_: z_twin(x_, tensors(w)[0]),
+                                                                     tensors(x)[0]))
+        try:
+            gx, gw = td.grad(F, argnums=(0, 1))(x, w)
+        except td.TransformError as e:  # an op Taichi's reverse mode has no rule for (docs/limits.md)
+            assert "Taichi's reverse mode has no rule" in str(e), e
+            return
+        want = torch.autograd.functional.jacobian(loss_twin, tensors(x, w))
+        close(gx, want[0])
+        close(gw, want[1])
+        z, vjp_fn = td.vjp(G, x, w)
+        close(z, z_twin(*tensors(x, w)))
+        for got, want_c in zip(vjp_fn(c), torch.autograd.functional.vjp(z_twin, tensors(x, w), tensors(c)[0])[1],
+                               strict=True):
+            close(got, want_c)
+        close(td.jacobian(G)(x, w), torch.autograd.functional.jacobian(lambda x_: z_twin(x_, tensors(w)[0]),
+                                                                       tensors(x)[0]))
+        _, hv = td.hvp(F, (x, w), (dx, dw))
+        want_hv = torch.autograd.functional.hvp(loss_twin, tensors(x, w), tensors(dx, dw))[1]
+        close(hv[0], want_hv[0])
+        close(hv[1], want_hv[1])
+
+
+@budget.examples(ci=2, share=0.05)
+@given(st.data())
+def test_ndarray_kernels(data):
+    case = element_case(data)
+    K, twin = ndarray_kernel(case)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    a, b, da, db, c = (rng.uniform(-1.5, 1.5, N) for _ in range(5))
+    with case.checking("ndarray kernel: value, jvp, vjp, jacobian, second derivatives"):
+        close(K(a, b), twin(*tensors(a, b)))
+        _, dout = td.jvp(K, (a, b), (da, db))
+        close(dout, torch.autograd.functional.jvp(twin, tensors(a, b), tensors(da, db))[1])
+        try:
+            _, vjp_fn = td.vjp(K, a, b)
+            cts = vjp_fn(c)
+        except td.TransformError as e:  # an op Taichi's reverse mode has no rule for (docs/limits.md)
+            assert "Taichi's reverse mode has no rule" in str(e), e
+            return
+        for got, want in zip(cts, torch.autograd.functional.vjp(twin, tensors(a, b), tensors(c)[0])[1],
+                             strict=True):
+            close(got, want)
+        jac = td.jacobian(K, argnums=(1, 0))(a, b)
+        want = torch.autograd.functional.jacobian(twin, tensors(a, b))
+        close(jac[0], want[1])
+        close(jac[1], want[0])
+        second = td.jacfwd(td.jacrev(K, argnums=0), argnums=0)(a, b)
+        bt = tensors(b)[0]
+        want = torch.autograd.functional.jacobian(
+            lambda a_: torch.autograd.functional.jacobian(lambda a__: twin(a__, bt), a_, create_graph=True),
+            tensors(a)[0])
+        close(second, want)

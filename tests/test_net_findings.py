@@ -1,0 +1,48 @@
+"""Bugs the conformance net (tests/conformance) found, each as a small regression test."""
+import numpy as np
+import taichi as ti
+
+import tidiff as td
+
+mat32d = ti.types.matrix(3, 2, ti.f64)
+
+
+@ti.func
+def rows_in_a_loop(x0: ti.types.vector(2, ti.f64), x1: ti.types.vector(1, ti.f64)):
+    t0 = ti.Matrix([[x1[0], x1[0]], [x0[1], x1[0]], [x1[0], x0[1]]]) ** 2
+    for _ in range(3):
+        if ti.asin(ti.tanh(x1[0] ** 2) * 0.9) > -0.2:
+            t0[1, 1] *= ti.math.smoothstep(-0.9, -0.2, ti.math.dot(x1, x1))
+            t0[1, 0] *= ti.Vector([x1[0], t0[0, 1]]).x
+        else:
+            t0 -= mat32d([[x0[0], t0[1, 1]], [x0[0], x1[0]], [x0[0], x0[0]]])
+        t0[0, 0] = -ti.pow(x0[0], 3)
+    return x0[0] + t0[0, 0]
+
+
+def test_constructor_rows_without_a_higher_order_tangent():
+    """At third order a constructor row whose entries carry no tangent (zeros written as calls) was
+    bound to a variable as a Python list, and ``ti.zero`` of it failed Taichi's type check."""
+    x0, x1 = np.array([0.7117608246424805, -0.3639857479059343]), np.array([0.677909166808317])
+    third = td.jacobian(td.jacfwd(td.jacrev(rows_in_a_loop, argnums=0), argnums=(-1, -2)), argnums=(-1,))
+    (by_x1,), (by_x0,) = third(x0, x1)  # d/dx1 and d/dx0 of the gradient in x0, then d/dx1: all zero
+    np.testing.assert_array_equal(by_x1, np.zeros((2, 1, 1)))
+    np.testing.assert_array_equal(by_x0, np.zeros((2, 2, 1)))
+    np.testing.assert_allclose(td.hessian(rows_in_a_loop)(x0, x1), [[-6 * x0[0], 0.0], [0.0, 0.0]], rtol=1e-12)
+
+
+@ti.func
+def entry_of_outer(x0: ti.types.vector(2, ti.f64), x1: ti.types.vector(1, ti.f64)):
+    t0 = ti.sin((ti.max(x0[0], ti.Matrix([[x0[0], x0[1], x0[1]], [x1[0], x1[0], x0[1]]])) ** 2 + 0.5) ** -0.7)
+    return (x0.outer_product(x0) + 0.4)[1, 1] + t0[0, 1] * x1[0]
+
+
+def test_reverse_of_a_matrix_entry_write_at_third_order():
+    """The reverse rule of an entry written into a matrix indexed its cotangent by a Python tuple of
+    symbols (``g[i, j]``), which the rule language refused (TypeError inside td.jacobian)."""
+    x0, x1 = np.array([-0.6972347790020618, 0.3289244819779973]), np.array([1.3682217705410031])
+    third = td.jacobian(td.jacobian(td.jacobian(entry_of_outer, argnums=(-2, 1)), argnums=(0,)), argnums=1)
+    forward = td.jacfwd(td.jacfwd(td.jacfwd(entry_of_outer, argnums=(-2, 1)), argnums=(0,)), argnums=1)
+    for got, want in zip(third(x0, x1), forward(x0, x1), strict=True):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
