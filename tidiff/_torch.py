@@ -1,7 +1,8 @@
-"""``td.torch.function``: any tidiff Function as a PyTorch autograd operator (API.md 5).
+"""``td.torch.function``: any tidiff Function as a PyTorch operator (API.md 5).
 
-NOTE: [One recursion] The operator of a Function ``f`` is one
-``torch.autograd.Function`` whose rules are operators of other Functions:
+NOTE: [One recursion] The operator of a Function ``f`` is a ``torch.library``
+operator ``tidiff::<name>_<n>`` whose autograd rules are operators of other
+Functions:
 
     forward(x)        = f(x)                         (f.evaluate)
     backward(c)       = op(vjp_fn(f))(x, c)          summed onto each argument's shape
@@ -11,17 +12,55 @@ NOTE: [One recursion] The operator of a Function ``f`` is one
 (``_protocol``), with operators of their own, so double backward is the
 backward of ``op(vjp_fn(f))``, forward-over-reverse is the jvp of it, and
 every order works for every kind of function without code of its own.
-Every numerical call goes through an operator's ``forward`` (or its
-``vmap`` rule), never ``.numpy()`` in a rule: under ``torch.func``
-transforms rules receive wrapped tensors, and only those see plain ones.
+Every numerical call goes through an operator's kernel (or its ``vmap``
+rule), never ``.numpy()`` in a rule: under ``torch.func`` transforms rules
+receive wrapped tensors, and only kernels see plain ones.
+
+NOTE: [Operators in the dispatcher] Each operator is defined with
+``torch.library.Library`` (schema ``(Tensor[] args) -> Tensor[]``) and has:
+
+- a CPU and a CUDA kernel: the Function's evaluation (Taichi), opaque to
+  tracing;
+- a fake kernel (``register_fake``): output shapes and dtypes from the
+  Function's ``signature``, without running Taichi, so Dynamo, AOTAutograd,
+  Inductor and ``torch.export`` trace through the operator as one node;
+- an ``Autograd`` kernel applying an ``autograd.Function`` whose
+  ``backward`` and ``jvp`` call the operators of the cotangent map and the
+  tangent function (the recursion above), and whose ``forward`` calls the
+  operator again below autograd;
+- a ``vmap`` rule (``register_vmap``, and the autograd.Function's own).
+
+``torch.library.custom_op`` + ``register_autograd`` would do for reverse
+mode, but its generated autograd.Function has no forward-mode rule, and
+forward mode (``torch.autograd.forward_ad``, ``torch.func.jvp/jacfwd``)
+must keep working at every order: hence ``Library.impl(..., "Autograd")``.
+Dynamo never sees the autograd.Function (its ``jvp`` made Dynamo refuse it:
+"Unsupported custom jvp"): it records a call of the operator; AOTAutograd
+runs the Autograd kernel on fake tensors and records the backward's
+operators of the cotangent map.
+
+NOTE: [Entering under torch.func] Under ``torch.func`` transforms an
+operator is entered through its autograd.Function, not the dispatcher: the
+transforms handle an autograd.Function themselves (its ``vmap``, ``jvp`` and
+``backward`` at their own level), while one applied inside a dispatcher
+kernel finds no interpreter ("could not find kernel for HigherOrderOperator
+custom_function_call at dispatch key AutogradCPU"). Its ``forward`` calls
+the operator below autograd either way.
 
 NOTE: [vmap rules] A pointwise Function (a ``@ti.func`` body) batches like a
 NumPy gufunc, so ``vmap`` moves the mapped dim to the front of the batch dims
 and makes one call. Field programs and ndarray kernels take no batch dims:
 their rule calls the operator once per mapped index and stacks the results.
+
+NOTE: [Operator lifetime] The dispatcher keeps every kernel it is given for
+as long as the operator is registered, so the kernels hold the operator
+weakly; the operator (with its ``Library``, whose finalizer deregisters it)
+lives in ``fn.derived``, as long as the Function it runs.
 """
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,12 +70,12 @@ import torch
 from ._composed import cotangent_map_of
 from ._protocol import Function, as_function
 from ._protocol import function as _td_function
-from ._signature import ArgSpec
-from ._tree import unflatten
+from ._signature import default_float, default_int
+from ._tree import Tree, flat_tree, unflatten
 
 
 def function(f: Any, **kwargs: Any) -> TorchFunction:
-    """A PyTorch autograd operator running ``f``'s Taichi kernels.
+    """A PyTorch operator running ``f``'s Taichi kernels.
 
     Args:
         f: a ``td.Function`` or anything ``td.function`` accepts: a
@@ -49,10 +88,12 @@ def function(f: Any, **kwargs: Any) -> TorchFunction:
     Returns:
         A :class:`TorchFunction`: call it on tensors (Python numbers are
         accepted too). Outputs are tensors on the inputs' device, in ``f``'s
-        output structure (a tensor, or a tuple). The operator has a backward
-        (reverse mode, gradients counted once), a forward-mode rule for
-        ``torch.autograd.forward_ad``, differentiable rules to any order
-        (NOTE: [One recursion]) and a ``vmap`` rule, so
+        output structure (a tensor, or a tuple). It calls a ``torch.library``
+        operator (``TorchFunction.op``) with a fake kernel, so
+        ``torch.compile(fullgraph=True)`` and ``torch.export`` trace it as
+        one node; a backward (reverse mode, gradients counted once), a
+        forward-mode rule for ``torch.autograd.forward_ad``, differentiable
+        rules to any order (NOTE: [One recursion]) and a ``vmap`` rule, so
         ``torch.func.grad/vjp/jvp/jacrev/jacfwd/hessian/vmap`` accept it.
         Kernels compile once per dtype/shape signature, not per call.
 
@@ -76,17 +117,53 @@ class TorchFunction:
 
     def __init__(self, fn: Function) -> None:
         self.fn = fn
-        self.op = op_of(fn, fn)
+        self.operator = operator_of(fn, fn)
+        self.op = self.operator.op  # the torch.library operator (torch.ops.tidiff.<name>.default)
         self.__name__ = fn.name
         self.__doc__ = f"torch operator of {fn.name} (tidiff)"
+        self._tree = _declared_tree(fn)
 
     def __repr__(self) -> str:
         return f"<td.torch.function {self.fn.name}>"
 
     def __call__(self, *args: Any) -> Any:
-        flat = self.op.apply(*args)
-        _, tree = self.fn.signature(self.fn.specs_for(args))
+        tensors = _as_tensors(args)
+        flat = self.operator(*tensors)
+        if not torch.compiler.is_compiling():
+            # the tree may depend on the call (an unannotated @ti.func): eager calls ask, and remember
+            _, self._tree = self.fn.signature(self.fn.specs_for(tensors))
+        tree = self._tree if self._tree is not None else flat_tree(len(flat), len(flat) == 1)
         return unflatten(tree, list(flat))
+
+
+def _declared_tree(fn: Function) -> Tree | None:
+    declared = fn.declared_specs()
+    return None if declared is None else fn.signature(declared)[1]
+
+
+@torch.compiler.assume_constant_result
+def _default_dtypes() -> tuple[torch.dtype, torch.dtype]:
+    """The torch dtypes Python numbers take (Taichi's ``default_fp``, ``default_ip``)."""
+    return _torch_dtype(default_float()), _torch_dtype(default_int())
+
+
+def _as_tensors(args: Sequence[Any]) -> list[torch.Tensor]:
+    """Every argument a tensor on the first tensor's device: Python numbers in ``default_fp``/``default_ip``."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (bool, int, float)):
+            fp, ip = _default_dtypes()
+            out.append(torch.tensor(a, dtype=fp if isinstance(a, float) else ip, device=device))
+        else:
+            out.append(torch.as_tensor(np.asarray(a), device=device))
+    return out
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    return getattr(torch, np.dtype(dtype).name)
 
 
 # -- engines on tensors ---------------------------------------------------------
@@ -97,7 +174,8 @@ def _device_of(args: Sequence[Any]) -> torch.device:
     return torch.device("cpu")
 
 
-def _to_torch(array: Any, device: torch.device) -> torch.Tensor:
+def _to_torch(array: Any, device: torch.device, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A result as a tensor on ``device`` that aliases no input (an operator's outputs are fresh)."""
     if isinstance(array, torch.Tensor):
         t = array
     else:
@@ -105,19 +183,48 @@ def _to_torch(array: Any, device: torch.device) -> torch.Tensor:
         if not (array.flags.c_contiguous and array.flags.writeable):
             array = np.array(array, order="C")
         t = torch.from_numpy(array)
-    return t.to(device) if t.device != device else t
+    if t.device != device:
+        return t.to(device)
+    if t.numel() and any(t.untyped_storage().data_ptr() == a.untyped_storage().data_ptr() for a in inputs):
+        return t.clone()
+    return t
 
 
-def _evaluate(fn: Function, args: Sequence[Any], owner: Function) -> tuple[torch.Tensor, ...]:
+def _evaluate(fn: Function, args: Sequence[torch.Tensor], owner: Function) -> list[torch.Tensor]:
     batch = fn.read(args, f"td.torch.function({owner.name})")
     with owner._counter.tally():
         outs = fn.evaluate(batch)
     device = _device_of(args)
-    return tuple(_to_torch(o, device) for o in outs)
+    return [_to_torch(o, device, args) for o in outs]
 
 
-def _specs(fn: Function, args: Sequence[Any]) -> list[ArgSpec]:
-    return fn.specs_for(args)
+def _fake(fn: Function, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Outputs of the right shapes and dtypes from ``fn.signature``, without running Taichi.
+
+    NOTE: [Symbolic shapes] Under dynamic shapes a pointwise function's batch
+    dims stay symbolic (they broadcast); every other dim is specialized (a
+    guard: another size compiles again), since output shapes of field
+    programs and ndarray kernels come from Python code (shape rules) and
+    specs are hashed.
+    """
+    declared = fn.pointwise and fn.declared_specs() is not None
+    specs = fn.specs_for(args if declared else [_Concrete(a) for a in args])
+    out_specs, _ = fn.signature(specs)
+    batch: tuple[Any, ...] = ()
+    if fn.pointwise:
+        batch = tuple(torch.broadcast_shapes(*[a.shape[: a.ndim - len(s.shape)]
+                                               for a, s in zip(args, specs, strict=True)]))
+    device = _device_of(args)
+    return [torch.empty(batch + tuple(s.shape), dtype=_torch_dtype(s.dtype), device=device) for s in out_specs]
+
+
+class _Concrete:
+    """A tensor's shape (specialized to integers, NOTE: [Symbolic shapes]) and dtype, for specs."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape = tuple(int(d) for d in t.shape)
+        self.ndim = len(self.shape)
+        self.dtype = t.dtype
 
 
 def _sum_to(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
@@ -132,45 +239,13 @@ def _sum_to(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return t.sum(dim=dims, keepdim=True) if dims else t
 
 
-def _zeros_like_output(spec: ArgSpec, shape: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.zeros(tuple(shape), dtype=getattr(torch, spec.dtype.name), device=device)
-
-
-# -- the operator -----------------------------------------------------------------------
-def op_of(fn: Function, owner: Function) -> Any:
-    """The autograd.Function of ``fn`` within the operator of ``owner`` (NOTE: [One recursion]).
-
-    Every operator of one recursion counts its calls and compiles against
-    ``owner``, the Function the user wrapped (``td.cache_info()[owner.name]``).
-    """
-    key = ("torch op", owner)
-    if key not in fn.derived:
-        fn.derived[key] = _make_op(fn, owner)  # type: ignore[index]
-    return fn.derived[key]  # type: ignore[index]
-
-
-def _save(ctx: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
-    """Save tensors (for backward and forward AD) and remember the non-tensor arguments."""
-    tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
-    ctx.save_for_backward(*tensors)
-    ctx.save_for_forward(*tensors)
-    ctx.template = [None if isinstance(a, torch.Tensor) else ("value", a) for a in inputs]
-    ctx.out_shapes = [tuple(o.shape) for o in outputs]
-
-
-def _restore(ctx: Any) -> list[Any]:
-    saved = iter(ctx.saved_tensors)
-    return [next(saved) if t is None else t[1] for t in ctx.template]
-
-
 def _align(args: Sequence[Any], in_dims: Sequence[int | None], core_ndims: Sequence[int]) -> list[Any]:
     """Mapped dim to the front, batch dims right-aligned so every argument broadcasts (NOTE: [vmap rules])."""
-    logical = [(a.ndim - (d is not None) - c) if isinstance(a, torch.Tensor) else 0
-               for a, d, c in zip(args, in_dims, core_ndims, strict=True)]
+    logical = [(a.ndim - (d is not None) - c) for a, d, c in zip(args, in_dims, core_ndims, strict=True)]
     depth = max(logical) if logical else 0
     out = []
     for a, d, n in zip(args, in_dims, logical, strict=True):
-        if d is None or not isinstance(a, torch.Tensor):
+        if d is None:
             out.append(a)
             continue
         a = a.movedim(d, 0)
@@ -178,62 +253,109 @@ def _align(args: Sequence[Any], in_dims: Sequence[int | None], core_ndims: Seque
     return out
 
 
-def _make_op(fn: Function, owner: Function) -> Any:
-    name = "".join(c if c.isalnum() else "_" for c in fn.name)
+# -- the operator -----------------------------------------------------------------------
+_numbers = itertools.count()
 
-    class Op(torch.autograd.Function):
+
+def operator_of(fn: Function, owner: Function) -> Operator:
+    """The operator of ``fn`` within the operator of ``owner`` (NOTE: [One recursion]).
+
+    Every operator of one recursion counts its calls and compiles against
+    ``owner``, the Function the user wrapped (``td.cache_info()[owner.name]``).
+    """
+    key = ("torch op", owner)
+    if key not in fn.derived:
+        fn.derived[key] = Operator(fn, owner)  # type: ignore[assignment]
+    return fn.derived[key]  # type: ignore[return-value]
+
+
+class Operator:
+    """The ``torch.library`` operator of one Function (NOTE: [Operators in the dispatcher])."""
+
+    def __init__(self, fn: Function, owner: Function) -> None:
+        self.fn, self.owner = fn, owner
+        stem = "".join(c if c.isalnum() else "_" for c in fn.name).strip("_")[:48] or "function"
+        self.name = f"{stem}_{next(_numbers)}"
+        self.lib = torch.library.Library("tidiff", "FRAGMENT")  # NOTE: [Operator lifetime]
+        self.lib.define(f"{self.name}(Tensor[] args) -> Tensor[]")
+        self.op = getattr(torch.ops.tidiff, self.name).default
+        self.autograd_function = _autograd_function(self)
+        me = weakref.ref(self)
+        for key in ("CPU", "CUDA"):
+            self.lib.impl(self.name, lambda args: _evaluate(me().fn, args, me().owner), key)  # type: ignore[union-attr]
+        self.lib.impl(self.name, lambda args: list(me().autograd_function.apply(*args)), "Autograd")  # type: ignore[union-attr]
+        torch.library.register_fake(f"tidiff::{self.name}", lambda args: _fake(me().fn, args), lib=self.lib)  # type: ignore[union-attr]
+        torch.library.register_vmap(f"tidiff::{self.name}",
+                                    lambda info, in_dims, args: me().vmap(info, in_dims[0], args),  # type: ignore[union-attr]
+                                    lib=self.lib)
+
+    def __call__(self, *args: torch.Tensor) -> Sequence[torch.Tensor]:
+        if torch._C._are_functorch_transforms_active():  # NOTE: [Entering under torch.func]
+            return self.autograd_function.apply(*args)
+        return self.op(list(args))
+
+    def below_autograd(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        with torch._C._AutoDispatchBelowAutograd():
+            return tuple(self.op(list(args)))
+
+    def vmap(self, info: Any, in_dims: Sequence[int | None], args: Sequence[torch.Tensor]) -> tuple[Any, Any]:
+        """One call over the mapped batch, or one per mapped index (NOTE: [vmap rules])."""
+        if not self.fn.pointwise:
+            results = [self(*[a.select(d, i) if d is not None else a for a, d in zip(args, in_dims, strict=True)])
+                       for i in range(info.batch_size)]
+            outs = [torch.stack(list(r)) for r in zip(*results, strict=True)]
+            return outs, [0] * len(outs)
+        cores = [len(s.shape) for s in self.fn.specs_for(args)]
+        flat = list(self(*_align(args, in_dims, cores)))
+        return flat, [0] * len(flat)
+
+    def backward(self, primals: Sequence[torch.Tensor], out_shapes: Sequence[Sequence[int]],
+                 grads: Sequence[Any]) -> tuple[Any, ...]:
+        specs = self.fn.specs_for(primals)
+        out_specs, _ = self.fn.signature(specs)
+        device = _device_of(primals)
+        cts = [torch.zeros(tuple(shape), dtype=_torch_dtype(s.dtype), device=device) if g is None else g
+               for g, s, shape in zip(grads, out_specs, out_shapes, strict=True)]
+        per_element = iter(operator_of(cotangent_map_of(self.fn), self.owner)(*primals, *cts))
+        return tuple(_sum_to(next(per_element), p.shape) if s.is_float else None
+                     for p, s in zip(primals, specs, strict=True))
+
+    def jvp(self, primals: Sequence[torch.Tensor], tangents: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+        specs = self.fn.specs_for(primals)
+        ts = [torch.zeros(p.shape, dtype=_torch_dtype(s.dtype), device=p.device) if t is None else t
+              for p, t, s in zip(primals, tangents, specs, strict=True) if s.is_float]
+        flat = operator_of(self.fn.tangent(), self.owner)(*primals, *ts)
+        m = len(flat) // 2
+        return tuple(t.expand(o.shape) if t.shape != o.shape else t for o, t in zip(flat[:m], flat[m:], strict=True))
+
+
+def _autograd_function(operator: Operator) -> Any:
+    """The autograd.Function the operator's Autograd kernel applies; it holds the operator weakly."""
+    me = weakref.ref(operator)
+
+    class Rules(torch.autograd.Function):
         @staticmethod
         def forward(*args: Any) -> tuple[torch.Tensor, ...]:
-            return _evaluate(fn, args, owner)
+            return me().below_autograd(args)  # type: ignore[union-attr]
 
         @staticmethod
         def setup_context(ctx: Any, inputs: Sequence[Any], output: Sequence[Any]) -> None:
-            _save(ctx, inputs, output)
+            ctx.save_for_backward(*inputs)
+            ctx.save_for_forward(*inputs)
+            ctx.out_shapes = [tuple(o.shape) for o in output]
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-            primals = _restore(ctx)
-            specs = _specs(fn, primals)
-            out_specs, _ = fn.signature(specs)
-            device = _device_of(primals)
-            cts = [_zeros_like_output(s, shape, device) if g is None else g
-                   for g, s, shape in zip(grads, out_specs, ctx.out_shapes, strict=True)]
-            per_element = iter(op_of(cotangent_map_of(fn), owner).apply(*primals, *cts))
-            result = []
-            for p, s in zip(primals, specs, strict=True):
-                g = next(per_element) if s.is_float else None
-                result.append(_sum_to(g, p.shape) if isinstance(p, torch.Tensor) and g is not None else None)
-            return tuple(result)
+            return me().backward(ctx.saved_tensors, ctx.out_shapes, grads)  # type: ignore[union-attr]
 
         @staticmethod
         def jvp(ctx: Any, *tangents: Any) -> tuple[torch.Tensor, ...]:
-            primals = _restore(ctx)
-            specs = _specs(fn, primals)
-            device = _device_of(primals)
-            ts = []
-            for p, t, s in zip(primals, tangents, specs, strict=True):
-                if s.is_float:
-                    shape = tuple(p.shape) if isinstance(p, torch.Tensor) else s.shape
-                    ts.append(torch.zeros(shape, dtype=getattr(torch, s.dtype.name), device=device) if t is None else t)
-            flat = op_of(fn.tangent(), owner).apply(*primals, *ts)
-            m = len(flat) // 2
-            return tuple(
-                t.expand(o.shape) if t.shape != o.shape else t for o, t in zip(flat[:m], flat[m:], strict=True)
-            )
+            return me().jvp(ctx.saved_tensors, tangents)  # type: ignore[union-attr]
 
         @staticmethod
         def vmap(info: Any, in_dims: Sequence[int | None], *args: Any) -> tuple[Any, Any]:
-            if not fn.pointwise:  # one call per mapped index (NOTE: [vmap rules])
-                results = []
-                for i in range(info.batch_size):
-                    sliced = [a.select(d, i) if d is not None and isinstance(a, torch.Tensor) else a
-                              for a, d in zip(args, in_dims, strict=True)]
-                    results.append(Op.apply(*sliced))
-                outs = tuple(torch.stack(list(r)) for r in zip(*results, strict=True))
-                return outs, tuple(0 for _ in outs)
-            cores = [len(s.shape) for s in _specs(fn, [a for a in args])]
-            outs = Op.apply(*_align(args, in_dims, cores))
-            return outs, tuple(0 for _ in outs)
+            outs, dims = me().vmap(info, in_dims, args)  # type: ignore[union-attr]
+            return tuple(outs), tuple(dims)
 
-    Op.__name__ = Op.__qualname__ = f"{name}_Op"
-    return Op
+    Rules.__name__ = Rules.__qualname__ = f"{operator.name}_rules"
+    return Rules
