@@ -5,6 +5,9 @@ ndarray kernel); compiled with ``fullgraph=True`` (a graph break is an error)
 it gives the eager values and gradients. The oracle of eager itself is
 tests/test_torch.py and tests/test_ndarray.py (gradcheck, torch formulas).
 """
+import gc
+import weakref
+
 import pytest
 import taichi as ti
 import torch
@@ -191,3 +194,36 @@ def test_dynamic_shapes():
         e, c = compiled(x, k, w)
         torch.testing.assert_close(e, energy_torch(x, 0.5), rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(c, causal_torch(k, w), rtol=1e-12, atol=1e-12)
+
+
+def _throwaway_operator(i):
+    import types
+
+    def template(x: ti.f64, y: ti.f64) -> ti.f64:
+        return ti.sin(x) * y + x * x
+
+    fresh = types.FunctionType(template.__code__, globals(), f"throwaway_op_{i}")
+    fresh.__annotations__ = dict(template.__annotations__)
+    return td.torch.function(ti.func(fresh))
+
+
+def test_operators_live_as_long_as_their_function():
+    """NOTE: [Operator lifetime]: the dispatcher holds kernels, not the Function; once the Function is
+    gone its operator is deregistered. (A Function that ran keeps living in the kernels Taichi
+    compiled, which Taichi keeps for the life of the process.)"""
+    ops = [_throwaway_operator(i) for i in range(20)]
+    names = [f"tidiff::{op.operator.name}" for op in ops]
+    refs = [weakref.ref(op.fn) for op in ops]
+    assert all(_registered(name) for name in names)
+    del ops
+    gc.collect()
+    assert not any(ref() is not None for ref in refs)
+    assert not any(_registered(name) for name in names)
+
+
+def _registered(qualname):
+    try:
+        torch._C._dispatch_find_schema_or_throw(qualname, "")
+    except RuntimeError:
+        return False
+    return True
