@@ -74,6 +74,8 @@ def main(argv=None):
             print(f"{str(dtype).replace('torch.', ''):8} {str((B, C, T)):>16} {ours:10.3f} {theirs:10.3f} "
                   f"{ours / theirs:7.2f}  {diff:.1e}   (first call {warm:.0f} ms)")
     print("compiles:", td.cache_info()["rwkv_conv"])
+    print()
+    runpy.run_path(str(pathlib.Path(__file__).with_name("torch_overhead.py")), run_name="bench")["report"]()
 
 
 if __name__ == "__main__":

@@ -129,8 +129,8 @@ class TorchFunction:
     def __call__(self, *args: Any) -> Any:
         tensors = _as_tensors(args)
         flat = self.operator(*tensors)
-        if not torch.compiler.is_compiling():
-            # the tree may depend on the call (an unannotated @ti.func): eager calls ask, and remember
+        if self._tree is None and not torch.compiler.is_compiling():
+            # an unannotated @ti.func: its first eager call tells the structure of its results
             _, self._tree = self.fn.signature(self.fn.specs_for(tensors))
         tree = self._tree if self._tree is not None else flat_tree(len(flat), len(flat) == 1)
         return unflatten(tree, list(flat))
@@ -283,7 +283,7 @@ class Operator:
         me = weakref.ref(self)
         for key in ("CPU", "CUDA"):
             self.lib.impl(self.name, lambda args: _evaluate(me().fn, args, me().owner), key)  # type: ignore[union-attr]
-        self.lib.impl(self.name, lambda args: list(me().autograd_function.apply(*args)), "Autograd")  # type: ignore[union-attr]
+        self.lib.impl(self.name, lambda args: me().autograd(args), "Autograd")  # type: ignore[union-attr]
         torch.library.register_fake(f"tidiff::{self.name}", lambda args: _fake(me().fn, args), lib=self.lib)  # type: ignore[union-attr]
         torch.library.register_vmap(f"tidiff::{self.name}",
                                     lambda info, in_dims, args: me().vmap(info, in_dims[0], args),  # type: ignore[union-attr]
@@ -293,6 +293,13 @@ class Operator:
         if torch._C._are_functorch_transforms_active():  # NOTE: [Entering under torch.func]
             return self.autograd_function.apply(*args)
         return self.op(list(args))
+
+    def autograd(self, args: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The Autograd kernel: the rules where a gradient or a tangent can flow, else straight below."""
+        if torch.autograd.forward_ad._current_level >= 0 or (
+                torch.is_grad_enabled() and any(a.requires_grad for a in args)):
+            return list(self.autograd_function.apply(*args))
+        return list(self.below_autograd(args))  # autograd.Function.apply costs tens of µs per call
 
     def below_autograd(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         with torch._C._AutoDispatchBelowAutograd():
