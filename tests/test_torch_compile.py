@@ -6,6 +6,10 @@ it gives the eager values and gradients. The oracle of eager itself is
 tests/test_torch.py and tests/test_ndarray.py (gradcheck, torch formulas).
 """
 import gc
+import os
+import pathlib
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -227,3 +231,35 @@ def _registered(qualname):
     except RuntimeError:
         return False
     return True
+
+
+CACHED_COMPILE = """
+import taichi as ti, torch
+ti.init(arch=ti.cpu, default_fp=ti.f64, offline_cache=True, log_level=ti.ERROR)
+import tidiff as td
+
+@ti.func
+def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
+    return s * x.dot(x) + ti.sin(x[0])
+
+op = td.torch.function(f)
+compiled = torch.compile(lambda x: op(x, 0.5).sum(), backend="inductor", fullgraph=True)
+x = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(4, 3).requires_grad_()
+compiled(x).backward()
+expected = 0.5 * 2 * x.detach()
+expected[:, 0] += torch.cos(x.detach()[:, 0])
+torch.testing.assert_close(x.grad, expected, rtol=1e-12, atol=1e-12)
+print("ok")
+"""
+
+
+def test_compiled_graphs_are_not_loaded_from_another_process(tmp_path):
+    """NOTE: [Operator names]: a second process with the same Inductor cache compiles its own graph,
+    whose backward names its own operators (with names reused across processes it died with
+    "'_OpNamespace' 'tidiff' object has no attribute 'vjp_fn_..."')."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), PYTHONPATH=str(pathlib.Path(__file__).parents[1]))
+    script = tmp_path / "cached_compile.py"  # Taichi reads a @ti.func's source from its file
+    script.write_text(CACHED_COMPILE)
+    for _ in range(2):
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]

@@ -1,7 +1,7 @@
 """``td.torch.function``: any tidiff Function as a PyTorch operator (API.md 5).
 
 NOTE: [One recursion] The operator of a Function ``f`` is a ``torch.library``
-operator ``tidiff::<name>_<n>`` whose autograd rules are operators of other
+operator ``tidiff::<name>_<token>_<n>`` whose autograd rules are operators of other
 Functions:
 
     forward(x)        = f(x)                         (f.evaluate)
@@ -47,6 +47,16 @@ kernel finds no interpreter ("could not find kernel for HigherOrderOperator
 custom_function_call at dispatch key AutogradCPU"). Its ``forward`` calls
 the operator below autograd either way.
 
+NOTE: [Operator names] An operator's name is unique to its process
+(``tidiff::<function>_<process token>_<n>``). Inductor and AOTAutograd cache
+compiled graphs on disk, keyed by the forward graph, which names its
+operators; the cached backward names the operators of the cotangent maps,
+which are made lazily, while tracing. With names that a later process could
+give again (a counter alone), a cache hit ran a backward naming an operator
+that process had not made, or had made for another Function. Graphs with
+tidiff operators are therefore compiled again in each process, never loaded
+from another's cache.
+
 NOTE: [vmap rules] A pointwise Function (a ``@ti.func`` body) batches like a
 NumPy gufunc, so ``vmap`` moves the mapped dim to the front of the batch dims
 and makes one call. Field programs and ndarray kernels take no batch dims:
@@ -60,6 +70,7 @@ lives in ``fn.derived``, as long as the Function it runs.
 from __future__ import annotations
 
 import itertools
+import uuid
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -255,6 +266,7 @@ def _align(args: Sequence[Any], in_dims: Sequence[int | None], core_ndims: Seque
 
 # -- the operator -----------------------------------------------------------------------
 _numbers = itertools.count()
+_PROCESS = uuid.uuid4().hex[:8]  # NOTE: [Operator names]
 
 
 def operator_of(fn: Function, owner: Function) -> Operator:
@@ -275,7 +287,7 @@ class Operator:
     def __init__(self, fn: Function, owner: Function) -> None:
         self.fn, self.owner = fn, owner
         stem = "".join(c if c.isalnum() else "_" for c in fn.name).strip("_")[:48] or "function"
-        self.name = f"{stem}_{next(_numbers)}"
+        self.name = f"{stem}_{_PROCESS}_{next(_numbers)}"
         self.lib = torch.library.Library("tidiff", "FRAGMENT")  # NOTE: [Operator lifetime]
         self.lib.define(f"{self.name}(Tensor[] args) -> Tensor[]")
         self.op = getattr(torch.ops.tidiff, self.name).default
