@@ -21,6 +21,7 @@ from ._fields.parts import part as part
 from ._kinds.custom import custom_jvp as custom_jvp
 from ._kinds.custom import custom_vjp as custom_vjp
 from ._protocol import Function as Function
+from ._scan import scan as scan
 from ._source import source as source
 from ._tangent import stop_gradient as stop_gradient
 
@@ -52,6 +53,7 @@ __all__ = [
     "jacrev",
     "jvp",
     "part",
+    "scan",
     "source",
     "stop_gradient",
     "testing",

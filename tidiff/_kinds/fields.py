@@ -80,6 +80,10 @@ class FieldFunction(Function):
         _, grads = self.program.vjp(batch.arrays, cts)
         return list(grads)
 
+    def program_outputs(self) -> list[int | None]:
+        """Per output, the program output holding it (None: zeros, not computed)."""
+        return list(range(len(self._out)))
+
     def tangent(self) -> Function:
         if "tangent" not in self.derived:
             self.derived["tangent"] = FieldTangent(self)
@@ -101,6 +105,11 @@ class FieldTangent(FieldFunction):
 
     def _float_outputs(self) -> list[int]:
         return [o for o, s in enumerate(self._primal_out) if s.is_float]
+
+    def program_outputs(self) -> list[int | None]:
+        m = len(self._primal_out)
+        rank = {o: m + r for r, o in enumerate(self._float_outputs())}
+        return list(range(m)) + [rank.get(o) for o in range(m)]
 
     def evaluate(self, batch: Batch) -> list[Any]:
         uses(self.program)
