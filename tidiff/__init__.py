@@ -16,6 +16,7 @@ from ._api import value_and_grad as value_and_grad
 from ._api import vjp as vjp
 from ._cache import CacheInfo as CacheInfo
 from ._cache import cache_info as cache_info
+from ._compose import compose as compose
 from ._errors import TransformError as TransformError
 from ._fields.parts import part as part
 from ._kinds.custom import custom_jvp as custom_jvp
@@ -42,6 +43,7 @@ __all__ = [
     "Function",
     "TransformError",
     "cache_info",
+    "compose",
     "custom_jvp",
     "custom_vjp",
     "function",
