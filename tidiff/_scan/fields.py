@@ -33,26 +33,48 @@ import taichi as ti
 
 from .._arrays import Batch
 from .._cache import uses
-from .._fields.twins import _new_like, is_real, zero
+from .._fields.twins import _new_like, is_real
 from .._tangent.field_flows import kernel_flows
 
 
+# Each kernel takes tuples of fields and moves all of them in one launch (one launch of several
+# loops costs a fraction of one launch per field on CPU: the loop's launch dominates small fields).
 @ti.kernel
-def _copy(dst: ti.template(), src: ti.template()):  # type: ignore[valid-type]
-    for index in ti.grouped(src):
-        dst[index] = src[index]
-
-
-@ti.kernel
-def _save(store: ti.template(), slot: ti.i32, src: ti.template()):  # type: ignore[valid-type]
-    for index in ti.grouped(src):
-        store[slot, index] = src[index]
+def _zero(fields: ti.template()):  # type: ignore[valid-type]
+    for k in ti.static(range(len(fields))):
+        for index in ti.grouped(fields[k]):
+            fields[k][index] = ti.zero(fields[k][index])
 
 
 @ti.kernel
-def _restore(dst: ti.template(), store: ti.template(), slot: ti.i32):  # type: ignore[valid-type]
-    for index in ti.grouped(dst):
-        dst[index] = store[slot, index]
+def _copy(dsts: ti.template(), srcs: ti.template()):  # type: ignore[valid-type]
+    for k in ti.static(range(len(dsts))):
+        for index in ti.grouped(srcs[k]):
+            dsts[k][index] = srcs[k][index]
+
+
+@ti.kernel
+def _save(stores: ti.template(), slot: ti.i32, srcs: ti.template()):  # type: ignore[valid-type]
+    for k in ti.static(range(len(srcs))):
+        for index in ti.grouped(srcs[k]):
+            stores[k][slot, index] = srcs[k][index]
+
+
+@ti.kernel
+def _restore(dsts: ti.template(), stores: ti.template(), slot: ti.i32):  # type: ignore[valid-type]
+    for k in ti.static(range(len(dsts))):
+        for index in ti.grouped(dsts[k]):
+            dsts[k][index] = stores[k][slot, index]
+
+
+def zero(fields):
+    if fields:
+        _zero(fields)
+
+
+def copy(dsts, srcs):
+    if dsts:
+        _copy(dsts, srcs)
 
 
 def _written(program: Any) -> set[int] | None:
@@ -114,50 +136,51 @@ class FieldStepper:
         self.where = fn.program_outputs()  # output of fn -> output of the program (None: zeros)
         twin = program.twin
         fed = {self.where[j]: i for j, i in enumerate(carry) if i is not None}
-        self.pairs = [(twin(program.outputs[o].field), twin(program.inputs[i].field)) for o, i in fed.items()]
-        self.unfed = [twin(p.field) for o, p in enumerate(program.outputs) if o not in fed and is_real(p.field)]
+        pairs = [(twin(program.outputs[o].field), twin(program.inputs[i].field)) for o, i in fed.items()]
+        self.outs, self.ins = tuple(o for o, _ in pairs), tuple(i for _, i in pairs)
+        real = [(o, i) for o, i in pairs if o.grad is not None]
+        self.out_grads, self.in_grads = tuple(o.grad for o, _ in real), tuple(i.grad for _, i in real)
+        self.unfed = tuple(twin(p.field).grad for o, p in enumerate(program.outputs)
+                           if o not in fed and is_real(p.field))
         carried = {i for i in carry if i is not None}
-        self.carried = [twin(program.inputs[i].field) for i in sorted(carried)]
+        self.carried = tuple(twin(program.inputs[i].field) for i in sorted(carried))
         params = [p.field for i, p in enumerate(program.inputs) if i not in carried]
-        self.keep = [p.field for p in program.outputs] + params
+        kept = {id(twin(f)) for f in [p.field for p in program.outputs] + params}
+        self.cleared = tuple(t.grad for t in program._twins.real() if id(t) not in kept)
         written = _written(program)
         state = program._state_ids
         resets = [f for f in program._undeclared + params
                   if id(f) not in state and (written is None or id(f) in written)]
-        self.resets = list(zip([twin(f) for f in resets], _tree(resets), strict=True))
-        self.zeroed = [twin(p.field) for p in program.outputs] + [twin(f) for f in program._undeclared
-                                                                     if id(f) in state]
-        self.store: list[Any] = []
+        self.reset_twins, self.snapshots = tuple(twin(f) for f in resets), tuple(_tree(resets))
+        self.zeroed = tuple([twin(p.field) for p in program.outputs]
+                            + [twin(f) for f in program._undeclared if id(f) in state])
+        self.store: tuple = ()
         self.capacity = 0
 
     def begin(self, batch: "Batch", slots: int) -> None:
         uses(self.program)
         program = self.program
         program._prepare(program._convert_args("primal", batch.arrays))
-        for twin, snapshot in self.resets:
-            _copy(snapshot, twin)
+        copy(self.snapshots, self.reset_twins)
         if slots > self.capacity:  # once per loop: the schedule's slot count is fixed
-            self.store = _tree(self.carried, (slots,))
+            self.store = tuple(_tree(self.carried, (slots,)))
             self.capacity = slots
 
     def step(self) -> None:
-        for twin in self.zeroed:
-            zero(twin)
-        for twin, snapshot in self.resets:
-            _copy(twin, snapshot)
+        zero(self.zeroed)
+        copy(self.reset_twins, self.snapshots)
         self.tape = self.program.run()
 
     def feed(self) -> None:
-        for out, into in self.pairs:
-            _copy(into, out)
+        copy(self.ins, self.outs)
 
     def save(self, slot: int) -> None:
-        for twin, store in zip(self.carried, self.store, strict=True):
-            _save(store, slot, twin)
+        if self.carried:
+            _save(self.store, slot, self.carried)
 
     def restore(self, slot: int) -> None:
-        for twin, store in zip(self.carried, self.store, strict=True):
-            _restore(twin, store, slot)
+        if self.carried:
+            _restore(self.carried, self.store, slot)
 
     def outputs(self) -> list[Any]:
         outs = self.program._read_outputs()
@@ -175,13 +198,10 @@ class FieldStepper:
 
     def pull_back(self) -> None:
         self.step()
-        self.program.clear_gradients(keep=self.keep)
+        zero(self.cleared)  # every gradient but the cotangents of the outputs and the parameters' sums
         self.tape.replay_adjoints()
-        for out, into in self.pairs:
-            if out.grad is not None:
-                _copy(out.grad, into.grad)
-        for out in self.unfed:  # read after the last step only: no cotangent before it
-            zero(out.grad)
+        copy(self.out_grads, self.in_grads)
+        zero(self.unfed)  # read after the last step only: no cotangent before it
 
     def gradients(self) -> list[Any]:
         return self.program.gradients()
