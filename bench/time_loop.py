@@ -38,8 +38,9 @@ def run_one(contender, steps, masses, out):
     import taichi as ti
 
     ti.init(arch=ti.cpu, default_fp=ti.f64, offline_cache=False, log_level=ti.WARN)
-    import tidiff as td
     from mass_spring import MassSpring, Trajectory
+
+    import tidiff as td
 
     system = MassSpring(masses)
     args = system.arguments()

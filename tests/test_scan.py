@@ -273,3 +273,24 @@ def test_compose_checks_the_wiring(system, step, loss):
         td.compose(loss, loss)
     with pytest.raises(TypeError, match="td.compose"):
         td.compose(loss, system.step)
+
+
+def test_a_loop_composed_with_itself():
+    """compose(sim, sim): the outer pullback finds its checkpoints overwritten by the inner one's and takes them
+    again; the result is the loop of twice the length."""
+    q, p, q_next, p_next = (ti.field(ti.f64, 3) for _ in range(4))
+
+    @ti.kernel
+    def leapfrog():
+        for i in q:
+            p_next[i] = p[i] - 0.1 * ti.sin(q[i])
+            q_next[i] = q[i] + 0.1 * p_next[i]
+
+    step = td.function(leapfrog, inputs=[q, p], outputs=[q_next, p_next])
+    sim = td.scan(step, 4, checkpoints=2)
+    twice, longer = td.compose(sim, sim), td.scan(step, 8, checkpoints=3)
+    args = (np.array([0.3, -1.0, 2.0]), np.array([0.1, 0.0, -0.4]))
+    np.testing.assert_array_equal(twice(*args)[0], longer(*args)[0])
+    cts = (np.ones(3), np.array([0.5, -1.0, 2.0]))
+    for g, r in zip(td.vjp(twice, *args)[1](cts), td.vjp(longer, *args)[1](cts), strict=True):
+        np.testing.assert_allclose(g, r, rtol=RTOL, atol=1e-13)

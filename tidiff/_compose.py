@@ -5,7 +5,7 @@ field program reading the final state); a gradient needs them as one. The
 composition's protocol follows from theirs (chain rule):
 
 - ``evaluate``: ``g(f(x))``;
-- ``vjp``: ``f.vjp(x, g.vjp(f(x), c))``;
+- ``vjp``: ``f.vjp(x, g.vjp(f(x), c))``, ``f`` running once (``f.linearize``);
 - ``tangent()``: the composition of the tangents, ``(x, dx) -> f.T -> (y, dy) -> g.T``,
   so every order follows as for any Function.
 
@@ -67,12 +67,12 @@ class Compose(Function):
         return self.g.evaluate(self._g_batch(batch, self.f.evaluate(batch)))
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        ys = self.f.evaluate(batch)
+        ys, pullback = self.f.linearize(batch)
         on_y: list[Any] = [None] * len(ys)
         for w, c in zip(self.wiring, self.g.vjp(self._g_batch(batch, ys), cotangents), strict=True):
             if c is not None:
                 on_y[w] = c if on_y[w] is None else on_y[w] + c
-        return self.f.vjp(batch, on_y)
+        return pullback(on_y)
 
     def tangent(self) -> Function:
         if "tangent" not in self.derived:

@@ -15,7 +15,7 @@ any other step goes through host arrays (``host.HostStepper``).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from .._signature import ArgSpec
 from .._tree import Tree
 from .fields import FieldStepper
 from .host import HostStepper
-from .schedule import Schedule, pull_back, run
+from .schedule import Schedule, keep_checkpoints, pull_back, run
 
 
 class Scan(Function):
@@ -45,6 +45,7 @@ class Scan(Function):
         self.carry = tuple(carry)
         self.schedule = Schedule.of(length, checkpoints)
         self._stepper: Any = None
+        self._holder: object | None = None  # the linearization whose checkpoints the stepper holds
 
     def param_names(self) -> list[str]:
         return self.step.param_names()
@@ -85,7 +86,31 @@ class Scan(Function):
         self.signature(batch.specs)
         stepper = self.stepper()
         stepper.begin(batch, self.schedule.slots)
+        self._holder = None
         return pull_back(stepper, self.schedule, cotangents)
+
+    def linearize(self, batch: Batch) -> tuple[list[Any], Callable[[Sequence[Any]], list[Any]]]:
+        """One forward pass that keeps the checkpoints and gives the outputs; the pullback starts from them.
+
+        The pullback loads the arguments again (another call may have run on
+        the step's fields meanwhile) and uses the checkpoints if they are
+        still this linearization's; else it takes them again.
+        """
+        self.signature(batch.specs)
+        stepper = self.stepper()
+        stepper.begin(batch, self.schedule.slots)
+        outs = keep_checkpoints(stepper, self.schedule, to_the_end=True)
+        assert outs is not None
+        self._holder = holder = object()
+
+        def pullback(cotangents: Sequence[Any]) -> list[Any]:
+            kept = self._holder is holder
+            stepper.begin(batch, self.schedule.slots)
+            grads = pull_back(stepper, self.schedule, cotangents, kept=kept)
+            self._holder = holder
+            return grads
+
+        return outs, pullback
 
     def tangent(self) -> Function:
         if "tangent" not in self.derived:

@@ -30,7 +30,8 @@ class HostStepper:
         self.batch = batch
         self.args = list(batch.arrays)
         self.outs: list[Any] = []
-        self.kept: list[list[Any] | None] = [None] * slots
+        if len(getattr(self, "kept", ())) < slots:  # kept slots outlive a call (Scan.linearize's pullback)
+            self.kept: list[list[Any] | None] = [None] * slots
         self.params = [i for i in range(len(self.args)) if i not in self.carry]
 
     def _batch(self) -> Batch:

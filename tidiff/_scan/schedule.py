@@ -74,16 +74,32 @@ def run(stepper: Any, length: int) -> list[Any]:
     return stepper.outputs()
 
 
-def pull_back(stepper: Any, schedule: Schedule, cotangents: Sequence[Any]) -> list[Any]:
-    """The vjp of ``length`` steps by the schedule (NOTE: [Checkpointed pullback])."""
+def keep_checkpoints(stepper: Any, schedule: Schedule, to_the_end: bool = False) -> list[Any] | None:
+    """Run forward keeping a carry at each segment's start; stop at the last one, or run on to the
+    outputs (``to_the_end``), which are returned."""
     starts = schedule.starts
     t = 0
-    for s, start in enumerate(starts):  # forward to the last checkpoint: the last segment is refilled anyway
+    for s, start in enumerate(starts):
         while t < start:
             stepper.step()
             stepper.feed()
             t += 1
         stepper.save(s)
+    if not to_the_end:
+        return None
+    for t in range(starts[-1], schedule.length):
+        if t > starts[-1]:
+            stepper.feed()
+        stepper.step()
+    return stepper.outputs()
+
+
+def pull_back(stepper: Any, schedule: Schedule, cotangents: Sequence[Any], kept: bool = False) -> list[Any]:
+    """The vjp of ``length`` steps by the schedule (NOTE: [Checkpointed pullback]); ``kept``: the
+    checkpoints are in place already (:func:`keep_checkpoints`)."""
+    starts = schedule.starts
+    if not kept:  # forward to the last checkpoint: the last segment is refilled anyway
+        keep_checkpoints(stepper, schedule)
     stepper.seed(cotangents)
     for s in reversed(range(len(starts))):
         start = starts[s]
