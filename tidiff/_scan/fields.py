@@ -33,24 +33,43 @@ import taichi as ti
 
 from .._arrays import Batch
 from .._cache import uses
-from .._fields.twins import _new_like, is_real
+from .._fields.twins import _new_like, is_real, read
 from .._tangent.field_flows import kernel_flows
 
 
 # Each kernel takes tuples of fields and moves all of them in one launch (one launch of several
 # loops costs a fraction of one launch per field on CPU: the loop's launch dominates small fields).
 @ti.kernel
-def _zero(fields: ti.template()):  # type: ignore[valid-type]
-    for k in ti.static(range(len(fields))):
-        for index in ti.grouped(fields[k]):
-            fields[k][index] = ti.zero(fields[k][index])
-
-
-@ti.kernel
 def _copy(dsts: ti.template(), srcs: ti.template()):  # type: ignore[valid-type]
     for k in ti.static(range(len(dsts))):
         for index in ti.grouped(srcs[k]):
             dsts[k][index] = srcs[k][index]
+
+
+@ti.kernel
+def _move(dsts: ti.template(), srcs: ti.template(), zeros: ti.template()):  # type: ignore[valid-type]
+    """Copy ``srcs`` into ``dsts``, then zero ``zeros`` (which may include some of ``srcs``)."""
+    for k in ti.static(range(len(dsts))):
+        for index in ti.grouped(srcs[k]):
+            dsts[k][index] = srcs[k][index]
+    for k in ti.static(range(len(zeros))):
+        for index in ti.grouped(zeros[k]):
+            zeros[k][index] = ti.zero(zeros[k][index])
+
+
+@ti.kernel
+def _restore_and_move(dsts: ti.template(), stores: ti.template(), slot: ti.i32,  # type: ignore[valid-type]
+                      more: ti.template(), srcs: ti.template(), zeros: ti.template()):  # type: ignore[valid-type]
+    """Restore ``dsts`` from ``slot`` of ``stores``, copy ``srcs`` into ``more``, zero ``zeros``."""
+    for k in ti.static(range(len(dsts))):
+        for index in ti.grouped(dsts[k]):
+            dsts[k][index] = stores[k][slot, index]
+    for k in ti.static(range(len(more))):
+        for index in ti.grouped(srcs[k]):
+            more[k][index] = srcs[k][index]
+    for k in ti.static(range(len(zeros))):
+        for index in ti.grouped(zeros[k]):
+            zeros[k][index] = ti.zero(zeros[k][index])
 
 
 @ti.kernel
@@ -60,21 +79,14 @@ def _save(stores: ti.template(), slot: ti.i32, srcs: ti.template()):  # type: ig
             stores[k][slot, index] = srcs[k][index]
 
 
-@ti.kernel
-def _restore(dsts: ti.template(), stores: ti.template(), slot: ti.i32):  # type: ignore[valid-type]
-    for k in ti.static(range(len(dsts))):
-        for index in ti.grouped(dsts[k]):
-            dsts[k][index] = stores[k][slot, index]
-
-
-def zero(fields):
-    if fields:
-        _zero(fields)
-
-
 def copy(dsts, srcs):
     if dsts:
         _copy(dsts, srcs)
+
+
+def move(dsts, srcs, zeros):
+    if dsts or zeros:
+        _move(dsts, srcs, zeros)
 
 
 def _written(program: Any) -> set[int] | None:
@@ -140,13 +152,15 @@ class FieldStepper:
         self.outs, self.ins = tuple(o for o, _ in pairs), tuple(i for _, i in pairs)
         real = [(o, i) for o, i in pairs if o.grad is not None]
         self.out_grads, self.in_grads = tuple(o.grad for o, _ in real), tuple(i.grad for _, i in real)
+        real_inputs = {id(twin(program.inputs[i].field)): i for i in fed.values()}
+        self.carry_cotangents = [(real_inputs[id(i)], o.grad) for o, i in real]
         self.unfed = tuple(twin(p.field).grad for o, p in enumerate(program.outputs)
                            if o not in fed and is_real(p.field))
         carried = {i for i in carry if i is not None}
         self.carried = tuple(twin(program.inputs[i].field) for i in sorted(carried))
         params = [p.field for i, p in enumerate(program.inputs) if i not in carried]
         kept = {id(twin(f)) for f in [p.field for p in program.outputs] + params}
-        self.cleared = tuple(t.grad for t in program._twins.real() if id(t) not in kept)
+        self.cleared = tuple(t.grad for t in program._twins.real() if id(t) not in kept) + self.unfed
         written = _written(program)
         state = program._state_ids
         resets = [f for f in program._undeclared + params
@@ -166,21 +180,20 @@ class FieldStepper:
             self.store = tuple(_tree(self.carried, (slots,)))
             self.capacity = slots
 
+    # NOTE: the invariant "before a step, the outputs and state fields are zero and the written fields
+    # are reset" is kept by whatever put the carry in place (begin, feed, restore), in the same launch
     def step(self) -> None:
-        zero(self.zeroed)
-        copy(self.reset_twins, self.snapshots)
         self.tape = self.program.run()
 
     def feed(self) -> None:
-        copy(self.ins, self.outs)
+        move(self.ins + self.reset_twins, self.outs + self.snapshots, self.zeroed)
 
     def save(self, slot: int) -> None:
         if self.carried:
             _save(self.store, slot, self.carried)
 
     def restore(self, slot: int) -> None:
-        if self.carried:
-            _restore(self.carried, self.store, slot)
+        _restore_and_move(self.carried, self.store, slot, self.reset_twins, self.snapshots, self.zeroed)
 
     def outputs(self) -> list[Any]:
         outs = self.program._read_outputs()
@@ -197,11 +210,13 @@ class FieldStepper:
         program.seed(program._convert("vjp", "cotangents", program.outputs, cts, tangent=True))
 
     def pull_back(self) -> None:
+        """The gradients but the outputs' and the parameters' are zero here (``seed`` and the last pullback)."""
         self.step()
-        zero(self.cleared)  # every gradient but the cotangents of the outputs and the parameters' sums
         self.tape.replay_adjoints()
-        copy(self.out_grads, self.in_grads)
-        zero(self.unfed)  # read after the last step only: no cotangent before it
+        move(self.out_grads, self.in_grads, self.cleared)  # the carry's cotangent becomes the step before's
 
     def gradients(self) -> list[Any]:
-        return self.program.gradients()
+        grads = self.program.gradients()
+        for i, grad in self.carry_cotangents:
+            grads[i] = read(grad)
+        return grads
