@@ -67,12 +67,21 @@ class Compose(Function):
         return self.g.evaluate(self._g_batch(batch, self.f.evaluate(batch)))
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        ys, pullback = self.f.linearize(batch)
-        on_y: list[Any] = [None] * len(ys)
-        for w, c in zip(self.wiring, self.g.vjp(self._g_batch(batch, ys), cotangents), strict=True):
-            if c is not None:
-                on_y[w] = c if on_y[w] is None else on_y[w] + c
-        return pullback(on_y)
+        return self.linearize(batch)[1](cotangents)
+
+    def linearize(self, batch: Batch) -> tuple[list[Any], Any]:
+        """Both functions linearized once: the value and the pullback of ``value_and_grad`` share the runs."""
+        ys, f_pullback = self.f.linearize(batch)
+        zs, g_pullback = self.g.linearize(self._g_batch(batch, ys))
+
+        def pullback(cotangents: Sequence[Any]) -> list[Any]:
+            on_y: list[Any] = [None] * len(ys)
+            for w, c in zip(self.wiring, g_pullback(cotangents), strict=True):
+                if c is not None:
+                    on_y[w] = c if on_y[w] is None else on_y[w] + c
+            return f_pullback(on_y)
+
+        return zs, pullback
 
     def tangent(self) -> Function:
         if "tangent" not in self.derived:
