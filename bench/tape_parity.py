@@ -128,7 +128,7 @@ def main():
         child(opts.child[0], opts.steps, opts.child[1], opts.repeats)
         return
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    print(f"T = {opts.steps} steps, float64, CPU\n")
+    print(f"T = {opts.steps} steps, float64, {os.environ.get('TI_ARCH', 'cpu')} (TI_ARCH)\n")
     print("| program | Tape first | tidiff first | first ratio | Tape warm | tidiff warm | warm ratio |")
     print("|---|---|---|---|---|---|---|")
     for program in PROGRAMS:

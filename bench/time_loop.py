@@ -94,7 +94,8 @@ def main():
         run_one(opts.one[0], int(opts.one[1]), opts.masses, opts.out)
         return
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    print(f"mass-spring, n = {opts.masses} masses ({2 * opts.masses - 3} springs), float64, CPU\n")
+    arch = os.environ.get("TI_ARCH", "cpu")
+    print(f"mass-spring, n = {opts.masses} masses ({2 * opts.masses - 3} springs), float64, {arch} (TI_ARCH)\n")
     print("| T | contender | first call | warm | warm / tape | T-memory | peak RSS | max rel. error vs tape |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
