@@ -29,8 +29,8 @@ from ._arrays import Batch
 from ._cache import uses
 from ._codegen.batch import flatten_batch, identifier
 from ._codegen.blocks import BlocksKernel
-from ._codegen.nested import nested_blocks
 from ._codegen.bodies import BodyWriter, LocalBlocks, jacobian_blocks
+from ._codegen.nested import nested_blocks
 from ._composed import Call, Composite, Const, Output
 from ._protocol import Function
 from ._signature import ArgSpec

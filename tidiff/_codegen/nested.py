@@ -65,11 +65,13 @@ def nested_blocks(w: BodyWriter, f_body: Any, specs: Sequence[ArgSpec], f_out: S
             pushes = _Pushes(w, reverse, specs, active)
             pushes.primals = w.args() + cotangents
             for b in outer_argnums:
-                def store(dout: Sym, pidx: tuple[Any, ...], b: int = b) -> None:
+                def store(dout: Sym, pidx: tuple[Any, ...], b: int = b, out: ArgSpec = out,
+                          items: list[tuple[int, int]] = items, q: Sym = q) -> None:
                     for k, a in items:
                         spec, dct = specs[a], dout[inner_order.index(a) + 1]
                         full = out.shape + spec.shape + specs[b].shape
                         for idx in itertools.product(*[range(n) for n in spec.shape]):
-                            sink.put(k, b, full, _unravel(out.shape, q) + idx + tuple(pidx), entry(dct, spec.shape, idx))
+                            sink.put(k, b, full, _unravel(out.shape, q) + idx + tuple(pidx),
+                                     entry(dct, spec.shape, idx))
 
                 pushes.each(outer_argnums, b, store)
