@@ -30,6 +30,7 @@ from ._cache import uses
 from ._codegen.batch import flatten_batch, identifier
 from ._codegen.blocks import BlocksKernel
 from ._codegen.bodies import BodyWriter, LocalBlocks, jacobian_blocks
+from ._codegen.nested import nested_blocks
 from ._composed import Call, Composite, Const, Output
 from ._protocol import Function
 from ._signature import ArgSpec
@@ -223,19 +224,46 @@ class PointwiseJacobian(Jacobian, _pointwise.Derived):
         """One launch; a Jacobian whose pushes run in a loop writes its blocks straight into the outputs
         (NOTE: [Blocks written to the output] in ``_codegen/bodies``)."""
         specs = list(batch.specs)
-        if not getattr(self.body_for(specs), "_tidiff_looped", False):
+        nested = self.memo.get(("nested", tuple(specs)), lambda: self._nested_writer(specs))
+        if nested is None and not getattr(self.body_for(specs), "_tidiff_looped", False):
             return super().evaluate(batch)
-        kernel = self.memo.get(("blocks kernel", tuple(specs)), lambda: self._blocks_kernel(specs))
+        kernel = self.memo.get(("blocks kernel", tuple(specs)), lambda: self._blocks_kernel(specs, nested))
         uses(kernel.kernel)
         n, inputs = flatten_batch(batch.arrays, specs, batch.shape)
         return [o.reshape(batch.shape + o.shape[1:]) for o in kernel(n, inputs)]
 
-    def _blocks_kernel(self, specs: list[ArgSpec]) -> BlocksKernel:
+    def _blocks_kernel(self, specs: list[ArgSpec], write: Any = None) -> BlocksKernel:
         lay = self.layout(specs)
         out_specs, tree = self.parent.signature(specs)
         return BlocksKernel(identifier(self.name), self.parent.body_for(specs), specs, lay.argnums, lay.items,
                             lay.specs, out_specs, not isinstance(tree, tuple), lay.wanted(), FLAVOUR[self.kind],
-                            self.kind)
+                            self.kind, write)
+
+    def _nested_writer(self, specs: list[ArgSpec]) -> Any:
+        """The writer of this Jacobian of a reverse-mode Jacobian as one loop over cotangents (NOTE: [Nested
+        blocks] in ``_codegen/nested``), or None where that does not apply or gains nothing."""
+        inner = self.parent
+        if not isinstance(inner, PointwiseJacobian) or not isinstance(inner.parent, _pointwise.Pointwise):
+            return None
+        lay, inner_lay = self.layout(specs), inner.layout(specs)
+        if any(it[0] != "jac" for it in lay.items + inner_lay.items):
+            return None
+        f_out, _ = inner.parent.signature(specs)
+        f_body = inner.parent.body_for(specs)
+        inner_active = tuple(k in inner_lay.argnums for k in range(len(specs)))
+        if sum(f_out[o].size for o in inner_lay.wanted()) < 2 or _modes.jacobian_mode(
+                f_body, inner_active, specs, inner_lay.argnums, f_out, inner_lay.wanted(),
+                FLAVOUR[inner.kind]).way != "reverse":
+            return None
+        active = tuple(k in lay.argnums for k in range(len(specs)))
+        if _modes.jacobian_mode(inner.body_for(specs), active, specs, lay.argnums, list(inner_lay.specs),
+                                lay.wanted(), FLAVOUR[self.kind]).way != "forward":
+            return None
+
+        def write(w: Any, sink: Any) -> None:
+            nested_blocks(w, f_body, specs, f_out, inner_lay.argnums, inner_lay.items, lay.argnums, lay.wanted(),
+                          sink)
+        return write
 
 
 class ComposedJacobian(Jacobian, _composed.Composed):

@@ -8,7 +8,7 @@ output arrays, so no block is ever a local value indexed at run time.
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,7 +77,9 @@ class BlocksKernel:
 
     def __init__(self, name: str, parent: Any, specs: Sequence[ArgSpec], argnums: Sequence[int],
                  items: Sequence[tuple[Any, ...]], flat_specs: Sequence[ArgSpec], out_specs: Sequence[ArgSpec],
-                 single_out: bool, wanted: Sequence[int], flavour: str, tag: str) -> None:
+                 single_out: bool, wanted: Sequence[int], flavour: str, tag: str,
+                 write: Callable[[KernelWriter, OutputBlocks], None] | None = None) -> None:
+        """``write``, where given, writes the blocks in place of :func:`jacobian_blocks` (``nested``)."""
         w = KernelWriter(name + "__blocks", specs)
         arrays, targets = {}, []
         for it, spec in zip(items, flat_specs, strict=True):
@@ -89,8 +91,12 @@ class BlocksKernel:
                 targets.append(
                     (w.output(f"v_{it[1]}", ti.types.ndarray(dtype=element_type(spec), ndim=1)), spec, False)
                 )
-        value = jacobian_blocks(w, parent, specs, argnums, out_specs, single_out, wanted, flavour,
-                                OutputBlocks(w, arrays, w.index))
+        sink = OutputBlocks(w, arrays, w.index)
+        value = None
+        if write is not None:
+            write(w, sink)
+        else:
+            value = jacobian_blocks(w, parent, specs, argnums, out_specs, single_out, wanted, flavour, sink)
         if any(it[0] == "out" for it in items):
             if value is None:
                 value = w.let("value", w.callee(parent, name_of(parent))(*w.args()))
