@@ -10,6 +10,7 @@ from . import checks
 from .graph import CodeGraph
 from .parts import Part
 from .rebind import Rebinder
+from .tangent import tangent_program
 from .tape import LaunchGuard, recording
 from .twins import Twins, full_shape, is_real, load, numpy_dtype, read, zero
 
@@ -123,8 +124,6 @@ class FieldProgram:
         on every later call, without retrying).
         """
         if self._tangent is None:
-            from .tangent import tangent_program
-
             try:
                 self._tangent = tangent_program(self)
             except Exception as error:  # noqa: BLE001 -- remembered, re-raised: a retry would allocate again

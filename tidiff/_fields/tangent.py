@@ -113,8 +113,6 @@ def tangent_program(prog):
         :class:`TangentFields` it runs on. Raises ``td.TransformError``
         when a kernel cannot be transformed.
     """
-    from .program import FieldProgram
-
     graph = prog._graph
     everything = {}
     for f in [p.field for p in prog.inputs + prog.outputs] + list(graph.fields.values()) + list(prog.state):
@@ -133,7 +131,8 @@ def tangent_program(prog):
     tangents = FieldTangents([(f, fields[f]) for f in carried])
     run = _TangentRebinder(graph, tangents, prog.call).rebuild(prog._source)
     declared = {id(fields[p.field]) for p in prog.inputs + prog.outputs if is_real(p.field) and p.whole}
-    program = FieldProgram(
+    # the tangent program is a program of prog's own class (program.py imports this module, not the reverse)
+    program = type(prog)(
         run,
         inputs=list(prog.inputs) + [p.of(fields[p.field]) for p in prog.inputs if is_real(p.field)],
         outputs=list(prog.outputs) + [p.of(fields[p.field]) for p in prog.outputs if is_real(p.field)],

@@ -38,6 +38,8 @@ import inspect
 import sysconfig
 import types
 
+from .python_source import source_tree
+
 STATIC_BUILTINS = frozenset({len, isinstance, range, bool, any, all, type, hasattr, callable, id})
 """Builtins Taichi evaluates while compiling (``len(v)``) or whose results are booleans: no
 derivative, so their calls are copied as written even with differentiable arguments."""
@@ -121,8 +123,6 @@ _SOURCE_REFUSALS = {}
 
 
 def _source_refusal(fn):
-    from .parse import source_tree
-
     try:
         source_tree(fn)
     except (OSError, TypeError) as e:

@@ -18,6 +18,9 @@ at launch: it has no summary (``None``), and the program treats every float
 field as active.
 """
 import ast
+import inspect
+
+from taichi.types.annotations import Template
 
 from .activity import root_names
 from .objects import (
@@ -48,10 +51,6 @@ _SUMMARIES = {}
 
 def kernel_flows(kernel, owner=None):
     """``[(written field ids, read field ids), ...]`` of a kernel, or None when it takes ``ti.template()`` fields."""
-    import inspect
-
-    from taichi.types.annotations import Template
-
     params = list(inspect.signature(kernel.__wrapped__).parameters.values())[owner is not None:]
     if any(isinstance(p.annotation, Template) for p in params):
         return None

@@ -7,6 +7,8 @@ seconds. The cofactors are written out instead; the rule's tangent-free part
 ``cofactors(a)`` is then computed once for every tangent lane (``lanes.py``).
 """
 import taichi as ti
+from taichi.lang.expr import Expr
+from taichi.types import primitive_types
 
 # rules reach every helper as _tidiff_rules.<name>: the cofactors' and decompositions' too
 from .cofactors import cofactors as cofactors
@@ -33,8 +35,6 @@ def inverse_by_cofactors(a):
 
 def shape_of(value):
     """The shape of a Taichi value while a kernel compiles: ``()`` for scalars."""
-    from taichi.lang.expr import Expr
-
     if isinstance(value, Expr):
         return tuple(value.get_shape()) if value.is_tensor() else ()
     if isinstance(value, ti.Matrix):
@@ -147,16 +147,15 @@ def cross_adjoint_right(ct, x, y):
 
 
 # --- casts whose type is only known when Taichi compiles (``ti.cast(x, dt)``, ``dt`` a parameter) ---
-def _is_integral(dtype):
-    from .rules import is_integral
-
-    return is_integral(dtype)
+def is_integral(dtype):
+    """Whether ``dtype`` (a Taichi type or ``int``) is an integer type, whose values carry no derivative."""
+    return dtype is int or any(dtype == t for t in primitive_types.integer_types if t not in (int, bool))
 
 
 @ti.func
 def cast_tangent(t, dtype: ti.template()):  # type: ignore[valid-type]
     """The tangent of ``ti.cast(x, dtype)``: ``t`` cast alike, or zero for an integer type."""
-    if ti.static(_is_integral(dtype)):
+    if ti.static(is_integral(dtype)):
         return ti.cast(t, dtype) * 0
     else:
         return ti.cast(t, dtype)
@@ -165,7 +164,7 @@ def cast_tangent(t, dtype: ti.template()):  # type: ignore[valid-type]
 @ti.func
 def cast_adjoint(g, dtype: ti.template()):  # type: ignore[valid-type]
     """The cotangent of ``x`` in ``ti.cast(x, dtype)``: ``g``, or zero for an integer type."""
-    if ti.static(_is_integral(dtype)):
+    if ti.static(is_integral(dtype)):
         return g * 0
     else:
         return g

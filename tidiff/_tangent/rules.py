@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
-from taichi.types import primitive_types
 
 from . import rule_helpers
+from .rule_helpers import is_integral as is_integral
 from .sym import Sym, helpers, zero_like
 from .sym import ti as T
 
@@ -169,10 +169,6 @@ def lookup(callee):
 
 def is_dtype(value):
     return isinstance(value, type(ti.f64)) or value in (int, float)
-
-
-def is_integral(dtype):
-    return dtype is int or any(dtype == t for t in primitive_types.integer_types if t not in (int, bool))
 
 
 def defined_cast(dtype):
