@@ -70,7 +70,8 @@ def literal(entries: dict[tuple[int, ...], Any], shape: tuple[int, ...], dtype: 
     if len(shape) == 0:
         return TI.cast(entries[()], scalar_type(dtype))
     if len(shape) == 2:
-        rows = [ast.List([node_of(entries[(i, j)]) for j in range(shape[1])], ast.Load()) for i in range(shape[0])]
+        rows: list[ast.expr] = [ast.List([node_of(entries[(i, j)]) for j in range(shape[1])], ast.Load())
+                                for i in range(shape[0])]
         return TI.Matrix(Sym(ast.List(rows, ast.Load())), dt=scalar_type(dtype))
     items = [node_of(entries[i]) for i in itertools.product(*[range(n) for n in shape])]
     return TI.Vector(Sym(ast.List(items, ast.Load())), dt=scalar_type(dtype))
@@ -211,8 +212,8 @@ class _Pushes:
             lanes = [basis(self.specs[b], p if b == a else None) for p in range(width) for b in order]
             t = w.let(f"t_{a}", w.callee(fn, widened_name(name_of(self.parent) + "_jvp", width))(*self.primals, *lanes))
             self.value = self.value or t[0]
-            for p in range(width):
-                store(t[p + 1], _static_index(spec.shape, p))
+            for lane in range(width):
+                store(t[lane + 1], _static_index(spec.shape, lane))
             return
         self.looped = True
         fn = _modes.tangent_function(self.parent, self.active)

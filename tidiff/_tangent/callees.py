@@ -108,7 +108,7 @@ class Quiet:
         return self.helper(*args, **kwargs)
 
 
-_QUIET = {}
+_QUIET: dict[types.FunctionType, Quiet] = {}
 
 
 def quiet(helper):
@@ -118,7 +118,7 @@ def quiet(helper):
     return _QUIET[helper]
 
 
-_SOURCE_REFUSALS = {}
+_SOURCE_REFUSALS: dict[types.FunctionType, str | None] = {}
 """helper -> why its source cannot be read, or None: asked at every call of it."""
 
 

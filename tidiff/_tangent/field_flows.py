@@ -19,6 +19,7 @@ field as active.
 """
 import ast
 import inspect
+from typing import Any
 
 from taichi.types.annotations import Template
 
@@ -41,12 +42,12 @@ class _Summary:
     """Flows of one kernel or func: ``(written, read)`` sets of field ids and ``("p", k)`` parameter marks,
     and what its return value reads."""
 
-    def __init__(self):
-        self.flows = []
-        self.returns = set()
+    def __init__(self) -> None:
+        self.flows: list[tuple[frozenset[Any], frozenset[Any]]] = []
+        self.returns: set[Any] = set()
 
 
-_SUMMARIES = {}
+_SUMMARIES: dict[tuple[Any, int], _Summary] = {}
 
 
 def kernel_flows(kernel, owner=None):
@@ -84,7 +85,7 @@ class _Analysis:
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 self.locals.add(node.id)
-        self.deps = {name: set() for name in self.locals}
+        self.deps: dict[str, set[Any]] = {name: set() for name in self.locals}
         for k, name in enumerate(self.params):
             self.deps[name] = {("p", k)}
         self.aliases = {}  # loop variables over a list of fields: the list's fields
@@ -115,7 +116,7 @@ class _Analysis:
     def callee(self, node):
         if not isinstance(node.func, (ast.Name, ast.Attribute)):
             return MISSING
-        root = node.func
+        root: ast.expr = node.func
         while isinstance(root, ast.Attribute):
             root = root.value
         if isinstance(root, ast.Name) and root.id in self.locals:

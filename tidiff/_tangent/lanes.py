@@ -69,7 +69,7 @@ class Lanes:
         return copy
 
     def block(self, stmts):
-        out = []
+        out: list[ast.stmt] = []
         for stmt in stmts:
             if isinstance(stmt, (ast.If, ast.For, ast.While)):
                 stmt.body = self.block(stmt.body)
@@ -78,6 +78,7 @@ class Lanes:
             elif hasattr(stmt, CALL_MARK):
                 out.extend(self._call(stmt))
             elif isinstance(stmt, ast.Return):
+                assert isinstance(stmt.value, ast.Tuple)  # a tangent function returns (value, tangent)
                 p, dp = stmt.value.elts
                 out.append(ast.Return(ast.Tuple([p] + [self.lane(dp, k) for k in range(self.width)], ast.Load())))
             elif mentions(stmt, self.names):

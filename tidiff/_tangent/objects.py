@@ -19,12 +19,13 @@ The tangent of a list of fields is the list of their tangent fields, so
 """
 import ast
 import types
+from typing import Any
 
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.field import Field
 
 from .naming import names_in
-from .parse import MISSING, parse, python_function, resolve
+from .parse import MISSING, Parsed, entry, parse, python_function, resolve
 
 _BOUND = "_tidiff_bound"
 
@@ -71,12 +72,7 @@ def static_value(node, namespace, local):
         except Exception:  # noqa: BLE001 -- a property that raises, a missing attribute: Taichi will say
             return MISSING
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        base = static_value(node.value, namespace, local)
-        if isinstance(base, (list, tuple, dict)):
-            try:
-                return base[node.slice.value]
-            except (IndexError, KeyError, TypeError):
-                return MISSING
+        return entry(static_value(node.value, namespace, local), node.slice.value)
     return MISSING
 
 
@@ -93,7 +89,7 @@ def bind(parsed, owner):
         parsed.namespace[first.arg] = owner
     local = _locals(parsed.tree)
     taken = names_in(parsed.tree) | set(parsed.namespace)
-    named = {}
+    named: dict[int, str] = {}
 
     class Namer(ast.NodeTransformer):
         def visit_Attribute(self, node):
@@ -140,7 +136,7 @@ def _locals(tree):
     return bound
 
 
-_PARSED = {}
+_PARSED: dict[tuple[Any, int], tuple[Parsed, Any]] = {}
 
 
 def parsed_for(f, owner=None):

@@ -6,6 +6,7 @@ import copy
 import inspect
 import types
 from dataclasses import dataclass
+from typing import Any
 
 from .callees import Quiet, is_helper, is_taichi_func, signature_of, value_node
 from .python_source import source_tree
@@ -101,12 +102,19 @@ def resolve(node, namespace):
         return MISSING if base is MISSING else getattr(base, node.attr, MISSING)
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         # OPS["sin"]: an entry of a Python container (never of a field: that is a runtime read)
-        base = resolve(node.value, namespace)
-        if isinstance(base, (dict, list, tuple)):
-            try:
-                return base[node.slice.value]
-            except (KeyError, IndexError, TypeError):
-                return MISSING
+        return entry(resolve(node.value, namespace), node.slice.value)
+    return MISSING
+
+
+def entry(container: object, key: object) -> Any:
+    """``container[key]`` of a Python dict, list or tuple and a literal key; MISSING where there is none."""
+    try:
+        if isinstance(container, dict):
+            return container[key]
+        if isinstance(container, (list, tuple)) and isinstance(key, int):
+            return container[key]
+    except (KeyError, IndexError, TypeError):
+        pass
     return MISSING
 
 

@@ -9,6 +9,9 @@ import inspect
 import linecache
 import textwrap
 
+LAMBDA_MARK = "is_lambda"
+"""Attribute set on the FunctionDef made of a lambda: messages do not suggest decorating a lambda."""
+
 
 def source_tree(fn):
     """``(FunctionDef, file name, first line)`` of a Python function; a lambda becomes ``def lambda_(...): return ...``.
@@ -27,7 +30,7 @@ def source_tree(fn):
     return tree, filename, first_line
 
 
-_MODULES = {}
+_MODULES: dict[str, tuple[list[str], ast.Module, range]] = {}
 """file name -> (its lines, their AST): a file with many lambdas is parsed once."""
 
 
@@ -53,16 +56,20 @@ def _lambda_tree(fn, filename):
         spots = [(line, col, end_line, end_col) for line, end_line, col, end_col in code.co_positions()
                  if None not in (line, col, end_line, end_col) and (col, end_col) != (0, 0)]
         found = [node for node in found if all(_within(node.body, spot) for spot in spots)]
-        found.sort(key=lambda node: (node.body.end_lineno - node.body.lineno,  # the innermost lambda
-                                     node.body.end_col_offset - node.body.col_offset))
-        found = found[:1]
+        found = sorted(found, key=lambda node: _extent(node.body))[:1]  # the innermost lambda
     if len(found) != 1:
         raise OSError(f"{len(found)} lambdas with parameters {params} on line {code.co_firstlineno} of {filename}")
     node = copy.deepcopy(found[0])
     name = _lambda_name(cached[1], found[0])
     tree = ast.FunctionDef(name, node.args, [ast.copy_location(ast.Return(node.body), node.body)], [], None)
-    tree.is_lambda = True  # for messages: a lambda cannot be decorated
+    setattr(tree, LAMBDA_MARK, True)
     return ast.copy_location(tree, node)
+
+
+def _extent(node: ast.expr) -> tuple[int, int]:
+    """How many lines, then columns, a parsed node spans (parsing gives every node its end)."""
+    assert node.end_lineno is not None and node.end_col_offset is not None
+    return node.end_lineno - node.lineno, node.end_col_offset - node.col_offset
 
 
 def _parse_around(lines, filename, line, reach=40):

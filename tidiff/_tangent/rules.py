@@ -21,7 +21,9 @@ are skipped and the rest summed.
 """
 import ast
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
@@ -31,21 +33,21 @@ from .rule_helpers import is_integral as is_integral
 from .sym import Sym, helpers, zero_like
 from .sym import ti as T
 
-RULES = {}
+RULES: dict[Any, Callable[["Call"], Sym | None]] = {}
 """op key -> rule(call) -> tangent Sym or None."""
 
-REFUSED = {}
+REFUSED: dict[Any, str] = {}
 """Taichi op -> why it has no derivative rule: the transform's error says so, naming the op."""
 
-CUSTOM_JVPS = weakref.WeakKeyDictionary()
+CUSTOM_JVPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
 
-CALLABLE_TYPES = {}
+CALLABLE_TYPES: dict[type, Any] = {}
 """type -> an object with ``tangent(obj, active, width)``, ``reverse(obj, active, n_outputs)`` and
 ``outputs(obj)``: callees the transforms call through (tidiff Functions called inside a @ti.func)."""
 
 
-CALLABLE_OBJECTS = {}
+CALLABLE_OBJECTS: dict[Any, Any] = {}
 """object -> such a rule, for callees that are one particular object (``td.jvp``)."""
 
 
@@ -60,7 +62,7 @@ def callable_rule(obj):
         return None
 
 
-CUSTOM_VJPS = weakref.WeakKeyDictionary()
+CUSTOM_VJPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``bwd(*primals, *cotangents) -> (cotangent of each primal, ...)``: the
 reverse transform calls it with the real cotangent; forward mode of such a callee needs a jvp rule too."""
 

@@ -3,7 +3,7 @@ import numpy as np
 
 from .. import _api as T
 from .._tree import flatten_like
-from .evidence import Comparison, Evidence, entry_namer
+from .evidence import Comparison, Evidence, argument_namer, entry_namer
 from .problem import Problem, contract_in, sum_to
 
 REF = "torch"
@@ -102,7 +102,7 @@ def check_against_torch(f, torch_f, args, order=2, rtol=1e-7, atol=1e-10, seed=0
     for a in argnums:
         evidence.add(Comparison(call, "td.vjp disagrees with torch.autograd.functional.vjp", ("td.vjp", REF),
                                 grads[a], expected[a], where=f"{p.arg_name(a)}, random cotangent (seed {seed})",
-                                entry=lambda i, a=a: f"{p.specs[a].name}{list(i)}", rtol=rtol, atol=atol))
+                                entry=argument_namer(p.specs[a].name), rtol=rtol, atol=atol))
     scalar = len(p.out_specs) == 1 and p.out_specs[0].shape == () and p.out_specs[0].is_float
     if scalar:
         g = T.grad(p.fn, argnums)(*p.arrays)

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .. import _api as T
-from .evidence import Comparison, Evidence, entry_namer
+from .evidence import Comparison, Evidence, argument_namer, entry_namer
 from .problem import DEFAULT_EPS, Problem, inner
 
 FD = "central differences"
@@ -147,7 +147,7 @@ def _full_checks(p, modes, eps, tol, rng, evidence, seed):
         for a in argnums:
             evidence.add(Comparison(p.call, f"vjp disagrees with {FD} (J_fd^T v)", ("vjp", "J_fd^T v"),
                                     grads[a], expected[a], where=f"{p.arg_name(a)}, {seeds}",
-                                    entry=lambda i, a=a: f"{p.specs[a].name}{list(i)}", **fd_tol))
+                                    entry=argument_namer(p.specs[a].name), **fd_tol))
     if len(modes) == 2:
         lhs, lhs_scale = _sum_inner([(u[a], grads[a]) for a in argnums])
         rhs, rhs_scale = _sum_inner([(touts[k], v[k]) for k in p.float_outs])

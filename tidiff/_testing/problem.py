@@ -87,7 +87,7 @@ class Problem:
             x, core = self.arrays[a], self.specs[a].shape
             n = self.specs[a].size
             flat = x.reshape(x.shape[: x.ndim - len(core)] + (n,))
-            cols = {k: [] for k in self.float_outs}
+            cols: dict[int, list[np.ndarray]] = {k: [] for k in self.float_outs}
             for p in range(n):
                 h = eps * np.maximum(1.0, np.abs(flat[..., p]))
                 plus, minus = flat.copy(), flat.copy()

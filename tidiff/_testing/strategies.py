@@ -49,16 +49,17 @@ def arguments(f, *, batch_shapes=None, elements=None, integers=None, broadcast=T
     from hypothesis.extra import numpy as hnp
 
     fn = as_function(f, "td.testing.arguments")
+    declared = fn.declared_specs()
     if signature is not None:
-        names = fn.param_names() if fn.declared_specs() is not None else _names(f, fn, len(signature))
+        names = fn.param_names() if declared is not None else _names(fn, len(signature))
         specs = [spec_from_annotation(n, s) for n, s in zip(names, signature, strict=False)]
+    elif declared is None:
+        raise TypeError(
+            f"td.testing.arguments: {fn.name} has parameters without annotations; give their core "
+            "types: td.testing.arguments(f, signature=[(3,), ()]) or annotate them"
+        )
     else:
-        specs = fn.declared_specs()
-        if specs is None:
-            raise TypeError(
-                f"td.testing.arguments: {fn.name} has parameters without annotations; give their core "
-                "types: td.testing.arguments(f, signature=[(3,), ()]) or annotate them"
-            )
+        specs = declared
     takes_batches = _takes_batches(fn)
     if batch_shapes is None:
         batch_shapes = globals()["batch_shapes"]() if takes_batches else st.just(())
@@ -101,7 +102,7 @@ def _takes_batches(fn):
     return fn.pointwise
 
 
-def _names(f, fn, n):
+def _names(fn, n):
     try:
         return fn.param_names()
     except Exception:
