@@ -3,6 +3,7 @@
 See the package docstring (:mod:`tidiff._fields`) for the semantics and limits.
 """
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class FieldProgram:
         self.inputs, self.outputs, self.state = checks.check_fields(inputs, outputs, self.call, state)
         self.takes = takes
         graph = CodeGraph(program)
-        declared = {}
+        declared: dict[int, Any] = {}
         for p in self.inputs + self.outputs:
             declared.setdefault(id(p.field), p.field)
         reached = dict(graph.fields)
@@ -65,7 +66,7 @@ class FieldProgram:
         self._guard = LaunchGuard([k._primal for k in self._kernels], self.call)
         self._names = graph.names
         # a field with a part declared gets its other entries from its current values (or zeros)
-        self._split = {}
+        self._split: dict[int, Any] = {}
         for p in self.inputs + self.outputs:
             if not p.whole:
                 self._split.setdefault(id(p.field), p.field)

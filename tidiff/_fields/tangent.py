@@ -37,6 +37,8 @@ Limitations: those of :func:`tidiff._tangent.jvp_kernel`; a Python-scope ``f.fil
 inside a Python program resets ``f`` but not ``df``, which is only wrong if
 an earlier kernel of the same run wrote ``df``.
 """
+from typing import Any
+
 import taichi as ti
 
 from .._errors import TransformError
@@ -114,7 +116,7 @@ def tangent_program(prog):
         when a kernel cannot be transformed.
     """
     graph = prog._graph
-    everything = {}
+    everything: dict[int, Any] = {}
     for f in [p.field for p in prog.inputs + prog.outputs] + list(graph.fields.values()) + list(prog.state):
         everything.setdefault(id(f), f)
     float_inputs = [p.field for p in prog.inputs if is_real(p.field)]

@@ -71,7 +71,7 @@ reverse transform calls it with the real cotangent; forward mode of such a calle
 class Call:
     """One application of an op, as a rule sees it."""
 
-    fn: Sym
+    fn: Sym | None  # None for an operator (``a * b``)
     args: list
     tangents: list
     keywords: dict = field(default_factory=dict)
