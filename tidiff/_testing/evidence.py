@@ -24,8 +24,8 @@ class Comparison:
     call: str
     check: str
     labels: tuple[str, str]
-    actual: np.ndarray
-    reference: np.ndarray
+    actual: Any  # array-like; a float64 array after __post_init__
+    reference: Any  # array-like; a float64 array after __post_init__
     rtol: float
     atol: float
     where: str = ""
@@ -33,10 +33,10 @@ class Comparison:
     scale: Any = None  # an array-like of |b|'s stand-ins, or None for |b|
     notes: list[str] = field(default_factory=list)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.actual = np.asarray(self.actual, dtype=np.float64)
         self.reference = np.asarray(self.reference, dtype=np.float64)
-        self.shape_error = None
+        self.shape_error: str | None = None
         if self.actual.shape != self.reference.shape:
             self.shape_error = f"shape {self.actual.shape} where {self.labels[1]} has shape {self.reference.shape}"
             self.badness = np.array([np.inf])
@@ -53,14 +53,14 @@ class Comparison:
         self.badness = np.where(same_inf, 0.0, badness)
 
     @property
-    def worst(self):
+    def worst(self) -> float:
         return float(np.max(self.badness)) if self.badness.size else 0.0
 
     @property
-    def failed(self):
+    def failed(self) -> bool:
         return self.worst > 1.0
 
-    def describe(self):
+    def describe(self) -> str:
         """The evidence: which check, where, the worst entry, both values, the errors."""
         head = f"{self.call}: {self.check}"
         lines = [head]
@@ -96,14 +96,14 @@ class Comparison:
 class Evidence:
     """Collects comparisons; ``raise_if_failed`` reports the worst failing one in full."""
 
-    def __init__(self):
-        self.comparisons = []
+    def __init__(self) -> None:
+        self.comparisons: list[Comparison] = []
 
-    def add(self, comparison):
+    def add(self, comparison: Comparison) -> Comparison:
         self.comparisons.append(comparison)
         return comparison
 
-    def raise_if_failed(self):
+    def raise_if_failed(self) -> None:
         failed = [c for c in self.comparisons if c.failed]
         if not failed:
             return
@@ -120,11 +120,11 @@ class Evidence:
         raise AssertionError(message)
 
 
-def _short(check):
+def _short(check: str) -> str:
     return check.replace(" disagrees with ", " vs ").replace(" fails", "")
 
 
-def _times(badness):
+def _times(badness: float) -> str:
     return "error inf x allowed" if not np.isfinite(badness) else f"error {badness:.3g}x allowed"
 
 
