@@ -5,10 +5,12 @@ import builtins
 import copy
 import inspect
 import types
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
 from .callees import Quiet, is_helper, is_taichi_func, signature_of, value_node
+from .naming import Namer
 from .python_source import source_tree
 
 
@@ -19,21 +21,21 @@ class Parsed:
     tree: ast.FunctionDef
     filename: str
     first_line: int
-    namespace: dict
+    namespace: dict[str, Any]
     kind: str = "func"  # "func", "kernel" or "helper" (a plain Python function, NOTE: [Python helpers])
 
-    def lineno(self, node):
+    def lineno(self, node: ast.AST) -> int:
         """Line of ``node`` in the original file."""
         return self.first_line + getattr(node, "lineno", 1) - 1
 
-    def name_for(self, value, namer, hint):
+    def name_for(self, value: object, namer: Namer, hint: str) -> str:
         """A fresh name generated code reads ``value`` by, bound in the namespace."""
         name = namer.fresh(hint)
         self.namespace[name] = value
         return name
 
 
-def python_function(f):
+def python_function(f: Any) -> types.FunctionType:
     """The plain Python function behind a ``@ti.func`` (or a generated one), or a plain helper itself."""
     if is_helper(f):
         return f
@@ -46,7 +48,7 @@ def python_function(f):
     return f.__wrapped__
 
 
-def kernel_function(k):
+def kernel_function(k: Any) -> types.FunctionType:
     """The plain Python function behind a ``@ti.kernel``."""
     if not getattr(k, "_is_wrapped_kernel", False) or not hasattr(k, "__wrapped__"):
         raise TypeError(f"jvp_kernel(k): k must be a @ti.kernel, got {k!r}")
@@ -55,7 +57,7 @@ def kernel_function(k):
     return k.__wrapped__
 
 
-def parse(f):
+def parse(f: Any) -> Parsed:
     """Parse the source of ``f`` (a ``@ti.func``, a ``@ti.kernel`` or a plain helper) and collect its
     globals and closure variables."""
     if getattr(f, "_is_wrapped_kernel", False):
@@ -76,7 +78,7 @@ def parse(f):
 MISSING = object()
 
 
-def _bind_annotations(tree, fn, namespace):
+def _bind_annotations(tree: ast.FunctionDef, fn: types.FunctionType, namespace: dict[str, Any]) -> None:
     """Parameter annotations the namespace cannot resolve (a type made in the enclosing function,
     which is no closure variable) are bound to their evaluated values under fresh names."""
     for arg in tree.args.args:
@@ -90,7 +92,7 @@ def _bind_annotations(tree, fn, namespace):
             arg.annotation = ast.Name(name, ast.Load())
 
 
-def resolve(node, namespace):
+def resolve(node: ast.AST, namespace: dict[str, Any]) -> Any:
     """The object a dotted name (``ti.math.sin``, ``h``, ``abs``, ``OPS["sin"]``) stands for, or MISSING."""
     if isinstance(node, ast.Name):
         if node.id in namespace:
@@ -122,7 +124,7 @@ _STATIC_NODES = (ast.Call, ast.Name, ast.Attribute, ast.Constant, ast.Tuple, ast
                  ast.UnaryOp, ast.USub)
 
 
-def static_call(node, namespace, local_names):
+def static_call(node: ast.AST, namespace: dict[str, Any], local_names: Container[str]) -> Any:
     """The value of a call made only of module-level names and constants (``td.grad(E, argnums=1)``),
     evaluated now as Taichi would evaluate it when it compiles; MISSING for anything else."""
     if not isinstance(node, ast.Call):
@@ -139,7 +141,7 @@ def static_call(node, namespace, local_names):
         return MISSING
 
 
-def hashable(obj):
+def hashable(obj: object) -> bool:
     """Whether ``obj`` can be looked up in a rule table."""
     try:
         hash(obj)
@@ -148,7 +150,7 @@ def hashable(obj):
     return True
 
 
-def positional(node, callee, name_of=None):
+def positional(node: ast.Call, callee: Any, name_of: Callable[[object], str] | None = None) -> list[ast.expr]:
     """A call's arguments in parameter order: keywords bound by the callee's signature, defaults filled in.
 
     ``name_of(value)`` binds a default that is not a literal in the generated
@@ -159,10 +161,11 @@ def positional(node, callee, name_of=None):
     passed = None if code is None else code.co_argcount - isinstance(callee, types.MethodType)  # a bound `self`
     if not node.keywords and (code is None or len(node.args) == passed):
         return list(node.args)
-    if any(k.arg is None for k in node.keywords):
+    keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
+    if len(keywords) < len(node.keywords):
         raise TypeError("**kwargs at a call")
     signature = signature_of(callee)
-    bound = signature.bind(*node.args, **{k.arg: k.value for k in node.keywords})
+    bound = signature.bind(*node.args, **keywords)
     for name, parameter in signature.parameters.items():
         if name not in bound.arguments and parameter.default is not inspect.Parameter.empty:
             if name_of is None:

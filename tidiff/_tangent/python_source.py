@@ -8,12 +8,14 @@ import copy
 import inspect
 import linecache
 import textwrap
+import types
+from collections.abc import Sequence
 
 LAMBDA_MARK = "is_lambda"
 """Attribute set on the FunctionDef made of a lambda: messages do not suggest decorating a lambda."""
 
 
-def source_tree(fn):
+def source_tree(fn: types.FunctionType) -> tuple[ast.FunctionDef, str, int]:
     """``(FunctionDef, file name, first line)`` of a Python function; a lambda becomes ``def lambda_(...): return ...``.
 
     Raises OSError (or TypeError) when the source cannot be read.
@@ -34,7 +36,7 @@ _MODULES: dict[str, tuple[list[str], ast.Module, range]] = {}
 """file name -> (its lines, their AST): a file with many lambdas is parsed once."""
 
 
-def _lambda_tree(fn, filename):
+def _lambda_tree(fn: types.FunctionType, filename: str) -> ast.FunctionDef:
     """The ``ast.Lambda`` that made ``fn``, as a function with a ``return`` (its line numbers are the file's).
 
     ``inspect.getsource`` of a lambda gives whole lines, which may hold several
@@ -54,7 +56,8 @@ def _lambda_tree(fn, filename):
              and node.lineno == code.co_firstlineno and [a.arg for a in node.args.args] == params]
     if len(found) > 1 and hasattr(code, "co_positions"):
         spots = [(line, col, end_line, end_col) for line, end_line, col, end_col in code.co_positions()
-                 if None not in (line, col, end_line, end_col) and (col, end_col) != (0, 0)]
+                 if line is not None and col is not None and end_line is not None and end_col is not None
+                 and (col, end_col) != (0, 0)]
         found = [node for node in found if all(_within(node.body, spot) for spot in spots)]
         found = sorted(found, key=lambda node: _extent(node.body))[:1]  # the innermost lambda
     if len(found) != 1:
@@ -72,7 +75,7 @@ def _extent(node: ast.expr) -> tuple[int, int]:
     return node.end_lineno - node.lineno, node.end_col_offset - node.col_offset
 
 
-def _parse_around(lines, filename, line, reach=40):
+def _parse_around(lines: Sequence[str], filename: str, line: int, reach: int = 40) -> tuple[ast.Module, range]:
     """The AST of a file, with the lines it covers; for a file that is not all Python
     (a page of documentation with code blocks), of the smallest run of lines around ``line`` that parses."""
     try:
@@ -88,7 +91,7 @@ def _parse_around(lines, filename, line, reach=40):
         raise
 
 
-def _lambda_name(module, lam):
+def _lambda_name(module: ast.Module, lam: ast.Lambda) -> str:
     """What the source calls a lambda: ``op`` of ``op = lambda ...``, ``sin`` of ``{"sin": lambda ...}``,
     ``f`` of ``f=lambda ...``; else ``lambda_``."""
     for node in ast.walk(module):
@@ -103,7 +106,7 @@ def _lambda_name(module, lam):
     return "lambda_"
 
 
-def _within(node, spot):
+def _within(node: ast.expr, spot: tuple[int, int, int, int]) -> bool:
     """Whether the source span ``spot`` (line, col, end line, end col) lies inside ``node``'s."""
     line, col, end_line, end_col = spot
     start, end = (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)

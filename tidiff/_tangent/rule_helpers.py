@@ -6,6 +6,8 @@ second order the Neo-Hookean Hessian inlined 180 of them and compiled for
 seconds. The cofactors are written out instead; the rule's tangent-free part
 ``cofactors(a)`` is then computed once for every tangent lane (``lanes.py``).
 """
+from typing import Any
+
 import taichi as ti
 from taichi.lang.expr import Expr
 from taichi.types import primitive_types
@@ -33,7 +35,7 @@ def inverse_by_cofactors(a):
 # (``ti.static`` on the operands' shapes), once per shape.
 
 
-def shape_of(value):
+def shape_of(value: Any) -> tuple[int, ...]:
     """The shape of a Taichi value while a kernel compiles: ``()`` for scalars."""
     if isinstance(value, Expr):
         return tuple(value.get_shape()) if value.is_tensor() else ()
@@ -147,7 +149,7 @@ def cross_adjoint_right(ct, x, y):
 
 
 # --- casts whose type is only known when Taichi compiles (``ti.cast(x, dt)``, ``dt`` a parameter) ---
-def is_integral(dtype):
+def is_integral(dtype: Any) -> bool:
     """Whether ``dtype`` (a Taichi type or ``int``) is an integer type, whose values carry no derivative."""
     return dtype is int or any(dtype == t for t in primitive_types.integer_types if t not in (int, bool))
 
