@@ -138,8 +138,12 @@ class BodyWriter:
     def store(self, target: Sym, value: Any) -> None:
         """``target = value`` for a subscript or name ``target``."""
         node = target.node
-        stored = ast.Subscript(node.value, node.slice, ast.Store()) if isinstance(node, ast.Subscript) \
-            else ast.Name(node.id, ast.Store())
+        stored: ast.expr
+        if isinstance(node, ast.Subscript):
+            stored = ast.Subscript(node.value, node.slice, ast.Store())
+        else:
+            assert isinstance(node, ast.Name), "a store target is a subscript or a name"
+            stored = ast.Name(node.id, ast.Store())
         self.stmts.append(ast.Assign([stored], node_of(value)))
 
     @contextlib.contextmanager
