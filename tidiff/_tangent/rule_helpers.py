@@ -23,6 +23,13 @@ from .decompositions import sym_eig_vjp as sym_eig_vjp
 
 
 @ti.func
+def stop_gradient(x):
+    """``x`` itself, with zero tangent: blocks differentiation through it (``td.stop_gradient``; its rule,
+    zero, is in ``rules.py``)."""
+    return x
+
+
+@ti.func
 def inverse_by_cofactors(a):
     """``a^-1`` from the written-out cofactors: the derivative of ``ti.solve(a, b)`` applies it
     once per direction, and Taichi's own 3x3 ``inverse()`` compiles slowly (see above)."""
