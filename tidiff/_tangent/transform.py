@@ -100,7 +100,7 @@ class Transformer:
     """Builds the tangent function of one parsed ``@ti.func`` for one activity pattern."""
 
     decorator = "func"  # the generated function is a ``@ti.func`` ...
-    returns = None  # ... without a return annotation (it returns a (primal, tangent) pair)
+    returns: ast.expr | None = None  # ... without a return annotation (it returns a (primal, tangent) pair)
 
     def __init__(self, parsed, active, jvp_of, width=1):
         self.parsed = parsed
