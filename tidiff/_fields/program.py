@@ -74,6 +74,7 @@ class FieldProgram:
         self.out_specs = [self._spec(p) for p in self.outputs]
         self._source, self._graph = program, graph
         self._tangent = None
+        self._generation = 0  # how many times the twins were loaded: a pullback checks it is still its run
 
     def _spec(self, part):
         return ArgSpec(part.label(self._names.get(id(part.field), "")), part.shape, numpy_dtype(part.field))
@@ -113,6 +114,31 @@ class FieldProgram:
         self.seed(cotangents)
         tape.replay_adjoints()
         return outs, self.gradients()
+
+    def linearize(self, args):
+        """``(outputs, pullback)``: one recorded run; ``pullback(cotangents)`` replays its adjoints.
+
+        The pullback replays the recorded launches over the twins as they
+        stand when no other call loaded them since; otherwise it runs the
+        program again (``vjp``). It may be called several times.
+        """
+        converted = self._convert_args("vjp", args)
+        self._prepare(converted)
+        generation = self._generation
+        with recording(self._guard) as tape:
+            self._run()
+        outs = self._read_outputs()
+
+        def pullback(cotangents):
+            if self._generation != generation:
+                return self.vjp(converted, cotangents)[1]
+            cts = self._convert("vjp", "cotangents", self.outputs, cotangents, tangent=True)
+            self.clear_gradients()
+            self.seed(cts)
+            tape.replay_adjoints()
+            return self.gradients()
+
+        return outs, pullback
 
     def tangent(self):
         """The tangent program ``(x..., dx...) -> (y..., dy...)``, built once (see :mod:`.tangent`).
@@ -161,6 +187,7 @@ class FieldProgram:
 
     def _prepare(self, args):
         """Load inputs and the other fields' current values (zeros for state), zero the outputs."""
+        self._generation += 1
         for p, array in zip(self.inputs, args, strict=False):
             if p.whole:
                 load(self._twins[p.field], array)
