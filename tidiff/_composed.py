@@ -129,7 +129,8 @@ class Composite:
         """The function a call runs forward and its primal arguments: a cotangent map runs its parent."""
         fn, args = call.fn, call.args
         if isinstance(fn, CotangentMap):
-            fn, args = fn.parent, args[: fn.arity()]
+            args = args[: fn.arity()]
+            fn = fn.parent
         return fn, tuple(a if isinstance(a, int) else id(a) for a in args)
 
     def evaluate(self, batch: Batch) -> list[Any]:

@@ -133,13 +133,14 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
                 f"{call}: grad is only defined for functions with a scalar output (per batch "
                 f"element); the output has core shape {shape}. Use td.jacobian for vector outputs."
             )
+        # the flat results in this order: the value, the aux, the gradients
         value = keep(main) if kind == "value_and_grad" else None
         aux_node = keep(aux) if aux is not None else None
         grads = block_of(main)
-        if kind == "grad":
-            node = (grads, aux_node) if has_aux else grads
+        if value is None:
+            node = grads if aux_node is None else (grads, aux_node)
         else:
-            node = ((value, aux_node) if has_aux else value, grads)
+            node = (value if aux_node is None else (value, aux_node), grads)
     elif kind == "linearize":  # every output, then Jacobian blocks of the main ones: td.vjp's residuals
         for o in range(len(out_specs)):
             items.append(("out", o))
@@ -148,7 +149,7 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
         node = tuple(range(len(items)))
     else:  # jacfwd, jacrev, jacobian
         jac = over(main)
-        node = (jac, keep(aux)) if has_aux else jac
+        node = jac if aux is None else (jac, keep(aux))
     flat = tuple(jacobian_spec(out_specs[it[1]], specs[it[2]]) if it[0] == "jac" else out_specs[it[1]]
                  for it in items)
     return Layout(argnums, tuple(items), flat, node)
@@ -214,8 +215,14 @@ class PointwiseJacobian(Jacobian, _pointwise.Derived):
         if any(it[0] == "out" for it in lay.items) and value is None:
             value = w.let("value", w.callee(parent_body, identifier(self.parent.name))(*w.args()))
         single = not isinstance(tree, tuple)
-        results = [sink.blocks[it[1], it[2]] if it[0] == "jac" else (value if single else value[it[1]])
-                   for it in lay.items]
+
+        def result(item: tuple[Any, ...]) -> Any:
+            if item[0] == "jac":
+                return sink.blocks[item[1], item[2]]
+            assert value is not None  # made above where an output is wanted
+            return value if single else value[item[1]]
+
+        results = [result(it) for it in lay.items]
         body = w.compile(results, single=not isinstance(lay.tree, tuple), tag=self.kind)
         body._tidiff_looped = w.looped
         return body
@@ -310,8 +317,14 @@ class ComposedJacobian(Jacobian, _composed.Composed):
             calls.append(Call(self.parent, tuple(range(n))))
             value_call = len(calls) - 1
         stack = "columns" if mode.way == "forward" else "rows"
-        outputs = [Output(blocks[it[1], it[2]], spec, stack) if it[0] == "jac" else Output(((value_call, it[1]),), spec)
-                   for it, spec in zip(lay.items, lay.specs, strict=True)]
+
+        def output(item: tuple[Any, ...], spec: ArgSpec) -> Output:
+            if item[0] == "jac":
+                return Output(blocks[item[1], item[2]], spec, stack)
+            assert value_call is not None  # made above where an output is wanted
+            return Output(((value_call, item[1]),), spec)
+
+        outputs = [output(it, spec) for it, spec in zip(lay.items, lay.specs, strict=True)]
         return Composite(specs, calls, outputs, lay.tree)
 
 

@@ -33,7 +33,8 @@ class KernelWriter(BodyWriter):
     def __init__(self, name: str, specs: Sequence[ArgSpec]) -> None:
         super().__init__(name, [s.name for s in specs])
         self.specs = list(specs)
-        self.count, self.index = self.namer.fresh("n"), _name(self.namer.fresh("i"))
+        self.count, self.index_name = self.namer.fresh("n"), self.namer.fresh("i")
+        self.index = _name(self.index_name)
         self.arrays = [(self.namer.fresh(f"a{k}"), self.namer.fresh(f"s{k}"),
                         self._bind(f"T{k}", ti.types.ndarray(dtype=element_type(s), ndim=1)))
                        for k, s in enumerate(self.specs)]
@@ -51,7 +52,7 @@ class KernelWriter(BodyWriter):
         return _name(name)
 
     def compile_kernel(self, tag: str) -> Any:
-        i, n = self.index.node.id, self.count
+        i, n = self.index_name, self.count
         args = [ast.arg(n, ast.Attribute(ast.Name("ti", ast.Load()), "i32", ast.Load()))]
         loads: list[ast.stmt] = []
         for (a, s, t), x in zip(self.arrays, self.params, strict=True):

@@ -3,6 +3,7 @@
 See the package docstring (:mod:`tidiff._fields`) for the semantics and limits.
 """
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 
@@ -10,6 +11,7 @@ from . import checks
 from .graph import CodeGraph
 from .parts import Part
 from .rebind import Rebinder
+from .tangent import tangent_program
 from .tape import LaunchGuard, recording
 from .twins import Twins, full_shape, is_real, load, numpy_dtype, read, zero
 
@@ -50,7 +52,7 @@ class FieldProgram:
         self.inputs, self.outputs, self.state = checks.check_fields(inputs, outputs, self.call, state)
         self.takes = takes
         graph = CodeGraph(program)
-        declared = {}
+        declared: dict[int, Any] = {}
         for p in self.inputs + self.outputs:
             declared.setdefault(id(p.field), p.field)
         reached = dict(graph.fields)
@@ -64,7 +66,7 @@ class FieldProgram:
         self._guard = LaunchGuard([k._primal for k in self._kernels], self.call)
         self._names = graph.names
         # a field with a part declared gets its other entries from its current values (or zeros)
-        self._split = {}
+        self._split: dict[int, Any] = {}
         for p in self.inputs + self.outputs:
             if not p.whole:
                 self._split.setdefault(id(p.field), p.field)
@@ -149,8 +151,6 @@ class FieldProgram:
         on every later call, without retrying).
         """
         if self._tangent is None:
-            from .tangent import tangent_program
-
             try:
                 self._tangent = tangent_program(self)
             except Exception as error:  # noqa: BLE001 -- remembered, re-raised: a retry would allocate again

@@ -143,9 +143,8 @@ def _check_carry(loop: Scan, in_specs: Sequence[ArgSpec], out_specs: Sequence[Ar
     return True
 
 
-def _positive(value: Any, name: str, call: str, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
+def _positive(value: Any, name: str, call: str, allow_none: bool = False) -> int:
+    """``value`` as an int, else an error naming it (``allow_none``: the message says None is allowed too)."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or value < 1:
         raise (TypeError if not isinstance(value, (int, np.integer)) else ValueError)(
             f"{call}: {name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
@@ -195,8 +194,7 @@ def scan(step: Any, length: int, checkpoints: int | None = None, name: str | Non
     fn = as_function(step, call)
     call = f"td.scan({fn.name})"
     length = _positive(length, "length", call)
-    checkpoints = _positive(checkpoints, "checkpoints", call, allow_none=True)
-    assert length is not None
+    checkpoints = None if checkpoints is None else _positive(checkpoints, "checkpoints", call, allow_none=True)
     if checkpoints is not None and checkpoints > length:
         raise ValueError(f"{call}: checkpoints must be at most length ({length}), got {checkpoints}")
     specs = fn.declared_specs()

@@ -66,7 +66,7 @@ class HostStepper:
         for i in self.params:
             if grads[i] is not None:
                 self.grads[i] = grads[i] if self.grads[i] is None else self.grads[i] + grads[i]
-        for i in set(self.carry) - {None}:
+        for i in {c for c in self.carry if c is not None}:
             self.grads[i] = grads[i]
         self.cts = [None if i is None else grads[i] for i in self.carry]
 
