@@ -46,3 +46,46 @@ def test_reverse_of_a_matrix_entry_write_at_third_order():
     for got, want in zip(third(x0, x1), forward(x0, x1), strict=True):
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+vec2d = ti.types.vector(2, ti.f64)
+
+
+@ti.func
+def unannotated(x0: vec2d, x1: ti.f64):
+    return x0[0] * x1 * ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
+
+
+@ti.kernel
+def jacrev_in_a_kernel(a0: ti.types.ndarray(dtype=vec2d, ndim=1), a1: ti.types.ndarray(dtype=ti.f64, ndim=1),
+                       o: ti.types.ndarray(dtype=ti.types.matrix(2, 2, ti.f64), ndim=1)):
+    for b in range(a0.shape[0]):
+        o[b] = td.jacrev(unannotated, argnums=1)(a0[b], a1[b])
+
+
+def test_in_kernel_transform_of_a_function_without_a_return_annotation():
+    """Inside a kernel the output of a @ti.func without a return annotation is read by calling it on zeros;
+    the zeros of its vector parameter were a Python-side ti.Vector, which Taichi refused as an argument
+    (TaichiSyntaxError "expected to be a Matrix")."""
+    o = np.zeros((2, 2, 2))
+    jacrev_in_a_kernel(np.full((2, 2), 0.5), np.array([1.0, 3.0]), o)
+    np.testing.assert_allclose(o, 0.5 * np.array([[1.0, 2.0], [3.0, 4.0]]) * np.ones((2, 1, 1)), rtol=1e-15)
+
+
+@ti.func
+def doubled(x: vec2d):
+    return 2.0 * x * x[1]
+
+
+@ti.func
+def through_jvp_of_unannotated(x: vec2d) -> ti.f64:
+    return td.jvp(doubled, (x,), (x,))[1].sum()
+
+
+def test_jvp_of_a_function_without_a_return_annotation_inside_a_func():
+    """td.jvp of an unannotated vector function inside a @ti.func (so inside the kernel tidiff compiles)."""
+    x = np.array([0.3, -0.7])
+    # doubled(x) = 2 x x1, its jvp along x is 2 x x1 + 2 x x1 = 4 x x1, summed: 4 x1 (x0 + x1)
+    np.testing.assert_allclose(td.function(through_jvp_of_unannotated)(x), 4 * x[1] * x.sum(), rtol=1e-15)
+    # gradient of 4 x1 (x0 + x1): (4 x1, 4 x0 + 8 x1)
+    np.testing.assert_allclose(td.grad(through_jvp_of_unannotated)(x), [4 * x[1], 4 * x[0] + 8 * x[1]], rtol=1e-14)
