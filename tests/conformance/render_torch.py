@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import library
-from .grammar import Assign, AugAssign, EntryWrite, Expr, If, Loop
+from .grammar import Assign, AugAssign, EntryWrite, Expr, If, Loop, Unpack
 from .ops import OPS
 from .render_taichi import compile_text
 
@@ -118,6 +118,8 @@ def statements(block, indent):
     for s in block:
         if isinstance(s, Assign):
             lines.append(f"{pad}{s.name} = {expr(s.expr)}")
+        elif isinstance(s, Unpack):
+            lines.append(f"{pad}{', '.join(s.names)} = {', '.join(expr(e) for e in s.values)}")
         elif isinstance(s, AugAssign):
             lines.append(f"{pad}{s.name} = {s.name} {s.op} {expr(s.expr)}")
         elif isinstance(s, EntryWrite):
