@@ -6,13 +6,16 @@ Each chunk is ``pytest tests/conformance`` with ``TIDIFF_CONFORMANCE_EXAMPLES``
 set to the chunk size (shared by the tests by weight, see ``budget.py``) and
 its own ``--hypothesis-seed``: Taichi keeps every compiled kernel of a process,
 so chunks keep memory bounded. Failures (shrunk programs, printed by the
-tests) are appended to ``conformance-failures.log``; the summary gives how many
-examples ran.
+tests; drawn ones with ``--no-shrink``) are appended to
+``conformance-failures.log``. The count of programs checked is hypothesis's own
+(its passing test cases), so a chunk cut short by a failure, or examples
+rejected as untame, are not counted; the summary gives it and the rate.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,26 +31,33 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=None, help="stop starting chunks after this long")
     ap.add_argument("--seed", type=int, default=0, help="seed of the first chunk")
     ap.add_argument("--log", default=os.path.join(ROOT, "conformance-failures.log"))
+    ap.add_argument("--no-shrink", action="store_true", help="report failures as drawn (shrinking compiles many "
+                    "programs: minutes per failure)")
     args = ap.parse_args()
-    start, done, failed = time.time(), 0, 0
+    start, asked, checked, chunks, failed = time.time(), 0, 0, 0, 0
     for k in range(0, args.total, args.chunk):
         if args.minutes is not None and time.time() - start > 60 * args.minutes:
             break
         n = min(args.chunk, args.total - k)
         env = dict(os.environ, TIDIFF_CONFORMANCE_EXAMPLES=str(n), OMP_WAIT_POLICY="PASSIVE")
+        if args.no_shrink:
+            env["TIDIFF_CONFORMANCE_NO_SHRINK"] = "1"
         seed = args.seed + k // args.chunk
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                              f"--hypothesis-seed={seed}", os.path.join(HERE)],
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "--hypothesis-show-statistics", f"--hypothesis-seed={seed}", os.path.join(HERE)],
                              capture_output=True, text=True, env=env, cwd=ROOT)
-        done += n
+        passing = sum(int(p) for p in re.findall(r"(\d+) passing", run.stdout))
+        asked, checked, chunks = asked + n, checked + passing, chunks + 1
         if run.returncode:
             failed += 1
             with open(args.log, "a") as log:
-                log.write(f"=== chunk seed {seed}, {n} examples\n{run.stdout[-20000:]}\n")
-        print(f"seed {seed}: {n} examples, {'FAILED' if run.returncode else 'ok'}; "
-              f"{done} in {time.time() - start:.0f} s", flush=True)
-    print(f"{done} examples in {failed} failing chunks of {-(-done // args.chunk)}; "
-          f"{(time.time() - start) / 60:.1f} min" + (f"; failures in {args.log}" if failed else ""))
+                log.write(f"=== chunk seed {seed}, {n} examples\n{run.stdout[-30000:]}\n")
+        minutes = (time.time() - start) / 60
+        print(f"seed {seed}: {passing} of {n} examples checked, {'FAILED' if run.returncode else 'ok'}; "
+              f"{checked} in {minutes:.1f} min ({checked / minutes:.1f} per minute)", flush=True)
+    minutes = (time.time() - start) / 60
+    print(f"{checked} programs checked ({asked} asked) in {chunks} chunks, {failed} failing; {minutes:.1f} min, "
+          f"{checked / max(minutes, 1e-9):.1f} per minute" + (f"; failures in {args.log}" if failed else ""))
     return 1 if failed else 0
 
 
