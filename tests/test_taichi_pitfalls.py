@@ -1,0 +1,49 @@
+"""Taichi 1.7.4 behaviours that give wrong values with no tidiff code involved, each as a minimal program.
+
+Each test asserts what Taichi does today, so it fails (and says so) once a Taichi release fixes it; the
+conformance net classifies programs that hit them as Taichi pitfalls, not tidiff failures (NOTE: [Taichi
+pitfalls] in tests/conformance/checks.py), and docs/limits.md lists them.
+"""
+import numpy as np
+import taichi as ti
+
+M22 = ti.types.matrix(2, 2, ti.f64)
+
+
+@ti.func
+def in_a_loop(x):
+    v = ti.Matrix([[x, 2.0 * x], [3.0, x * x]])
+    for _ in range(1):
+        v = v * 0.5 + ti.Matrix([[v[0, 1], x], [x, x]]).transpose() * (x - 1.5)
+        v[1, 1] += v[0, 1]
+    return v
+
+
+@ti.func
+def straight_line(x):
+    v = ti.Matrix([[x, 2.0 * x], [3.0, x * x]])
+    v = v * 0.5 + ti.Matrix([[v[0, 1], x], [x, x]]).transpose() * (x - 1.5)
+    v[1, 1] += v[0, 1]
+    return v
+
+
+@ti.kernel
+def both(x: ti.types.ndarray(dtype=ti.f64, ndim=1), looped: ti.types.ndarray(dtype=M22, ndim=1),
+         straight: ti.types.ndarray(dtype=M22, ndim=1)):
+    for b in range(x.shape[0]):
+        looped[b] = in_a_loop(x[b])
+        straight[b] = straight_line(x[b])
+
+
+def test_entry_read_after_a_whole_matrix_write_with_a_transpose_in_a_loop_reads_the_old_entry():
+    """Inside a runtime loop, ``v = ... + M(v).transpose() * w`` followed by a read of an entry of ``v``
+    reads the entry as it was before the write (found by the conformance net's long run).
+
+    At x = 1.5 the weight is 0: v becomes v / 2 = [[0.75, 1.5], [1.5, 1.125]], and v[1, 1] += v[0, 1]
+    gives 2.625. In the loop Taichi adds the old v[0, 1] = 3.0 instead: 4.125.
+    """
+    x = np.array([1.5])
+    looped, straight = np.zeros((1, 2, 2)), np.zeros((1, 2, 2))
+    both(x, looped, straight)
+    np.testing.assert_array_equal(straight[0], [[0.75, 1.5], [1.5, 2.625]])  # right
+    np.testing.assert_array_equal(looped[0], [[0.75, 1.5], [1.5, 4.125]])  # Taichi 1.7.4: the old v[0, 1]
