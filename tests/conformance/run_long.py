@@ -7,9 +7,11 @@ set to the chunk size (shared by the tests by weight, see ``budget.py``) and
 its own ``--hypothesis-seed``: Taichi keeps every compiled kernel of a process,
 so chunks keep memory bounded. Failures (shrunk programs, printed by the
 tests; drawn ones with ``--no-shrink``) are appended to
-``conformance-failures.log``. The count of programs checked is hypothesis's own
-(its passing test cases), so a chunk cut short by a failure, or examples
-rejected as untame, are not counted; the summary gives it and the rate.
+``conformance-failures.log``, Taichi pitfalls (NOTE: [Taichi pitfalls] in
+``checks.py``: rejected, not failures) to ``conformance-failures.log.pitfalls``.
+The count of programs checked is hypothesis's own (its passing test cases),
+so a chunk cut short by a failure, or examples rejected as untame, are not
+counted; the summary gives it and the rate.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ def main() -> int:
         if args.minutes is not None and time.time() - start > 60 * args.minutes:
             break
         n = min(args.chunk, args.total - k)
-        env = dict(os.environ, TIDIFF_CONFORMANCE_EXAMPLES=str(n), OMP_WAIT_POLICY="PASSIVE")
+        env = dict(os.environ, TIDIFF_CONFORMANCE_EXAMPLES=str(n), OMP_WAIT_POLICY="PASSIVE",
+                   TIDIFF_CONFORMANCE_PITFALL_LOG=args.log + ".pitfalls")
         if args.no_shrink:
             env["TIDIFF_CONFORMANCE_NO_SHRINK"] = "1"
         seed = args.seed + k // args.chunk
@@ -56,9 +59,18 @@ def main() -> int:
         print(f"seed {seed}: {passing} of {n} examples checked, {'FAILED' if run.returncode else 'ok'}; "
               f"{checked} in {minutes:.1f} min ({checked / minutes:.1f} per minute)", flush=True)
     minutes = (time.time() - start) / 60
+    pitfalls = _count(args.log + ".pitfalls", "=== Taichi pitfall")
     print(f"{checked} programs checked ({asked} asked) in {chunks} chunks, {failed} failing; {minutes:.1f} min, "
-          f"{checked / max(minutes, 1e-9):.1f} per minute" + (f"; failures in {args.log}" if failed else ""))
+          f"{checked / max(minutes, 1e-9):.1f} per minute" + (f"; failures in {args.log}" if failed else "")
+          + (f"; {pitfalls} Taichi pitfalls (rejected) in {args.log}.pitfalls" if pitfalls else ""))
     return 1 if failed else 0
+
+
+def _count(path: str, marker: str) -> int:
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return f.read().count(marker)
 
 
 if __name__ == "__main__":
