@@ -47,3 +47,41 @@ def test_entry_read_after_a_whole_matrix_write_with_a_transpose_in_a_loop_reads_
     both(x, looped, straight)
     np.testing.assert_array_equal(straight[0], [[0.75, 1.5], [1.5, 2.625]])  # right
     np.testing.assert_array_equal(looped[0], [[0.75, 1.5], [1.5, 4.125]])  # Taichi 1.7.4: the old v[0, 1]
+
+
+@ti.func
+def added_in_a_loop(x):
+    v = ti.Matrix([[x, 2.0 * x], [3.0, x * x]])
+    for _ in range(1):
+        v += ti.Matrix([[v[1, 0], v[0, 0]], [v[1, 0], x]])
+        v[1, 0] *= v[0, 1]
+    return v
+
+
+@ti.func
+def added_straight(x):
+    v = ti.Matrix([[x, 2.0 * x], [3.0, x * x]])
+    v += ti.Matrix([[v[1, 0], v[0, 0]], [v[1, 0], x]])
+    v[1, 0] *= v[0, 1]
+    return v
+
+
+@ti.kernel
+def both_added(x: ti.types.ndarray(dtype=ti.f64, ndim=1), looped: ti.types.ndarray(dtype=M22, ndim=1),
+               straight: ti.types.ndarray(dtype=M22, ndim=1)):
+    for b in range(x.shape[0]):
+        looped[b] = added_in_a_loop(x[b])
+        straight[b] = added_straight(x[b])
+
+
+def test_entry_update_after_adding_a_matrix_of_own_entries_in_a_loop_reads_the_old_entry():
+    """The same family, with ``v += ti.Matrix([[v[1, 0], ...]])`` (``v = v + ...`` is right).
+
+    At x = 1.5: v = [[1.5, 3], [3, 2.25]] + [[3, 1.5], [3, 1.5]] = [[4.5, 4.5], [6, 3.75]], then
+    v[1, 0] *= v[0, 1] gives 27. In the loop Taichi multiplies the old v[1, 0] = 3: 13.5.
+    """
+    x = np.array([1.5])
+    looped, straight = np.zeros((1, 2, 2)), np.zeros((1, 2, 2))
+    both_added(x, looped, straight)
+    np.testing.assert_array_equal(straight[0], [[4.5, 4.5], [27.0, 3.75]])  # right
+    np.testing.assert_array_equal(looped[0], [[4.5, 4.5], [13.5, 3.75]])  # Taichi 1.7.4: the old v[1, 0]
