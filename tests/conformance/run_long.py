@@ -1,6 +1,6 @@
 """A long run of the conformance net, in chunks of separate processes with different seeds.
 
-    python tests/conformance/run_long.py --total 20000 --chunk 200 [--minutes 60]
+    python tests/conformance/run_long.py --total 20000 --chunk 200 [--minutes 60] [--jobs 4]
 
 Each chunk is ``pytest tests/conformance`` with ``TIDIFF_CONFORMANCE_EXAMPLES``
 set to the chunk size (shared by the tests by weight, see ``budget.py``) and
@@ -20,7 +20,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -32,16 +34,21 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=200, help="examples per process")
     ap.add_argument("--minutes", type=float, default=None, help="stop starting chunks after this long")
     ap.add_argument("--seed", type=int, default=0, help="seed of the first chunk")
+    ap.add_argument("--jobs", type=int, default=1, help="chunks run at once (one core each: Taichi compiles "
+                    "on one thread, so the rate grows with the free cores)")
     ap.add_argument("--log", default=os.path.join(ROOT, "conformance-failures.log"))
     ap.add_argument("--no-shrink", action="store_true", help="report failures as drawn (shrinking compiles many "
                     "programs: minutes per failure)")
     args = ap.parse_args()
-    start, asked, checked, chunks, failed = time.time(), 0, 0, 0, 0
-    for k in range(0, args.total, args.chunk):
+    start = time.time()
+    tally = {"asked": 0, "checked": 0, "chunks": 0, "failed": 0}
+    lock = threading.Lock()
+
+    def run_chunk(k: int) -> None:
         if args.minutes is not None and time.time() - start > 60 * args.minutes:
-            break
+            return
         n = min(args.chunk, args.total - k)
-        env = dict(os.environ, TIDIFF_CONFORMANCE_EXAMPLES=str(n), OMP_WAIT_POLICY="PASSIVE",
+        env = dict(os.environ, TIDIFF_CONFORMANCE_EXAMPLES=str(n), OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1",
                    TIDIFF_CONFORMANCE_PITFALL_LOG=args.log + ".pitfalls")
         if args.no_shrink:
             env["TIDIFF_CONFORMANCE_NO_SHRINK"] = "1"
@@ -50,20 +57,27 @@ def main() -> int:
                               "--hypothesis-show-statistics", f"--hypothesis-seed={seed}", os.path.join(HERE)],
                              capture_output=True, text=True, env=env, cwd=ROOT)
         passing = sum(int(p) for p in re.findall(r"(\d+) passing", run.stdout))
-        asked, checked, chunks = asked + n, checked + passing, chunks + 1
-        if run.returncode:
-            failed += 1
-            with open(args.log, "a") as log:
-                log.write(f"=== chunk seed {seed}, {n} examples\n{run.stdout[-30000:]}\n")
-        minutes = (time.time() - start) / 60
-        print(f"seed {seed}: {passing} of {n} examples checked, {'FAILED' if run.returncode else 'ok'}; "
-              f"{checked} in {minutes:.1f} min ({checked / minutes:.1f} per minute)", flush=True)
+        with lock:
+            tally["asked"] += n
+            tally["checked"] += passing
+            tally["chunks"] += 1
+            if run.returncode:
+                tally["failed"] += 1
+                with open(args.log, "a") as log:
+                    log.write(f"=== chunk seed {seed}, {n} examples\n{run.stdout[-30000:]}\n")
+            minutes = (time.time() - start) / 60
+            print(f"seed {seed}: {passing} of {n} examples checked, {'FAILED' if run.returncode else 'ok'}; "
+                  f"{tally['checked']} in {minutes:.1f} min ({tally['checked'] / minutes:.1f} per minute)", flush=True)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(run_chunk, range(0, args.total, args.chunk)))
     minutes = (time.time() - start) / 60
     pitfalls = _count(args.log + ".pitfalls", "=== Taichi pitfall")
-    print(f"{checked} programs checked ({asked} asked) in {chunks} chunks, {failed} failing; {minutes:.1f} min, "
-          f"{checked / max(minutes, 1e-9):.1f} per minute" + (f"; failures in {args.log}" if failed else "")
+    print(f"{tally['checked']} programs checked ({tally['asked']} asked) in {tally['chunks']} chunks, "
+          f"{tally['failed']} failing; {minutes:.1f} min, {tally['checked'] / max(minutes, 1e-9):.1f} per minute"
+          + (f"; failures in {args.log}" if tally["failed"] else "")
           + (f"; {pitfalls} Taichi pitfalls (rejected) in {args.log}.pitfalls" if pitfalls else ""))
-    return 1 if failed else 0
+    return 1 if tally["failed"] else 0
 
 
 def _count(path: str, marker: str) -> int:
