@@ -1,6 +1,7 @@
 """Bugs the conformance net (tests/conformance) found, each as a small regression test."""
 import numpy as np
 import taichi as ti
+import torch
 
 import tidiff as td
 
@@ -89,3 +90,35 @@ def test_jvp_of_a_function_without_a_return_annotation_inside_a_func():
     np.testing.assert_allclose(td.function(through_jvp_of_unannotated)(x), 4 * x[1] * x.sum(), rtol=1e-15)
     # gradient of 4 x1 (x0 + x1): (4 x1, 4 x0 + 8 x1)
     np.testing.assert_allclose(td.grad(through_jvp_of_unannotated)(x), [4 * x[1], 4 * x[0] + 8 * x[1]], rtol=1e-14)
+
+
+@td.custom_vjp
+@ti.func
+def energy(x: vec2d, k: ti.f64) -> ti.f64:
+    return 0.5 * k * x.norm_sqr() + ti.sin(x[0])
+
+
+@energy.defvjp
+@ti.func
+def _energy_bwd(x, k, ct):
+    return ct * (k * x + vec2d(ti.cos(x[0]), 0.0)), ct * 0.5 * x.dot(x)
+
+
+@ti.func
+def reaches_energy(x: vec2d) -> ti.f64:
+    return energy(x, 1.5) * x[1]
+
+
+def test_third_reverse_transform_through_a_custom_vjp_rule():
+    """td.jacrev(td.jacrev(td.grad(f))) of code calling a custom_vjp function: the second-order reverse
+    function calls the rule's reverse, which returns the rule's results as a nested tuple
+    (``((a, b), ct_x, ...)``); reversing that raised td.TransformError (NOTE: [Nested results])."""
+    x = np.array([0.3, -0.7])
+
+    def twin(a):
+        return (0.5 * 1.5 * (a * a).sum() + torch.sin(a[0])) * a[1]
+
+    third = torch.autograd.functional.jacobian(
+        lambda a: torch.autograd.functional.hessian(twin, a, create_graph=True), torch.tensor(x))
+    got = td.jacrev(td.jacrev(td.grad(reaches_energy)))(x)
+    np.testing.assert_allclose(got, third.numpy(), rtol=1e-10, atol=1e-12)

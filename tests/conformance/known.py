@@ -16,12 +16,7 @@ from __future__ import annotations
 from . import library
 from .grammar import Grammar
 
-KNOWN_FAILING: dict[str, str] = {
-    "reverse_third_order": "a third reverse transform (td.jacrev(td.jacrev(td.grad(f)))) of code reaching a "
-                           "custom_vjp function without a jvp rule raises td.TransformError: the reverse function "
-                           "of the rule's reverse returns the rule's results as a nested tuple, which the reverse "
-                           "transform does not take (docs/limits.md)",
-}
+KNOWN_FAILING: dict[str, str] = {}
 """feature -> what goes wrong. Remove an entry when its xfail test in test_known_failures.py passes."""
 
 REVERSE_GAPS: dict[str, str] = {

@@ -13,13 +13,11 @@ MAX_SIZE = 27
 def chains(draw, case, max_size=MAX_SIZE):
     """Two or three transforms, each with its argnums, defined for this scalar function (checks.chain_sizes)."""
     kinds = ["grad", "jacfwd", "jacrev", "jacobian", "hessian"]
-    longest = 3
     if not case.program.forward_ok:
         kinds = ["grad", "jacrev"]
-        longest = 3 if known.enabled("reverse_third_order") else 2
     kinds = [k for k in kinds if known.enabled(k)]
     chain = []
-    for _ in range(draw(st.integers(2, longest))):
+    for _ in range(draw(st.integers(2, 3))):
         options = [(kind, a) for kind in kinds for a in cases.all_argnums(case.nargs)
                    if (sizes := checks.chain_sizes(chain + [(kind, a)], case.cores)) is not None
                    and sum(sizes) <= max_size]

@@ -107,16 +107,3 @@ def test_reverse_gap(construct):
     check(*CASES[construct])
 
 
-
-@ti.func
-def reaches_energy(x: vec2) -> ti.f64:
-    return lib_energy(x, 1.5) * x[1]
-
-
-@pytest.mark.xfail(strict=True, raises=td.TransformError, reason=known.KNOWN_FAILING["reverse_third_order"])
-def test_third_order_reverse_through_a_custom_vjp_rule():
-    xt = torch.tensor(X, dtype=torch.float64)
-    third = torch.autograd.functional.jacobian(
-        lambda a: torch.autograd.functional.hessian(lambda b: energy_twin(b) * b[1], a, create_graph=True), xt)
-    got = td.jacrev(td.jacrev(td.grad(reaches_energy)))(X)
-    np.testing.assert_allclose(got, third.numpy(), rtol=1e-10, atol=1e-12)
