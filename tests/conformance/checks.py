@@ -74,6 +74,18 @@ def check_grad(case: Case, argnums: Any, has_aux: bool, kind: str = "grad") -> N
         _compare(case, got, per_element(twin, case.arrays, case.cores), kind)
 
 
+def check_grad_of_a_pair_refused(case: Case, argnums: Any, kind: str = "grad") -> None:
+    """td.grad of a function returning a pair, without has_aux, is a TypeError suggesting td.jacobian (as JAX)."""
+    with case.checking(f"td.{kind}(f, argnums={argnums!r})(*args) of a function returning a pair"):
+        try:
+            getattr(td, kind)(case.fn, argnums=argnums)(*case.host())
+        except TypeError as e:
+            if "scalar output" not in str(e) or "td.jacobian" not in str(e):
+                raise Mismatch(f"td.{kind} of a pair raised a TypeError that does not say why: {e}") from e
+            return
+        raise Mismatch(f"td.{kind} of a function returning a pair did not raise TypeError")
+
+
 def check_jacobian(case: Case, kind: str, argnums: Any, has_aux: bool) -> None:
     """td.jacfwd / td.jacrev / td.jacobian / td.hessian, per element."""
     transform = getattr(td, kind)
