@@ -85,3 +85,48 @@ def test_entry_update_after_adding_a_matrix_of_own_entries_in_a_loop_reads_the_o
     both_added(x, looped, straight)
     np.testing.assert_array_equal(straight[0], [[4.5, 4.5], [27.0, 3.75]])  # right
     np.testing.assert_array_equal(looped[0], [[4.5, 4.5], [13.5, 3.75]])  # Taichi 1.7.4: the old v[1, 0]
+
+
+V1 = ti.types.vector(1, ti.f64)
+
+
+@ti.func
+def scaled_twice(x):
+    v = ti.Vector([x])
+    v -= 0.5
+    v *= ti.Matrix([[v[0], x], [v[0], x]]).min()
+    v -= 0.5
+    v *= ti.Matrix([[v[0], x], [v[0], x]]).min()
+    return v
+
+
+@ti.func
+def scaled_twice_by_assignment(x):
+    v = ti.Vector([x])
+    v = v - 0.5
+    v = v * ti.Matrix([[v[0], x], [v[0], x]]).min()
+    v = v - 0.5
+    v = v * ti.Matrix([[v[0], x], [v[0], x]]).min()
+    return v
+
+
+@ti.kernel
+def both_scaled(x: ti.types.ndarray(dtype=ti.f64, ndim=1), augmented: ti.types.ndarray(dtype=V1, ndim=1),
+                assigned: ti.types.ndarray(dtype=V1, ndim=1)):
+    for b in range(x.shape[0]):
+        augmented[b] = scaled_twice(x[b])
+        assigned[b] = scaled_twice_by_assignment(x[b])
+
+
+def test_second_identical_literal_of_own_entries_after_an_augmented_write_reads_the_old_entry():
+    """Straight-line code too: ``v *= ti.Matrix([[v[0], x], [v[0], x]]).min()`` written twice, with
+    ``v -= 0.5`` between, gives the second literal the v[0] of the first (found by the net).
+
+    At x = 0.7: v = 0.2, then 0.2 * min(0.2, 0.7) = 0.04, then -0.46, then -0.46 * min(-0.46, 0.7)
+    = 0.2116. Taichi multiplies by the old v[0] = 0.2 the second time: -0.092.
+    """
+    x = np.array([0.7])
+    augmented, assigned = np.zeros((1, 1)), np.zeros((1, 1))
+    both_scaled(x, augmented, assigned)
+    np.testing.assert_allclose(assigned[0], [0.2116], rtol=1e-14)  # right
+    np.testing.assert_allclose(augmented[0], [-0.092], rtol=1e-14)  # Taichi 1.7.4: the old v[0]
