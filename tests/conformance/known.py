@@ -16,11 +16,7 @@ from __future__ import annotations
 from . import library
 from .grammar import Grammar
 
-KNOWN_FAILING: dict[str, str] = {
-    "tjvp_unannotated": "a transform called inside a kernel (td.jvp in a @ti.func included) of a @ti.func with no "
-                        "return annotation and a non-scalar output raises TaichiSyntaxError",
-    "in_kernel_unannotated": "as tjvp_unannotated, for the transforms the in-kernel test calls",
-}
+KNOWN_FAILING: dict[str, str] = {}
 """feature -> what goes wrong. Remove an entry when its xfail test in test_known_failures.py passes."""
 
 REVERSE_GAPS: dict[str, str] = {

@@ -92,7 +92,7 @@ class Reverser:
         self.defined = set(self.params)
         self.active = {p for p, a in zip(self.params, active, strict=False) if a}
         self.temps = set()
-        self.tuples = {}  # SSA name of a tuple-valued call result -> the names of its elements
+        self.tuples = {}  # SSA name of a tuple-valued call result -> {index path: the name of that element}
         self.uses_bwd = False  # whether a custom_vjp rule is called (here or in a callee's reverse)
         self.forward, self.backward, self.ops = [], [], []
         self.helpers = {}
@@ -143,11 +143,11 @@ class Reverser:
             raise NotReversible("a chained assignment")
         target = node.targets[0]
         if isinstance(target, ast.Name):
-            count = self.returned_count(node.value)
-            if count > 1 and self.reads_active(node.value):  # r = h(x), h returning a tuple; r[k] later
-                names = self.call_outputs(node.value, count)
+            paths = self.returned_paths(node.value)
+            if len(paths) > 1 and self.reads_active(node.value):  # r = h(x), h returning a tuple; r[k] later
+                names = self.call_outputs(node.value, paths)
                 self.bind(target.id, _name(self.ops[-1].target))
-                self.tuples[self.env[target.id]] = names
+                self.tuples[self.env[target.id]] = dict(zip(paths, names, strict=True))
                 return
             return self.bind(target.id, self.value(node.value))
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
@@ -158,7 +158,7 @@ class Reverser:
             return
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, ast.Call) \
                 and _all_names(target.elts):
-            for t, v in zip(target.elts, self.call_outputs(node.value, len(target.elts)), strict=False):
+            for t, v in zip(target.elts, self.call_outputs(node.value, _top_level(len(target.elts))), strict=False):
                 self.bind(t.id, v)
             return
         if isinstance(target, (ast.Subscript, ast.Attribute)):
@@ -278,13 +278,15 @@ class Reverser:
 
     def outputs(self, node):
         if self.n_outputs > 1 and isinstance(node, ast.Call):  # return h(x), h returning a tuple
-            return self.call_outputs(node, self.n_outputs)
+            return self.call_outputs(node, _top_level(self.n_outputs))
         if isinstance(node, ast.Name) and self.env.get(node.id) in self.tuples:
-            names = self.tuples[self.env[node.id]]
+            names = list(self.tuples[self.env[node.id]].values())
             if len(names) != self.n_outputs:
                 raise NotReversible(f"a return of {len(names)} values where {self.n_outputs} are expected")
             return names
         values = node.elts if isinstance(node, ast.Tuple) else [node]
+        if len(values) != self.n_outputs and len(_leaves(node)) == self.n_outputs:
+            values = _leaves(node)  # NOTE: [Nested results]
         if len(values) != self.n_outputs:
             raise NotReversible(f"a return of {len(values)} values where {self.n_outputs} are expected")
         return [self.operand(v) for v in values]
@@ -581,31 +583,34 @@ class Reverser:
         index = self.rename(node.slice)
         if names is None or not (isinstance(index, ast.Constant) and isinstance(index.value, int)):
             return None
-        return names[index.value]
+        if (index.value,) not in names:  # a nested tuple of results (NOTE: [Nested results])
+            raise NotReversible(f"the read of `{ast.unparse(node)}`, a tuple inside a call's results")
+        return names[(index.value,)]
 
-    def returned_count(self, node):
-        """How many values a call returns: the length of its callee's final ``return (a, b, ...)``, else 1."""
+    def returned_paths(self, node):
+        """Index paths of the values a call returns: ``[(0,), (1,)]`` for a callee's final ``return (a, b)``,
+        ``[(0, 0), (0, 1), (1,)]`` for ``return ((a, b), c)`` (NOTE: [Nested results]), ``[()]`` for one value."""
         if not isinstance(node, ast.Call):
-            return 1
+            return [()]
         made = self._made_callee(node.func)
         if made is not MISSING:
-            return callable_rule(made).outputs(made)
+            return _top_level(callable_rule(made).outputs(made))
         if self._is_local(node.func):
-            return 1
+            return [()]
         callee = resolve(node.func, self.parsed.namespace)
         if callable_rule(callee) is not None:
-            return callable_rule(callee).outputs(callee)
+            return _top_level(callable_rule(callee).outputs(callee))
         if hashable(callee) and callee in CUSTOM_VJPS:
             callee = callee.tifunc
         if hashable(callee) and getattr(rules.lookup(callee), "n_outputs", 1) > 1:  # U, S, V = ti.svd(A)
-            return rules.lookup(callee).n_outputs
+            return _top_level(rules.lookup(callee).n_outputs)
         if not transformable(callee):  # a @ti.func or a helper (NOTE: [Python helpers])
-            return 1
+            return [()]
         body = parse(callee).tree.body
         last = body[-1] if body else None
         if isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple):
-            return len(last.value.elts)
-        return 1
+            return _paths(last.value)
+        return [()]
 
     def _made_callee(self, func):
         """A callee made by a call of module-level objects (``td.grad(E)``) that the transforms call
@@ -613,9 +618,10 @@ class Reverser:
         made = static_call(func, self.parsed.namespace, set(self.env) | self.defined)
         return made if callable_rule(made) is not None else MISSING
 
-    def call_outputs(self, node, count):
-        """``a, b = h(x)`` for a @ti.func (or custom_vjp function, or tidiff Function) returning
-        ``count`` values: one call op whose results are bound to names of their own."""
+    def call_outputs(self, node, paths):
+        """``a, b = h(x)`` for a @ti.func (or custom_vjp function, or tidiff Function) returning the values at
+        these index ``paths``: one call op whose results are bound to names of their own."""
+        count = len(paths)
         func = node.func
         callee = self._made_callee(func)
         if callee is MISSING:
@@ -628,7 +634,7 @@ class Reverser:
             raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
         if not any(self.reads_active(a) for a in node.args + [k.value for k in node.keywords]):
             value = self.operand(node)
-            return [ast.Subscript(value, ast.Constant(k), ast.Load()) for k in range(count)]
+            return [_element(value, path) for path in paths]
         if rule is not None and not (custom or reversible):  # an op with a rule: U, S, V = ti.svd(A)
             if any(self.reads_active(k.value) for k in node.keywords):
                 raise NotReversible(f"the call `{ast.unparse(node)}`")
@@ -639,9 +645,9 @@ class Reverser:
             tuple_name = self.call_function(node, callee, n_outputs=count)
         op = self.ops[-1]
         op.outputs = []
-        for k in range(count):
-            name = self.namer.fresh(f"{tuple_name.id}_{k}")
-            self.forward.append(_assign(name, ast.Subscript(tuple_name, ast.Constant(k), ast.Load())))
+        for path in paths:
+            name = self.namer.fresh(f"{tuple_name.id}_{'_'.join(map(str, path))}")
+            self.forward.append(_assign(name, _element(tuple_name, path)))
             self.active.add(name)
             self.defined.add(name)
             op.outputs.append(name)
@@ -691,6 +697,34 @@ class Reverser:
 
 _OP_HINTS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow",
              ast.MatMult: "matmul", ast.Mod: "mod"}
+
+
+# NOTE: [Nested results] The reverse function of a function returning several values returns them as one
+# tuple before the cotangents: ``((a, b), ct_x, ...)``. Reversing code that calls such a reverse function
+# (a third reverse transform through a custom_vjp rule, whose reverse returns the rule's results so) binds
+# each leaf of the call's results to a name (``r_0_0 = r[0][0]``), and the callee's reverse takes one
+# cotangent per leaf: its results count as their leaves.
+
+
+def _top_level(count):
+    return [()] if count == 1 else [(k,) for k in range(count)]
+
+
+def _paths(node, path=()):
+    """Index paths of the leaves of a tuple expression."""
+    if not isinstance(node, ast.Tuple):
+        return [path]
+    return [p for k, e in enumerate(node.elts) for p in _paths(e, path + (k,))]
+
+
+def _leaves(node):
+    return [e for sub in node.elts for e in _leaves(sub)] if isinstance(node, ast.Tuple) else [node]
+
+
+def _element(value, path):
+    for k in path:
+        value = ast.Subscript(value, ast.Constant(k), ast.Load())
+    return value
 
 
 def _call_hint(func, args):

@@ -208,8 +208,9 @@ class Transformer:
         target = node.targets[0]
         if isinstance(target, (ast.Tuple, ast.List)):
             return self.unpack(target, node.value)
-        if isinstance(target, ast.Name) and self._nested_callee(node.value) is not None:
-            return self.call_function(node.value, self._nested_callee(node.value),
+        callee = self._nested_callee(node.value) if isinstance(target, ast.Name) else None
+        if callee is not None:  # y = h(x): the call's results go straight into y, dy
+            return self.call_function(node.value, callee, custom=_custom_jvp(callee),
                                       into=(target.id, self.namer.tangent(target.id)))
         self.assign(target, *self.expr(node.value))
 
@@ -533,8 +534,8 @@ class Transformer:
             return node, None
         if len(node.args) > 2 and hashable(callee) and lookup(callee) in (RULES[min], RULES[max]):
             node = self._pairwise(node)
-        if hashable(callee) and callee in CUSTOM_JVPS:
-            return self.call_function(node, callee, custom=CUSTOM_JVPS[callee])
+        if _custom_jvp(callee) is not None:
+            return self.call_function(node, callee, custom=_custom_jvp(callee))
         if hashable(callee) and callee in CUSTOM_VJPS:
             raise NoForwardRule(
                 getattr(callee, "name", ast.unparse(func)), self.parsed.filename, self.parsed.lineno(node)
@@ -665,6 +666,17 @@ class Transformer:
         except TypeError as e:
             raise self.error(node, f"the call `{ast.unparse(node)}` ({e})",
                              "pass the arguments the callee takes") from None
+
+
+def _custom_jvp(callee):
+    """The jvp rule of a td.custom_jvp (or custom_vjp with defjvp) callee, or None.
+
+    NOTE: [Custom rules wherever called] Every call of such a callee calls its
+    rule, bound to a name (``y = c(x)``) as well as inside an expression: a
+    custom Function is also a tidiff Function, and calling through that (its
+    widened tangent call) is neither the rule itself nor differentiable again.
+    """
+    return CUSTOM_JVPS.get(callee) if hashable(callee) else None
 
 
 def callable_positional(node, callee, error):
