@@ -1,4 +1,4 @@
-"""Source-to-source reverse mode for straight-line ``@ti.func`` code: ``vjp_func(f, active, n_outputs)``."""
+"""Source-to-source reverse mode for ``@ti.func`` code: ``vjp_func(f, active, n_outputs)``."""
 from .._tangent.emit import generate, owned_cache
 from .transform import NotReversible, Reverser
 
@@ -18,7 +18,7 @@ def _made(f, active, n_outputs):
 
 
 def vjp_func(f, active, n_outputs=1):
-    """The reverse function of a ``@ti.func``, or None when ``f`` is not straight-line code.
+    """The reverse function of a ``@ti.func``, or None when the reverse transform does not take ``f``.
 
     Args:
         f: a ``@ti.func`` (or one tidiff generated, or a plain Python helper).

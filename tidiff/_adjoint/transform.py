@@ -1,21 +1,24 @@
-"""A straight-line ``@ti.func`` -> its reverse (vjp) function, or the reason it has none.
+"""A ``@ti.func`` -> its reverse (vjp) function, or the reason it has none.
 
 The reverse function of ``f(x, mu)`` with ``x`` active reads::
 
     @ti.func
     def f_vjp(x, mu, ct_out):
-        <f's statements, one op per line, each variable assigned once>
+        <f's statements, one op per line, each variable assigned once outside blocks>
         <for each op, last first: add its operands' cotangents>
         return (out, ct_x)
 
 Supported: assignments (plain, augmented, annotated, tuple to tuple, and
 into an entry, ``v[i, j] = e``), one final ``return``,
 the ops with a rule in ``rules.py``, calls of other reversible
-``@ti.func`` s, ``for`` loops over ranges of constants (unrolled) and ``if``
-on a condition of constants (after unrolling: ``ti.static(i == j)``). Other
-loops and branches and custom rules make a function not reversible: its
-derivatives then come from forward pushes (``_codegen/bodies.py``), which handle
-everything.
+``@ti.func`` s, of ``td.custom_vjp`` functions (their ``bwd``) and of
+``td.custom_jvp`` functions (their jvp rule transposed, ``linearize.py``),
+``for`` loops over ranges of constants (unrolled), ``if`` on a condition of
+constants (after unrolling: ``ti.static(i == j)``), and branches on values,
+runtime ``for`` loops and ``while`` loops (``control.py``, NOTE: [Reverse
+control flow]). ``break``, ``continue`` and loops with ``else`` make a
+function not reversible: its derivatives then come from forward pushes
+(``_codegen/bodies.py``), which handle everything.
 """
 import ast
 import builtins
