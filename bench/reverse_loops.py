@@ -4,15 +4,14 @@ Every cell runs in a fresh process with Taichi's offline cache off, as
 ``compile_scaling.py`` does. The function is a small recurrence over the
 entries of its input (B = 1000 elements, float64)::
 
-    h = 0.5 x;  for i in range(x.n): h = tanh(h * x[i] + 0.1);  return h . x
+    h = 0.5 x;  for i in range(m): h = tanh(h * x[i] + 0.1);  return h . x
 
-``range(x.n)`` is a runtime loop to the reverse transform (``n`` is not a
-constant in the source). Before reverse mode took runtime loops, ``td.grad``
+with ``m = n`` an integer argument: a runtime loop. Before reverse mode took runtime loops, ``td.grad``
 pushed one tangent per input component through it; now it is one reverse
 call. Run it against another checkout to compare::
 
-    python bench/reverse_loops.py --sizes 8,32            # this checkout
-    PYTHONPATH=/work/main python bench/reverse_loops.py    # another tidiff
+    PYTHONPATH=. python bench/reverse_loops.py --sizes 8,32 --jax   # this checkout
+    PYTHONPATH=/work/main python bench/reverse_loops.py            # another tidiff
 """
 from __future__ import annotations
 
@@ -31,9 +30,9 @@ SOURCE = '''
 import taichi as ti
 
 @ti.func
-def f(x: ti.types.vector({n}, ti.f64)) -> ti.f64:
+def f(x: ti.types.vector({n}, ti.f64), m: ti.i32) -> ti.f64:
     h = 0.5 * x
-    for i in range(x.n):
+    for i in range(m):
         h = ti.tanh(h * x[i] + 0.1)
     return h.dot(x)
 '''
@@ -74,8 +73,9 @@ def child(peer: str, n: int) -> dict:
         namespace: dict = {"__name__": f"reverse_loops_{n}"}
         exec(compile(SOURCE.format(n=n), path, "exec", dont_inherit=True), namespace)
         f = namespace["f"]
-        call = lambda: td.grad(f)(x)  # noqa: E731
-        reason = why_not(f, (True,))
+        m = np.full(B, n, dtype=np.int32)
+        call = lambda: td.grad(f)(x, m)  # noqa: E731
+        reason = why_not(f, (True, False))
         how = "reverse" if reason is None else f"forward pushes ({reason})"
     t0 = time.perf_counter()
     result = call()

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tidiff as td
-from tidiff._adjoint import why_not
+from tidiff._adjoint import control, why_not
 from tidiff._adjoint.control import TAPE_ROWS
 
 vec2, vec3 = ti.types.vector(2, ti.f64), ti.types.vector(3, ti.f64)
@@ -227,6 +227,23 @@ def long_loop(x: vec2, n: ti.i32) -> ti.f64:
     for _ in range(n):
         s = ti.sin(s) * x[1] + x[0]
     return s
+
+
+def test_without_a_tape_the_reverse_sweep_recomputes_from_the_start_of_the_loop(monkeypatch):
+    monkeypatch.setattr(control, "TAPE_ROWS", 0)
+
+    @ti.func
+    def untaped(x: vec2, n: ti.i32) -> ti.f64:  # made here: its reverse function is generated without a tape
+        s = x[0]
+        k = 0
+        while k < n:
+            s = ti.sin(s) * x[1] + x[0]
+            k += 1
+        return s
+
+    x, n = np.array([[0.3, -0.2], [0.1, 0.05], [0.7, 0.4]]), np.array([0, 3, 20], dtype=np.int32)
+    assert "tape_of" not in td.source(td.grad(untaped), x, n)
+    np.testing.assert_allclose(td.grad(untaped)(x, n), td.grad(long_loop)(x, n), rtol=1e-13, atol=1e-15)
 
 
 # --- other transforms: vjp, jacrev, hessian, in a kernel --------------------------------------------------

@@ -13,16 +13,27 @@ keeping them:
   side left in it (the old value, for a side that does not assign it);
 - a runtime loop (``for i in range(n)`` with ``n`` known only when it runs,
   and ``while``) saves the values its loop-carried variables start each
-  iteration with on a per-thread *tape*, a local ``TAPE_ROWS``-row matrix
-  (Taichi's local arrays have a static size). The reverse sweep runs the
-  iterations backwards: it reads iteration k's start values back, recomputes
-  its body and runs the body's adjoints, the carried cotangents flowing from
-  iteration k to k - 1. A loop longer than the tape keeps every other row
-  when the tape fills and saves every ``stride``-th iteration from then on
-  (``stride`` doubling each time): the reverse sweep then recomputes forward
-  from the nearest saved iteration. Memory stays ``TAPE_ROWS`` rows whatever
-  the trip count, and the work grows to about ``n * n / TAPE_ROWS`` body runs
-  past the tape, instead of a wrong number or an error inside a kernel.
+  iteration with on a per-thread *tape* of ``TAPE_ROWS`` rows in local
+  memory (Taichi's local arrays have a static size; NOTE: [Tapes] in
+  ``_tangent/rule_helpers.py``). The reverse sweep runs the iterations
+  backwards: it reads iteration k's start values back, recomputes its body
+  and runs the body's adjoints, the carried cotangents flowing from iteration
+  k to k - 1. A ``for`` loop of more than ``TAPE_ROWS`` iterations saves
+  every ``stride``-th one (its trip count is known when it starts); a
+  ``while`` loop keeps every other row when the tape fills and doubles
+  ``stride`` from then on. The reverse sweep recomputes forward from the
+  nearest saved iteration: memory stays ``TAPE_ROWS`` rows whatever the trip
+  count, and the work grows to about ``n * stride / 2`` extra body runs
+  instead of a wrong number or an error inside a kernel.
+
+  Why 16 rows: Taichi's compile time grows with the tape's entries times the
+  reverse code's blocks (its store-to-load forwarding), so rows cost compile
+  time. ``td.grad`` of a recurrence over a 32-vector with a 32-iteration
+  loop (``bench/reverse_loops.py``, B = 1000, this 2-core machine), first
+  call / warm: 0 rows (recompute from the loop's start) 1.2 s / 236 ms,
+  4 rows 2.2 s / 88 ms, 16 rows 2.7 s / 30 ms, 32 rows 6.6 s / 31 ms, 64 rows
+  17 s / 31 ms; forward pushes 1.8 s / 563 ms. For an 8-vector: 16 rows
+  0.76 s / 1.1 ms, 0 rows 0.50 s / 5.2 ms, forward pushes 0.44 s / 8.0 ms.
 
 Cotangents of values from outside a block that the block's adjoints add to
 are declared (zero) before the block's reverse code, so that they outlive it.
@@ -38,8 +49,8 @@ from .._tangent.parse import resolve
 from .._tangent.sym import RULE_HELPERS, Sym
 from .nodes import assign, name, statements, zero_of
 
-TAPE_ROWS = 64
-"""Rows of a loop's tape: the iterations whose start values are kept before checkpoints thin out (even)."""
+TAPE_ROWS = 16
+"""Rows of a loop's tape: how many iterations' start values are kept (even; 0 recomputes from the loop's start)."""
 
 
 @dataclass
@@ -164,18 +175,25 @@ class ControlFlow:
         prevs = {v: self.env[v] for v in variables}
         start = stop = None
         if counter is not None:
-            start = self.fresh("start")
+            start, stop = self.fresh("start"), self.fresh("stop")
             self.forward.append(assign(start, self.rename(bounds[0]) if len(bounds) == 2 else ast.Constant(0)))
-            stop = self.rename(bounds[-1])
+            self.forward.append(assign(stop, self.rename(bounds[-1])))
         phis = {v: self.fresh(v) for v in variables}
-        tapes = {v: self.fresh("tape_" + v) for v in variables}
+        tapes = {v: self.fresh("tape_" + v) for v in variables} if TAPE_ROWS else {}
         count, stride = self.fresh("count"), self.fresh("stride")
         for v in variables:
             self.forward.append(assign(phis[v], name(prevs[v])))
-            self.forward.append(assign(tapes[v], Sym(name(RULE_HELPERS)).tape_of(name(phis[v]), TAPE_ROWS).node))
+            if tapes:
+                tape = Sym(name(RULE_HELPERS)).tape_of(name(phis[v]), TAPE_ROWS).node
+                self.forward.append(assign(tapes[v], tape))
             if self.is_active(name(prevs[v])):
                 self.active.add(phis[v])
-        self.forward += [assign(count, ast.Constant(0)), assign(stride, ast.Constant(1))]
+        self.forward.append(assign(count, ast.Constant(0)))
+        if tapes and counter is not None:  # the trip count is known: every stride-th iteration fits the tape
+            self.forward += statements("{stride} = {ti}.max(1, ({stop} - {start} + {rows} - 1) // {rows})",
+                                       stride=stride, stop=stop, start=start, rows=TAPE_ROWS)
+        elif tapes:  # a while loop: the stride grows as the tape fills
+            self.forward.append(assign(stride, ast.Constant(1)))
         env = dict(self.env)
         env.update(phis)
         self.env = dict(env)
@@ -206,30 +224,45 @@ class ControlFlow:
                  + [assign(phis[v], name(finals[v])) for v in variables]
                  + [ast.AugAssign(ast.Name(count, ast.Store()), ast.Add(), ast.Constant(1))])
         if counter is not None:
-            iterate = ast.Call(name("range"), [name(start), stop], [])
+            iterate = ast.Call(name("range"), [name(start), name(stop)], [])
             self.forward.append(ast.For(ast.Name(counter_name, ast.Store()), iterate, stmts, []))
         else:
             self.forward.append(ast.While(test, stmts, []))
         self.ops.append(loop)
 
     def checkpoint(self, loop):
-        """Save the carried values at the start of every ``stride``-th iteration; a full tape keeps every
-        other row and doubles ``stride`` (NOTE: [Reverse control flow])."""
+        """Save the carried values at the start of every ``stride``-th iteration; in a while loop a full
+        tape keeps every other row and doubles ``stride`` (NOTE: [Reverse control flow], [Tapes])."""
         if not loop.tapes:
             return []
         r, j = self.namer.fresh("r"), self.namer.fresh("j")
         rows = {v: self.namer.fresh("row_" + v) for v in loop.tapes}
         names = dict(count=loop.count, stride=loop.stride, size=TAPE_ROWS, half=TAPE_ROWS // 2, r=r, j=j)
-        thin = "".join(f"            for {{j}} in {{ti}}.static(range({t}.m)):\n"
-                       f"                {t}[{{r}}, {{j}}] = {t}[2 * {{r}}, {{j}}]\n" for t in loop.tapes.values())
+        thin = ""
+        if loop.counter is None:
+            thin = ("    if {count} == {size} * {stride}:\n"
+                    "        for {r} in range({half}):\n"
+                    + "".join(f"            for {{j}} in {{ti}}.static(range(len({t}))):\n"
+                              f"                {t}[{{j}}][{{r}}] = {t}[{{j}}][2 * {{r}}]\n"
+                              for t in loop.tapes.values())
+                    + "        {stride} *= 2\n")
         save = "".join(f"    {rows[v]} = {{rules}}.entries({loop.phis[v]})\n"
-                       f"    for {{j}} in {{ti}}.static(range({t}.m)):\n"
-                       f"        {t}[{{count}} // {{stride}}, {{j}}] = {rows[v]}[{{j}}]\n"
+                       f"    for {{j}} in {{ti}}.static(range(len({t}))):\n"
+                       f"        {t}[{{j}}][{{count}} // {{stride}}] = {rows[v]}[{{j}}]\n"
                        for v, t in loop.tapes.items())
-        return statements("if {count} % {stride} == 0:\n"
-                          "    if {count} == {size} * {stride}:\n"
-                          "        for {r} in range({half}):\n" + thin +
-                          "        {stride} *= 2\n" + save, **names)
+        return statements("if {count} % {stride} == 0:\n" + thin + save, **names)
+
+    def restore(self, loop, state, c):
+        """``state_v = <tape row c of v>`` for each carried variable (NOTE: [Tapes])."""
+        stmts = []
+        for v, tape in loop.tapes.items():
+            row, j = self.namer.fresh("row_" + v), self.namer.fresh("j")
+            stmts += statements("{row} = {ti}.zero({rules}.entries({phi}))\n"
+                                "for {j} in {ti}.static(range(len({tape}))):\n"
+                                "    {row}[{j}] = {tape}[{j}][{c}]\n"
+                                "{state} = {rules}.unflat_any({row}, {phi})\n",
+                                row=row, j=j, phi=loop.phis[v], tape=tape, c=c, state=state[v])
+        return stmts
 
     # --- reverse sweep --------------------------------------------------------------
     def emitted(self, write):
@@ -294,11 +327,14 @@ class ControlFlow:
         rerun.append(ast.If(ast.Compare(name(m), [ast.Eq()], [name(k)]), self.emitted(adjoint), []))
         rerun += [assign(state[v], name(loop.finals[v])) for v in loop.phis]
         names = dict(r=r, k=k, c=c, m=m, count=loop.count, stride=loop.stride)
-        iteration = statements("{k} = {count} - 1 - {r}\n{c} = {k} // {stride}\n", **names)
-        iteration += [assign(state[v], Sym(name(RULE_HELPERS)).tape_read(name(loop.tapes[v]), name(c),
-                                                                        name(loop.phis[v])).node)
-                      for v in loop.phis]
-        recompute = statements("for {m} in range({c} * {stride}, {k} + 1):\n    pass\n", **names)[0]
+        if loop.tapes:  # from the nearest saved iteration
+            iteration = statements("{k} = {count} - 1 - {r}\n{c} = {k} // {stride}\n", **names)
+            iteration += self.restore(loop, state, c)
+            recompute = statements("for {m} in range({c} * {stride}, {k} + 1):\n    pass\n", **names)[0]
+        else:  # from the values the loop started with
+            iteration = statements("{k} = {count} - 1 - {r}\n", **names)
+            iteration += [assign(state[v], name(loop.prevs[v])) for v in loop.phis]
+            recompute = statements("for {m} in range({k} + 1):\n    pass\n", **names)[0]
         recompute.body = rerun
         iteration.append(recompute)
         outer = statements("for {r} in range({count}):\n    pass\n", **names)[0]

@@ -246,8 +246,11 @@ def col_of(m, j: ti.template()):  # type: ignore[valid-type]
 
 # --- tapes of loop-carried values (``_adjoint/control.py``) ------------------
 # A reverse sweep through a runtime loop needs the values its iterations started
-# from. They are kept in a local matrix, one row per checkpoint, each row the
-# entries of one loop-carried value; the shapes are known only when Taichi compiles.
+# from. NOTE: [Tapes] Taichi lowers a runtime index into a local matrix to code
+# whose size grows with the whole matrix (a 64 x 32 tape written and read once
+# per entry compiled for 7 s), so a tape is one local vector of rows per entry
+# of the value (0.8 s): a Python list Taichi holds while it compiles, indexed
+# ``tape[j][row]`` with ``j`` static. Shapes are known only when Taichi compiles.
 def _compile_time(fn):
     """A Python function Taichi calls while it compiles, without its warning of a non-taichi function."""
     fn._is_taichi_function = True
@@ -277,6 +280,14 @@ def size_of(x):
     return size
 
 
+@_compile_time
+def tape_of(x, rows):
+    """A zero tape for ``x``: one local vector of ``rows`` entries per entry of ``x`` (NOTE: [Tapes])."""
+    from taichi.lang import impl
+
+    return [impl.expr_init(ti.Vector.zero(dtype_of(x), rows)) for _ in range(size_of(x))]
+
+
 @ti.func
 def entries(x):
     """The entries of a scalar, vector or matrix as a vector (matrices row by row)."""
@@ -287,18 +298,12 @@ def entries(x):
 
 
 @ti.func
-def tape_of(x, rows: ti.template()):  # type: ignore[valid-type]
-    """A zero tape: ``rows`` rows of ``x``'s entries, in ``x``'s element type."""
-    return ti.Matrix.zero(dtype_of(x), rows, size_of(x))
-
-
-@ti.func
-def tape_read(tape, row, like):
-    """Row ``row`` of a tape, back in the shape of ``like``."""
+def unflat_any(v, like):
+    """The vector ``v`` of entries back in the shape of ``like`` (the inverse of :func:`entries`)."""
     if ti.static(len(shape_of(like)) == 0):
-        return tape[row, 0]
+        return v[0]
     else:
-        return unflat(ti.Vector([tape[row, j] for j in ti.static(range(size_of(like)))]), like)
+        return unflat(v, like)
 
 
 # --- linearizing a td.custom_jvp rule for the reverse sweep -------------------
