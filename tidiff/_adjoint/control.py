@@ -179,21 +179,12 @@ class ControlFlow:
             self.forward.append(assign(start, self.rename(bounds[0]) if len(bounds) == 2 else ast.Constant(0)))
             self.forward.append(assign(stop, self.rename(bounds[-1])))
         phis = {v: self.fresh(v) for v in variables}
-        tapes = {v: self.fresh("tape_" + v) for v in variables} if TAPE_ROWS else {}
         count, stride = self.fresh("count"), self.fresh("stride")
         for v in variables:
             self.forward.append(assign(phis[v], name(prevs[v])))
-            if tapes:
-                tape = Sym(name(RULE_HELPERS)).tape_of(name(phis[v]), TAPE_ROWS).node
-                self.forward.append(assign(tapes[v], tape))
             if self.is_active(name(prevs[v])):
                 self.active.add(phis[v])
         self.forward.append(assign(count, ast.Constant(0)))
-        if tapes and counter is not None:  # the trip count is known: every stride-th iteration fits the tape
-            self.forward += statements("{stride} = {ti}.max(1, ({stop} - {start} + {rows} - 1) // {rows})",
-                                       stride=stride, stop=stop, start=start, rows=TAPE_ROWS)
-        elif tapes:  # a while loop: the stride grows as the tape fills
-            self.forward.append(assign(stride, ast.Constant(1)))
         env = dict(self.env)
         env.update(phis)
         self.env = dict(env)
@@ -219,6 +210,16 @@ class ControlFlow:
             self.active, self.temps, self.tuples = saved
             self.active.update(phis[v] for v in late)
         self.env = env
+        tapes = {}  # none where no cotangent can leave the loop: its reverse sweep never runs
+        if TAPE_ROWS and any(phis[v] in self.active for v in variables):
+            tapes = {v: self.fresh("tape_" + v) for v in variables}
+            for v in variables:
+                self.forward.append(assign(tapes[v], Sym(name(RULE_HELPERS)).tape_of(name(phis[v]), TAPE_ROWS).node))
+            if counter is not None:  # the trip count is known: every stride-th iteration fits the tape
+                self.forward += statements("{stride} = {ti}.max(1, ({stop} - {start} + {rows} - 1) // {rows})",
+                                           stride=stride, stop=stop, start=start, rows=TAPE_ROWS)
+            else:  # a while loop: the stride grows as the tape fills
+                self.forward.append(assign(stride, ast.Constant(1)))
         loop = Loop(body, phis, prevs, ins, finals, tapes, count, stride, counter_name, start)
         stmts = (self.checkpoint(loop) + [assign(ins[v], name(phis[v])) for v in variables] + body.forward
                  + [assign(phis[v], name(finals[v])) for v in variables]
