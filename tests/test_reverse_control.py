@@ -427,3 +427,18 @@ def test_a_break_falls_back_to_forward_pushes():
     got = td.grad(breaks)(x)
     for b in range(len(x)):
         np.testing.assert_allclose(got[b], torch_grad(breaks_twin, x[b]), rtol=1e-12)
+
+
+@ti.func
+def counted(x: vec2, n: ti.i32) -> ti.f64:
+    c = 0.0
+    for _ in range(n):
+        c += 1.0  # carries no derivative: the loop needs no tape
+    return x[0] * c + x[1]
+
+
+def test_a_loop_without_derivatives_keeps_no_tape():
+    x, n = np.array([[0.3, -0.2], [0.1, 0.05]]), np.array([2, 5], dtype=np.int32)
+    assert why_not(counted, (True, False)) is None
+    assert "tape_of" not in td.source(td.grad(counted), x, n)
+    np.testing.assert_array_equal(td.grad(counted)(x, n), [[2.0, 1.0], [5.0, 1.0]])
