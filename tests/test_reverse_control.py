@@ -305,20 +305,23 @@ def test_hessians_forward_over_reverse_through_control_flow(seed):
 
 @ti.kernel
 def gradients_in_a_kernel(x: ti.types.ndarray(dtype=vec3, ndim=1), n: ti.types.ndarray(dtype=ti.i32, ndim=1),
-                          g: ti.types.ndarray(dtype=vec3, ndim=1), h: ti.types.ndarray(dtype=vec3, ndim=1)):
+                          g: ti.types.ndarray(dtype=vec3, ndim=1), h: ti.types.ndarray(dtype=vec3, ndim=1),
+                          H: ti.types.ndarray(dtype=ti.types.matrix(3, 3, ti.f64), ndim=1)):
     for b in range(x.shape[0]):
         g[b] = td.grad(stepped)(x[b], n[b])
         h[b] = td.grad(piecewise)(x[b])
+        H[b] = td.hessian(stepped)(x[b], n[b])
 
 
-def test_gradients_through_control_flow_inside_a_kernel():
+def test_gradients_and_hessians_through_control_flow_inside_a_kernel():
     x = draw_vec3(np.random.default_rng(5), 4)
     n = np.array([0, 1, 4, 9], dtype=np.int32)
-    g, h = np.zeros((4, 3)), np.zeros((4, 3))
-    gradients_in_a_kernel(x, n, g, h)
+    g, h, H = np.zeros((4, 3)), np.zeros((4, 3)), np.zeros((4, 3, 3))
+    gradients_in_a_kernel(x, n, g, h, H)
     for b in range(4):
         np.testing.assert_allclose(g[b], torch_grad(stepped_twin, x[b], int(n[b])), rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(h[b], torch_grad(piecewise_twin, x[b]), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(H[b], torch_hessian(stepped_twin, x[b], int(n[b])), rtol=1e-9, atol=1e-10)
 
 
 # --- td.custom_jvp calls ------------------------------------------------------------------------------------
