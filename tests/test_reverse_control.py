@@ -445,3 +445,14 @@ def test_a_loop_without_derivatives_keeps_no_tape():
     assert why_not(counted, (True, False)) is None
     assert "tape_of" not in td.source(td.grad(counted), x, n)
     np.testing.assert_array_equal(td.grad(counted)(x, n), [[2.0, 1.0], [5.0, 1.0]])
+
+
+def test_torch_gradcheck_and_gradgradcheck_through_a_loop_and_branches():
+    op = td.torch.function(stepped)
+    x = torch.tensor(draw_vec3(np.random.default_rng(7), 3), requires_grad=True)
+    n = torch.tensor([0, 2, 5], dtype=torch.int32)
+    assert torch.autograd.gradcheck(lambda t: op(t, n), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: op(t, n), (x,))
+    pw = td.torch.function(piecewise)
+    assert torch.autograd.gradcheck(pw, (x,))
+    assert torch.autograd.gradgradcheck(pw, (x,))
