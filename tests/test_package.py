@@ -1,9 +1,10 @@
-"""The package's shape: no import cycles, no imports hidden in functions, a typed public API."""
+"""The package's shape: no import cycles, no imports hidden in functions (but listed optional ones), a typed
+public API."""
 import ast
 import inspect
 import pathlib
 
-import pytest
+from taichi.lang.kernel_impl import Func
 
 import tidiff as td
 
@@ -25,7 +26,7 @@ def resolve(module, level, name, is_package):
 
 
 def imports(path):
-    """``(top-level imports, imports inside functions)`` of tidiff modules, by absolute module name."""
+    """``(top-level imports of tidiff modules, every import inside a function)``, by absolute module name."""
     module = module_name(path)
     tree = ast.parse(path.read_text())
     top, nested = set(), []
@@ -40,8 +41,8 @@ def imports(path):
                 if (ROOT.parent / (candidate.replace(".", "/") + ".py")).exists() or \
                         (ROOT.parent / candidate.replace(".", "/") / "__init__.py").exists():
                     found.add(candidate)
-            return {t for t in found if t.startswith("tidiff")}
-        return {a.name for a in node.names if a.name.startswith("tidiff")}
+            return found
+        return {a.name for a in node.names}
 
     def visit(node, in_function):
         for child in ast.iter_child_nodes(node):
@@ -49,7 +50,7 @@ def imports(path):
                 if in_function:
                     nested.extend(targets(child))
                 else:
-                    top.update(targets(child))
+                    top.update(t for t in targets(child) if t.startswith("tidiff"))
             visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
     visit(tree, False)
@@ -94,31 +95,55 @@ def test_no_import_cycle_inside_the_package():
             visit(node)
 
 
-@pytest.mark.xfail(strict=True, reason="_fields/program.py and _fields/tangent.py import each other inside "
-                   "functions; being restructured with the field-program work (issue 13)")
-def test_no_tidiff_import_inside_a_function():
-    hidden = {}
+#: (module file, imported module) -> why it is imported inside a function. A cycle is never a reason:
+#: restructure the modules instead (move the shared piece into the lower one, or pass it in).
+IMPORTS_INSIDE_FUNCTIONS = {
+    ("__init__.py", "importlib"): "td.torch loads on first use: it imports torch, an optional dependency",
+    ("_kinds/ndarray.py", "torch"): "torch is optional: ndarray kernels run on NumPy arrays without it",
+    ("_testing/against_torch.py", "torch"): "torch is optional: only check_against_torch needs it",
+    ("_testing/strategies.py", "hypothesis"): "hypothesis is a test dependency, not a dependency of tidiff",
+    ("_testing/strategies.py", "hypothesis.extra"): "hypothesis is a test dependency, not a dependency of tidiff",
+}
+
+
+def test_no_import_inside_a_function_but_the_listed_ones():
+    found = set()
     for path in ROOT.rglob("*.py"):
         _, nested = imports(path)
-        if nested:
-            hidden[str(path.relative_to(ROOT))] = sorted(nested)
-    assert not hidden, f"imports of tidiff modules inside functions (a cycle being dodged?): {hidden}"
+        found.update((str(path.relative_to(ROOT)), target) for target in nested)
+    unexplained = sorted(found - set(IMPORTS_INSIDE_FUNCTIONS))
+    assert not unexplained, f"imports inside functions (a cycle being dodged?): {unexplained}"
+    stale = sorted(set(IMPORTS_INSIDE_FUNCTIONS) - found)
+    assert not stale, f"IMPORTS_INSIDE_FUNCTIONS lists imports that are gone: {stale}"
+
+
+def untyped(fn):
+    """Whether ``fn`` lacks a return annotation or one on a parameter (``self``/``cls`` aside)."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.name not in ("self", "cls")]
+    return sig.return_annotation is inspect.Signature.empty or any(
+        p.annotation is inspect.Parameter.empty for p in params)
+
+
+def public_functions():
+    """``(name, function)`` for every function of td, td.testing and td.torch, and the public methods
+    (``__init__`` and ``__call__`` included) of their classes."""
+    for module in (td, td.testing, td.torch):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            where = f"{module.__name__}.{name}"
+            if inspect.isfunction(obj) and not isinstance(getattr(obj, "func", None), Func):  # a @ti.func's
+                yield where, obj  # annotations are Taichi's (stop_gradient)
+            elif inspect.isclass(obj):
+                for attr, value in vars(obj).items():
+                    if inspect.isfunction(value) and (not attr.startswith("_") or attr in ("__init__", "__call__")):
+                        yield f"{where}.{attr}", value
 
 
 def test_public_api_is_typed():
     assert (ROOT / "py.typed").exists()
-    untyped = []
-    for name in td.__all__:
-        obj = getattr(td, name)
-        if inspect.isfunction(obj) and not getattr(
-            obj, "_is_taichi_function", False
-        ):  # not stop_gradient (Taichi code)
-            sig = inspect.signature(obj)
-            if sig.return_annotation is inspect.Signature.empty or any(
-                    p.annotation is inspect.Parameter.empty for p in sig.parameters.values()):
-                untyped.append(name)
-    for name in ("evaluate", "vjp", "tangent", "signature", "body_for", "param_names", "declared_specs"):
-        sig = inspect.signature(getattr(td.Function, name))
-        if sig.return_annotation is inspect.Signature.empty:
-            untyped.append(f"Function.{name}")
-    assert not untyped, f"public functions without type hints: {untyped}"
+    found = dict(public_functions())
+    assert {"tidiff.grad", "tidiff.testing.check_grads", "tidiff.torch.function", "tidiff.Function.vjp",
+            "tidiff.Function.tangent", "tidiff.testing.arguments"} <= set(found)
+    missing = sorted(name for name, fn in found.items() if untyped(fn))
+    assert not missing, f"public functions without type hints: {missing}"

@@ -16,11 +16,13 @@ from ._api import value_and_grad as value_and_grad
 from ._api import vjp as vjp
 from ._cache import CacheInfo as CacheInfo
 from ._cache import cache_info as cache_info
+from ._compose import compose as compose
 from ._errors import TransformError as TransformError
 from ._fields.parts import part as part
 from ._kinds.custom import custom_jvp as custom_jvp
 from ._kinds.custom import custom_vjp as custom_vjp
 from ._protocol import Function as Function
+from ._scan import scan as scan
 from ._source import source as source
 from ._tangent import stop_gradient as stop_gradient
 
@@ -41,6 +43,7 @@ __all__ = [
     "Function",
     "TransformError",
     "cache_info",
+    "compose",
     "custom_jvp",
     "custom_vjp",
     "function",
@@ -52,6 +55,7 @@ __all__ = [
     "jacrev",
     "jvp",
     "part",
+    "scan",
     "source",
     "stop_gradient",
     "testing",

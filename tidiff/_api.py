@@ -301,7 +301,7 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
         return tuple(batch.wrap(g) for g in grads)
 
     wrapped = [batch.wrap(o) for o in outs]
-    if has_aux:
+    if aux is not None:
         return unflatten(main, wrapped), vjp_fn, unflatten(aux, wrapped)
     return unflatten(tree, wrapped), vjp_fn
 

@@ -51,7 +51,7 @@ class Batch:
         if self.device is None or array is None or is_tensor(array):
             return array
         # a broadcast view is read-only, which torch.from_numpy warns about: copied then
-        return _torch().from_numpy(np.require(array, requirements="CW")).to(self.device)
+        return _torch().from_numpy(np.require(array, requirements=("C", "W"))).to(self.device)
 
     def but(self, arrays: Sequence[Any], specs: Sequence[ArgSpec] | None = None) -> Batch:
         """The same call with other arrays (and specs); the batch shape is recomputed."""

@@ -81,17 +81,26 @@ def uses(thing: Any) -> None:
         counter.add(thing)
 
 
-def cache_info() -> dict[str, CacheInfo]:
-    """Per transformed function (by name), the kernels it compiled and its cache hits.
+def cache_info(fn: Any = None) -> Any:
+    """Per transformed function (by name), the kernels it compiled and its cache hits; or those of ``fn``.
 
     Returns a dict ``{name: CacheInfo(compiles, calls, hits)}``; a second
     call with new values or a new batch size adds a hit and compiles nothing.
+    Functions of the same name are told apart by primes, in the order they
+    were made (``grad(f)``, ``grad(f)'``); ``cache_info(fn)`` returns the
+    ``CacheInfo`` of the function ``fn`` itself (``td.grad(f)``, a
+    ``td.function``), whatever its name.
 
     Example:
         >>> td.grad(f)(np.ones((5, 3)), 2.0); td.grad(f)(np.ones((7, 3)), 1.0)
         >>> td.cache_info()["grad(f)"]            # doctest: +SKIP
         CacheInfo(compiles=2, calls=2, hits=1)
     """
+    if fn is not None:
+        counter = getattr(fn, "_counter", None)
+        if not isinstance(counter, Counter):
+            raise TypeError(f"td.cache_info: fn must be a tidiff function (td.function, td.grad(f), ...), got {fn!r}")
+        return CacheInfo(counter.compiles(), counter.calls, counter.hits)
     out: dict[str, CacheInfo] = {}
     for fn in list(_registry.values()):
         counter = fn._counter

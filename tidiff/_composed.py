@@ -125,8 +125,37 @@ class Composite:
         arrays = [arg.value if isinstance(arg, Const) else batch.arrays[arg] for arg in call.args]
         return Batch(tuple(arrays), tuple(self._call_specs[c]), (), batch.device)
 
+    def _run_key(self, call: Call) -> tuple[Function, tuple[Any, ...]]:
+        """The function a call runs forward and its primal arguments: a cotangent map runs its parent."""
+        fn, args = call.fn, call.args
+        if isinstance(fn, CotangentMap):
+            args = args[: fn.arity()]
+            fn = fn.parent
+        return fn, tuple(a if isinstance(a, int) else id(a) for a in args)
+
     def evaluate(self, batch: Batch) -> list[Any]:
-        results = [call.fn.evaluate(self._call_batch(c, batch)) for c, call in enumerate(self.calls)]
+        """The calls' results. NOTE: [One forward run per primal] Calls that run the same function at the
+        same arguments (its value and its cotangent maps: value_and_grad, the rows of a jacrev) share
+        one ``linearize``: one forward run, a pullback per cotangent, as ``ti.ad.Tape`` runs once."""
+        keys = [self._run_key(call) for call in self.calls]
+        shared = {(id(fn), args) for fn, args in keys if sum(k[0] is fn and k[1] == args for k in keys) > 1}
+        linearized: dict[Any, Any] = {}
+        results = []
+        for c, (call, (fn, args)) in enumerate(zip(self.calls, keys, strict=True)):
+            sub = self._call_batch(c, batch)
+            if (id(fn), args) not in shared:
+                results.append(call.fn.evaluate(sub))
+                continue
+            if (id(fn), args) not in linearized:
+                n = len(args)
+                linearized[id(fn), args] = fn.linearize(Batch(sub.arrays[:n], sub.specs[:n], (), sub.device))
+            outs, pullback = linearized[id(fn), args]
+            if call.fn is fn:
+                results.append(list(outs))
+            else:
+                n = len(args)
+                grads = pullback(list(sub.arrays[n:]))
+                results.append([g for g, spec in zip(grads, sub.specs[:n], strict=True) if spec.is_float])
         return [_assemble([results[c][j] for c, j in o.parts], o) for o in self.outputs]
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:

@@ -1,4 +1,5 @@
 """Error classes and message helpers shared by every module."""
+from collections.abc import Sequence
 
 
 class TransformError(TypeError):
@@ -8,7 +9,8 @@ class TransformError(TypeError):
     ``td.custom_jvp`` as the way around it.
     """
 
-    def __init__(self, construct, filename=None, lineno=None, hint=None):
+    def __init__(self, construct: str, filename: str | None = None, lineno: int | None = None,
+                 hint: str | None = None) -> None:
         self.construct = construct
         self.filename = filename
         self.lineno = lineno
@@ -17,7 +19,7 @@ class TransformError(TypeError):
         super().__init__(f"{where}cannot differentiate {construct}; {hint}")
 
 
-def where_hint(kind, name, call=False):
+def where_hint(kind: str, name: str | None, call: bool = False) -> str:
     """The way around a construct the transform refuses, for where it stands.
 
     ``kind`` is what is being transformed: ``"kernel"`` (which cannot be
@@ -38,7 +40,7 @@ def where_hint(kind, name, call=False):
             + (", or move the call into a @ti.func of its own and wrap that" if call else ""))
 
 
-def describe_shape(shape):
+def describe_shape(shape: Sequence[int]) -> str:
     """`()` reads as 'a scalar', `(3,)` as 'shape (3,)'."""
     return "a scalar" if tuple(shape) == () else f"shape {tuple(shape)}"
 
@@ -50,7 +52,7 @@ class NoForwardRule(TransformError):
     run in reverse mode choose it when they meet this.
     """
 
-    def __init__(self, function, filename=None, lineno=None):
+    def __init__(self, function: str, filename: str | None = None, lineno: int | None = None) -> None:
         self.function = function
         super().__init__(
             f"`{function}` in forward mode: it is a td.custom_vjp function without a jvp rule "
@@ -61,7 +63,7 @@ class NoForwardRule(TransformError):
         )
 
 
-def taichi_cannot_reverse(name, error):
+def taichi_cannot_reverse(name: str, error: BaseException) -> "TransformError | None":
     """Taichi's bare "Not supported." from ``kernel.grad`` as a TransformError naming the kernel; None for
     another error. Reverse mode of field programs and ndarray kernels is Taichi's (docs/limits.md)."""
     if "Not supported" not in str(error):

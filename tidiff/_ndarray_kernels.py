@@ -12,13 +12,15 @@ order, see ``_kinds/ndarray.py``).
 # differentiable values, so loops are copied as they are.
 """
 import ast
+from collections.abc import Sequence
+from typing import Any
 
 import taichi as ti
 
 from ._codegen import compile_source
 from ._errors import TransformError
 from ._tangent import jvp_func, rule_helpers
-from ._tangent.parse import parse
+from ._tangent.parse import Parsed, parse
 from ._tangent.sym import RULE_HELPERS, TAICHI, spell_taichi
 from ._tangent.transform import Transformer, _name
 
@@ -26,12 +28,12 @@ from ._tangent.transform import Transformer, _name
 class KernelTransformer(Transformer):
     """The tangent kernel: tangents of the inputs and outputs become parameters."""
 
-    def __init__(self, parsed, inputs, outputs):
+    def __init__(self, parsed: Parsed, inputs: Sequence[str], outputs: Sequence[str]) -> None:
         params = [a.arg for a in parsed.tree.args.args]
         super().__init__(parsed, [p in inputs for p in params], jvp_func)
         self.inputs, self.outputs = list(inputs), list(outputs)
 
-    def _check_fields(self):
+    def _check_fields(self) -> None:
         """Global fields may be read as constants; writing one from differentiable values is refused."""
         params = set(self.params)
         for name in sorted(self.active - self.locals):
@@ -46,12 +48,12 @@ class KernelTransformer(Transformer):
                 self.parsed.lineno(self.tree), f"list {name!r} in outputs= (or inputs=)",
             )
 
-    def stmt_For(self, node):  # NOTE: [Kernel loops]
+    def stmt_For(self, node: ast.For) -> None:  # NOTE: [Kernel loops]
         self.emit(
             ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else [])
         )
 
-    def run(self):
+    def run(self) -> ast.FunctionDef:
         args = self.tree.args
         if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs or args.defaults:
             raise self.error(self.tree, "a kernel parameter list with defaults, *args or keyword-only parameters",
@@ -70,11 +72,11 @@ class KernelTransformer(Transformer):
                              self.block or [ast.Pass()], [decorator], None)
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
-    def stmt_Return(self, node):
+    def stmt_Return(self, node: ast.Return) -> None:
         raise self.error(node, "a kernel that returns a value", "write results into an output ndarray")
 
 
-def tangent_kernel(kernel, inputs, outputs):
+def tangent_kernel(kernel: Any, inputs: Sequence[str], outputs: Sequence[str]) -> tuple[Any, list[str], list[str]]:
     """The forward-mode kernel of an ndarray kernel.
 
     Returns ``(kernel_jvp, input_tangents, output_tangents)``: ``kernel_jvp``

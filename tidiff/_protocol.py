@@ -139,6 +139,15 @@ class Function:
         """``(x..., dx for each float x...) -> (y..., dy for each y...)``, a Function of the same kind."""
         raise NotImplementedError
 
+    def linearize(self, batch: Batch) -> tuple[list[Any], Callable[[Sequence[Any]], list[Any]]]:
+        """``(outputs, pullback)`` with ``pullback(cotangents) == vjp(batch, cotangents)``.
+
+        For callers that need the outputs before they know the cotangents (a
+        composition). Kinds whose vjp runs the function anyway override it to
+        run once; by default the function is evaluated and the vjp runs later.
+        """
+        return self.evaluate(batch), lambda cotangents: self.vjp(batch, cotangents)
+
     def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
         """The ``@ti.func`` computing this function per element (flat results), or None."""
         return None

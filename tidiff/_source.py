@@ -23,15 +23,15 @@ def source(f: Any, *example_args: Any) -> str:
         >>> print(td.source(td.grad(p), 1.0))
     """
     fn = as_function(f, "td.source")
-    if fn.declared_specs() is None and not example_args:
-        raise TypeError(f"td.source({fn.name}): the function has no annotations; pass example arguments")
     specs = fn.declared_specs() if not example_args else fn.specs_for(example_args)
+    if specs is None:
+        raise TypeError(f"td.source({fn.name}): the function has no annotations; pass example arguments")
     body = fn.body_for(specs)
     if body is None and hasattr(fn, "kernel_source"):  # an ndarray kernel's tangent: a generated kernel
         return fn.kernel_source(specs)
     if body is None:
         raise TypeError(f"td.source({fn.name}): this function has no generated Taichi source")
-    texts = []
+    texts: list[str] = []
     _collect(body, texts, set())
     if not texts:
         raise TypeError(f"td.source({fn.name}): {fn.name} is user code, not generated; transform it first")

@@ -30,6 +30,7 @@ from ._cache import uses
 from ._codegen.batch import flatten_batch, identifier
 from ._codegen.blocks import BlocksKernel
 from ._codegen.bodies import BodyWriter, LocalBlocks, jacobian_blocks
+from ._codegen.nested import nested_blocks
 from ._composed import Call, Composite, Const, Output
 from ._protocol import Function
 from ._signature import ArgSpec
@@ -132,13 +133,14 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
                 f"{call}: grad is only defined for functions with a scalar output (per batch "
                 f"element); the output has core shape {shape}. Use td.jacobian for vector outputs."
             )
+        # the flat results in this order: the value, the aux, the gradients
         value = keep(main) if kind == "value_and_grad" else None
         aux_node = keep(aux) if aux is not None else None
         grads = block_of(main)
-        if kind == "grad":
-            node = (grads, aux_node) if has_aux else grads
+        if value is None:
+            node = grads if aux_node is None else (grads, aux_node)
         else:
-            node = ((value, aux_node) if has_aux else value, grads)
+            node = (value if aux_node is None else (value, aux_node), grads)
     elif kind == "linearize":  # every output, then Jacobian blocks of the main ones: td.vjp's residuals
         for o in range(len(out_specs)):
             items.append(("out", o))
@@ -147,7 +149,7 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
         node = tuple(range(len(items)))
     else:  # jacfwd, jacrev, jacobian
         jac = over(main)
-        node = (jac, keep(aux)) if has_aux else jac
+        node = jac if aux is None else (jac, keep(aux))
     flat = tuple(jacobian_spec(out_specs[it[1]], specs[it[2]]) if it[0] == "jac" else out_specs[it[1]]
                  for it in items)
     return Layout(argnums, tuple(items), flat, node)
@@ -213,8 +215,14 @@ class PointwiseJacobian(Jacobian, _pointwise.Derived):
         if any(it[0] == "out" for it in lay.items) and value is None:
             value = w.let("value", w.callee(parent_body, identifier(self.parent.name))(*w.args()))
         single = not isinstance(tree, tuple)
-        results = [sink.blocks[it[1], it[2]] if it[0] == "jac" else (value if single else value[it[1]])
-                   for it in lay.items]
+
+        def result(item: tuple[Any, ...]) -> Any:
+            if item[0] == "jac":
+                return sink.blocks[item[1], item[2]]
+            assert value is not None  # made above where an output is wanted
+            return value if single else value[item[1]]
+
+        results = [result(it) for it in lay.items]
         body = w.compile(results, single=not isinstance(lay.tree, tuple), tag=self.kind)
         body._tidiff_looped = w.looped
         return body
@@ -223,19 +231,46 @@ class PointwiseJacobian(Jacobian, _pointwise.Derived):
         """One launch; a Jacobian whose pushes run in a loop writes its blocks straight into the outputs
         (NOTE: [Blocks written to the output] in ``_codegen/bodies``)."""
         specs = list(batch.specs)
-        if not getattr(self.body_for(specs), "_tidiff_looped", False):
+        nested = self.memo.get(("nested", tuple(specs)), lambda: self._nested_writer(specs))
+        if nested is None and not getattr(self.body_for(specs), "_tidiff_looped", False):
             return super().evaluate(batch)
-        kernel = self.memo.get(("blocks kernel", tuple(specs)), lambda: self._blocks_kernel(specs))
+        kernel = self.memo.get(("blocks kernel", tuple(specs)), lambda: self._blocks_kernel(specs, nested))
         uses(kernel.kernel)
         n, inputs = flatten_batch(batch.arrays, specs, batch.shape)
         return [o.reshape(batch.shape + o.shape[1:]) for o in kernel(n, inputs)]
 
-    def _blocks_kernel(self, specs: list[ArgSpec]) -> BlocksKernel:
+    def _blocks_kernel(self, specs: list[ArgSpec], write: Any = None) -> BlocksKernel:
         lay = self.layout(specs)
         out_specs, tree = self.parent.signature(specs)
         return BlocksKernel(identifier(self.name), self.parent.body_for(specs), specs, lay.argnums, lay.items,
                             lay.specs, out_specs, not isinstance(tree, tuple), lay.wanted(), FLAVOUR[self.kind],
-                            self.kind)
+                            self.kind, write)
+
+    def _nested_writer(self, specs: list[ArgSpec]) -> Any:
+        """The writer of this Jacobian of a reverse-mode Jacobian as one loop over cotangents (NOTE: [Nested
+        blocks] in ``_codegen/nested``), or None where that does not apply or gains nothing."""
+        inner = self.parent
+        if not isinstance(inner, PointwiseJacobian) or not isinstance(inner.parent, _pointwise.Pointwise):
+            return None
+        lay, inner_lay = self.layout(specs), inner.layout(specs)
+        if any(it[0] != "jac" for it in lay.items + inner_lay.items):
+            return None
+        f_out, _ = inner.parent.signature(specs)
+        f_body = inner.parent.body_for(specs)
+        inner_active = tuple(k in inner_lay.argnums for k in range(len(specs)))
+        if sum(f_out[o].size for o in inner_lay.wanted()) < 2 or _modes.jacobian_mode(
+                f_body, inner_active, specs, inner_lay.argnums, f_out, inner_lay.wanted(),
+                FLAVOUR[inner.kind]).way != "reverse":
+            return None
+        active = tuple(k in lay.argnums for k in range(len(specs)))
+        if _modes.jacobian_mode(inner.body_for(specs), active, specs, lay.argnums, list(inner_lay.specs),
+                                lay.wanted(), FLAVOUR[self.kind]).way != "forward":
+            return None
+
+        def write(w: Any, sink: Any) -> None:
+            nested_blocks(w, f_body, specs, f_out, inner_lay.argnums, inner_lay.items, lay.argnums, lay.wanted(),
+                          sink)
+        return write
 
 
 class ComposedJacobian(Jacobian, _composed.Composed):
@@ -282,8 +317,14 @@ class ComposedJacobian(Jacobian, _composed.Composed):
             calls.append(Call(self.parent, tuple(range(n))))
             value_call = len(calls) - 1
         stack = "columns" if mode.way == "forward" else "rows"
-        outputs = [Output(blocks[it[1], it[2]], spec, stack) if it[0] == "jac" else Output(((value_call, it[1]),), spec)
-                   for it, spec in zip(lay.items, lay.specs, strict=True)]
+
+        def output(item: tuple[Any, ...], spec: ArgSpec) -> Output:
+            if item[0] == "jac":
+                return Output(blocks[item[1], item[2]], spec, stack)
+            assert value_call is not None  # made above where an output is wanted
+            return Output(((value_call, item[1]),), spec)
+
+        outputs = [output(it, spec) for it, spec in zip(lay.items, lay.specs, strict=True)]
         return Composite(specs, calls, outputs, lay.tree)
 
 

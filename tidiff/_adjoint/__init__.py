@@ -1,9 +1,12 @@
 """Source-to-source reverse mode for ``@ti.func`` code: ``vjp_func(f, active, n_outputs)``."""
+from collections.abc import Sequence
+from typing import Any
+
 from .._tangent.emit import generate, owned_cache
 from .transform import NotReversible, Reverser
 
 
-def _made(f, active, n_outputs):
+def _made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
     """The reverse function of ``f`` for this pattern, or the NotReversible saying why there is none
     (made once, kept on ``f``)."""
     cache = owned_cache(f, "_tidiff_vjps")
@@ -17,7 +20,7 @@ def _made(f, active, n_outputs):
     return cache[key]
 
 
-def vjp_func(f, active, n_outputs=1):
+def vjp_func(f: Any, active: Sequence[bool], n_outputs: int = 1) -> Any:
     """The reverse function of a ``@ti.func``, or None when the reverse transform does not take ``f``.
 
     Args:
@@ -44,7 +47,7 @@ def vjp_func(f, active, n_outputs=1):
     return None if isinstance(found, NotReversible) else found
 
 
-def why_not(f, active, n_outputs=1):
+def why_not(f: Any, active: Sequence[bool], n_outputs: int = 1) -> str | None:
     """Why ``f`` has no reverse function for this pattern (a sentence), or None when it has one."""
     found = _made(f, active, n_outputs)
     return str(found) if isinstance(found, NotReversible) else None

@@ -42,7 +42,9 @@ reads exactly the values the forward sweep read.
 """
 import ast
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._tangent.activity import assignments
 from .._tangent.parse import resolve
@@ -85,8 +87,8 @@ class Loop:
     tapes: dict
     count: str
     stride: str
-    counter: str = None  # for loops: the counter's name, and the name of the range's start
-    start: str = None
+    counter: str | None = None  # for loops: the counter's name, and the name of the range's start
+    start: str | None = None
 
 
 def uses(ops):
@@ -106,6 +108,26 @@ def uses(ops):
 
 class ControlFlow:
     """The Reverser's statements for branches and loops, and their reverse sweeps."""
+
+    # what the Reverser this is mixed into holds and does (``transform.py``)
+    parsed: Any
+    namer: Any
+    env: dict[str, Any]
+    defined: set[str]
+    active: set[str]
+    temps: set[str]
+    tuples: dict
+    forward: list[ast.stmt]
+    ops: list[Any]
+    backward: list[ast.stmt]
+    cts: dict[str, str]
+    statement: Callable[[ast.stmt], None]
+    rename: Callable[[ast.expr], ast.expr]
+    is_active: Callable[[ast.expr], bool]
+    add: Callable[[str, Sym], None]
+    sweep_ops: Callable[[list], None]
+    not_reversible: Callable[[str], Exception]
+    _is_local: Callable[[ast.expr], bool]
 
     # --- forward sweep ------------------------------------------------------------
     def nested(self, stmts):
@@ -224,10 +246,11 @@ class ControlFlow:
         stmts = (self.checkpoint(loop) + [assign(ins[v], name(phis[v])) for v in variables] + body.forward
                  + [assign(phis[v], name(finals[v])) for v in variables]
                  + [ast.AugAssign(ast.Name(count, ast.Store()), ast.Add(), ast.Constant(1))])
-        if counter is not None:
+        if counter_name is not None:
             iterate = ast.Call(name("range"), [name(start), name(stop)], [])
             self.forward.append(ast.For(ast.Name(counter_name, ast.Store()), iterate, stmts, []))
         else:
+            assert test is not None  # a while loop
             self.forward.append(ast.While(test, stmts, []))
         self.ops.append(loop)
 

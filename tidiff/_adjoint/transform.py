@@ -24,6 +24,7 @@ import ast
 import builtins
 import functools
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import taichi as ti
 
@@ -61,9 +62,9 @@ class Op:
     target: str
     rule: object  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
     args: list  # operand nodes: Names of SSA variables, or inactive expressions
-    callee: str = None  # for calls: the namespace name of the callee's reverse function (or custom bwd)
-    positions: list = None  # for calls: where each operand's cotangent stands in the callee's result
-    outputs: list = None  # for calls with several outputs: the SSA names of the results, in order
+    callee: str | None = None  # for calls: the namespace name of the callee's reverse function (or custom bwd)
+    positions: list | None = None  # for calls: where each operand's cotangent stands in the callee's result
+    outputs: list | None = None  # for calls with several outputs: the SSA names of the results, in order
 
     def results(self):
         return self.outputs or [self.target]
@@ -148,13 +149,13 @@ class Reverser(ControlFlow):
                 return
             return self.bind(target.id, self.value(node.value))
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
-                and len(target.elts) == len(node.value.elts) and all(isinstance(t, ast.Name) for t in target.elts):
+                and len(target.elts) == len(node.value.elts) and _all_names(target.elts):
             values = [self.operand(v) for v in node.value.elts]  # all read before any is written
             for t, v in zip(target.elts, values, strict=False):
                 self.bind(t.id, v)
             return
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, ast.Call) \
-                and all(isinstance(t, ast.Name) for t in target.elts):
+                and _all_names(target.elts):
             for t, v in zip(target.elts, self.call_outputs(node.value, len(target.elts)), strict=False):
                 self.bind(t.id, v)
             return
@@ -278,7 +279,7 @@ class Reverser(ControlFlow):
         last = self.ops[-1] if self.ops else None
         if (annotation is None and isinstance(value, ast.Name) and value.id in self.temps
                 and last is not None and last.target == value.id and isinstance(self.forward[-1], ast.Assign)
-                and self.forward[-1].targets[0].id == value.id):
+                and isinstance(self.forward[-1].targets[0], ast.Name) and self.forward[-1].targets[0].id == value.id):
             self.forward[-1].targets[0].id = last.target = ssa  # the op computes the variable itself
             self.active.add(ssa)
         else:
@@ -482,7 +483,8 @@ class Reverser(ControlFlow):
             raise NotReversible(f"the constructor `{ast.unparse(node)}`")
         dtype = [self.rename(a) for a in node.args[1:]]  # ti.Vector([...], ti.f64): a dtype, no operand
         rows = node.args[0].elts
-        if all(isinstance(r, (ast.List, ast.Tuple)) for r in rows):
+        index: list[tuple[int, ...]]
+        if _all_sequences(rows):
             index = [(i, j) for i, r in enumerate(rows) for j in range(len(r.elts))]
             entries = [e for r in rows for e in r.elts]
             if any(isinstance(e, (ast.List, ast.Tuple)) for e in entries):
@@ -547,6 +549,7 @@ class Reverser(ControlFlow):
         # constant (NOTE: [Python helpers]), and reading it again in the sweep costs nothing
         args = [self.rename(a) if self._compile_time(a) else self.operand(a) for a in nodes]
         base = _callee_hint(node.func, callee)
+        positions: list[int | None]
         if hashable(callee) and callee in CUSTOM_VJPS:
             reverse, hint, positions = CUSTOM_VJPS[callee], base + "_bwd", list(range(len(args)))
             self.uses_bwd = True
@@ -738,3 +741,12 @@ class _RenameLocals(ast.NodeTransformer):
         if isinstance(value, str):
             return ast.Name(value, node.ctx)
         return node if value is None else ast.Constant(value.value)
+
+
+def _all_names(nodes: list[ast.expr]) -> TypeGuard[list[ast.Name]]:
+    return all(isinstance(n, ast.Name) for n in nodes)
+
+
+def _all_sequences(nodes: list[ast.expr]) -> TypeGuard[list[ast.List | ast.Tuple]]:
+    """Whether every node is a list or tuple literal (the rows of a matrix constructor)."""
+    return all(isinstance(n, (ast.List, ast.Tuple)) for n in nodes)

@@ -8,7 +8,7 @@ output arrays, so no block is ever a local value indexed at run time.
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,8 @@ class KernelWriter(BodyWriter):
     def __init__(self, name: str, specs: Sequence[ArgSpec]) -> None:
         super().__init__(name, [s.name for s in specs])
         self.specs = list(specs)
-        self.count, self.index = self.namer.fresh("n"), _name(self.namer.fresh("i"))
+        self.count, self.index_name = self.namer.fresh("n"), self.namer.fresh("i")
+        self.index = _name(self.index_name)
         self.arrays = [(self.namer.fresh(f"a{k}"), self.namer.fresh(f"s{k}"),
                         self._bind(f"T{k}", ti.types.ndarray(dtype=element_type(s), ndim=1)))
                        for k, s in enumerate(self.specs)]
@@ -51,7 +52,7 @@ class KernelWriter(BodyWriter):
         return _name(name)
 
     def compile_kernel(self, tag: str) -> Any:
-        i, n = self.index.node.id, self.count
+        i, n = self.index_name, self.count
         args = [ast.arg(n, ast.Attribute(ast.Name("ti", ast.Load()), "i32", ast.Load()))]
         loads: list[ast.stmt] = []
         for (a, s, t), x in zip(self.arrays, self.params, strict=True):
@@ -77,7 +78,9 @@ class BlocksKernel:
 
     def __init__(self, name: str, parent: Any, specs: Sequence[ArgSpec], argnums: Sequence[int],
                  items: Sequence[tuple[Any, ...]], flat_specs: Sequence[ArgSpec], out_specs: Sequence[ArgSpec],
-                 single_out: bool, wanted: Sequence[int], flavour: str, tag: str) -> None:
+                 single_out: bool, wanted: Sequence[int], flavour: str, tag: str,
+                 write: Callable[[KernelWriter, OutputBlocks], None] | None = None) -> None:
+        """``write``, where given, writes the blocks in place of :func:`jacobian_blocks` (``nested``)."""
         w = KernelWriter(name + "__blocks", specs)
         arrays, targets = {}, []
         for it, spec in zip(items, flat_specs, strict=True):
@@ -89,8 +92,12 @@ class BlocksKernel:
                 targets.append(
                     (w.output(f"v_{it[1]}", ti.types.ndarray(dtype=element_type(spec), ndim=1)), spec, False)
                 )
-        value = jacobian_blocks(w, parent, specs, argnums, out_specs, single_out, wanted, flavour,
-                                OutputBlocks(w, arrays, w.index))
+        sink = OutputBlocks(w, arrays, w.index)
+        value = None
+        if write is not None:
+            write(w, sink)
+        else:
+            value = jacobian_blocks(w, parent, specs, argnums, out_specs, single_out, wanted, flavour, sink)
         if any(it[0] == "out" for it in items):
             if value is None:
                 value = w.let("value", w.callee(parent, name_of(parent))(*w.args()))

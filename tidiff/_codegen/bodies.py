@@ -70,7 +70,8 @@ def literal(entries: dict[tuple[int, ...], Any], shape: tuple[int, ...], dtype: 
     if len(shape) == 0:
         return TI.cast(entries[()], scalar_type(dtype))
     if len(shape) == 2:
-        rows = [ast.List([node_of(entries[(i, j)]) for j in range(shape[1])], ast.Load()) for i in range(shape[0])]
+        rows: list[ast.expr] = [ast.List([node_of(entries[(i, j)]) for j in range(shape[1])], ast.Load())
+                                for i in range(shape[0])]
         return TI.Matrix(Sym(ast.List(rows, ast.Load())), dt=scalar_type(dtype))
     items = [node_of(entries[i]) for i in itertools.product(*[range(n) for n in shape])]
     return TI.Vector(Sym(ast.List(items, ast.Load())), dt=scalar_type(dtype))
@@ -137,8 +138,12 @@ class BodyWriter:
     def store(self, target: Sym, value: Any) -> None:
         """``target = value`` for a subscript or name ``target``."""
         node = target.node
-        stored = ast.Subscript(node.value, node.slice, ast.Store()) if isinstance(node, ast.Subscript) \
-            else ast.Name(node.id, ast.Store())
+        stored: ast.expr
+        if isinstance(node, ast.Subscript):
+            stored = ast.Subscript(node.value, node.slice, ast.Store())
+        else:
+            assert isinstance(node, ast.Name), "a store target is a subscript or a name"
+            stored = ast.Name(node.id, ast.Store())
         self.stmts.append(ast.Assign([stored], node_of(value)))
 
     @contextlib.contextmanager
@@ -211,8 +216,8 @@ class _Pushes:
             lanes = [basis(self.specs[b], p if b == a else None) for p in range(width) for b in order]
             t = w.let(f"t_{a}", w.callee(fn, widened_name(name_of(self.parent) + "_jvp", width))(*self.primals, *lanes))
             self.value = self.value or t[0]
-            for p in range(width):
-                store(t[p + 1], _static_index(spec.shape, p))
+            for lane in range(width):
+                store(t[lane + 1], _static_index(spec.shape, lane))
             return
         self.looped = True
         fn = _modes.tangent_function(self.parent, self.active)

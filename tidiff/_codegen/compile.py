@@ -17,14 +17,15 @@ from typing import Any
 _counter = itertools.count()
 
 
-def compile_source(source: str | ast.AST, name: str, namespace: dict[str, Any], tag: str = "gen") -> Any:
-    """Execute ``source`` (text or a module/function AST) in ``namespace``; return the object named ``name``.
+def compile_source(source: str | ast.Module | ast.stmt, name: str, namespace: dict[str, Any], tag: str = "gen") -> Any:
+    """Execute ``source`` (text, a module or a statement such as a function) in ``namespace``; return the object
+    named ``name``.
 
     The text is registered in ``linecache`` so that Taichi (and tracebacks)
     can read it back; the file name says which generator made it. The object
     gets ``_tidiff_source`` (for ``td.source``).
     """
-    if isinstance(source, ast.AST):
+    if not isinstance(source, str):
         module = source if isinstance(source, ast.Module) else ast.Module([source], [])
         source = wrap_long_lines(ast.unparse(ast.fix_missing_locations(module))) + "\n"
     filename = f"<tidiff-{tag}-{next(_counter)}:{name}>"

@@ -1,5 +1,6 @@
 """Which fields of a program depend on its inputs (NOTE: [Known-zero tangents] in ``_tangent/field_flows``)."""
 from .._tangent.field_flows import kernel_flows
+from .graph import is_field
 from .twins import is_real
 
 
@@ -43,7 +44,5 @@ def active_fields(graph, inputs, fields):
 
 def _field_lists(graph):
     """Lists and tuples of fields the program reaches."""
-    from .graph import is_field
-
     return [obj for obj in graph.nodes.values()
             if isinstance(obj, (list, tuple)) and obj and all(is_field(v) for v in obj)]

@@ -23,6 +23,7 @@ Limitations: properties are not rebuilt (they run with the rebuilt object as
 through its class (``Sim.step(self)``, ``super()``) is the class's own.
 """
 import types
+from typing import Any
 
 from taichi.lang.field import ScalarField
 from taichi.lang.kernel_impl import Func, _BoundedDifferentiableMethod
@@ -168,7 +169,7 @@ class CodeGraph:
     """
 
     def __init__(self, *roots):
-        self.fields = {}
+        self.fields: dict[int, Any] = {}
         self.names = {}
         self.nodes = {}
         self.edges = {}
@@ -188,7 +189,7 @@ class CodeGraph:
 
     def kernels_with_owners(self):
         """``(kernel, owner)`` for each reachable kernel: a class kernel once per object it is bound to."""
-        pairs = []
+        pairs: list[tuple[Any, Any]] = []
         for kernel in self.kernels():
             if is_class_kernel(kernel):
                 pairs.extend((kernel, owner) for owner in self.owners.get(id(kernel), ()))

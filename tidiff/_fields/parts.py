@@ -12,6 +12,7 @@ read, and zeroed before each evaluation.
 Every declared input and output is a :class:`Part` inside the engine: a whole
 field is the part with no index.
 """
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -31,33 +32,33 @@ class Part:
             then its element shape).
     """
 
-    def __init__(self, field, index=()):
+    def __init__(self, field: Any, index: Sequence[int] = ()) -> None:
         self.field = field
         self.index = tuple(index)
         self.shape = full_shape(field)[len(self.index):]
 
     @property
-    def whole(self):
+    def whole(self) -> bool:
         return not self.index
 
-    def overlaps(self, other):
+    def overlaps(self, other: "Part") -> bool:
         """Whether two parts of the same field share an element (one index is a prefix of the other)."""
         n = min(len(self.index), len(other.index))
         return self.field is other.field and self.index[:n] == other.index[:n]
 
-    def of(self, field):
+    def of(self, field: Any) -> "Part":
         """The same part of another field of the same shape (a twin, a tangent field)."""
         return Part(field, self.index)
 
-    def take(self, array):
+    def take(self, array: np.ndarray) -> np.ndarray:
         """This part of an array holding the whole field."""
         return array[self.index] if self.index else array
 
-    def label(self, name):
+    def label(self, name: str) -> str:
         """``"v[0]"`` for messages and specs."""
         return f"{name}[{', '.join(map(str, self.index))}]" if self.index and name else name
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"td.part({getattr(self.field, 'name', 'field')}, {', '.join(map(str, self.index))})"
 
 
@@ -102,6 +103,6 @@ def part(field: Any, *index: int) -> "Part":
     return Part(field, positions)
 
 
-def as_part(entry):
+def as_part(entry: Any) -> Part:
     """A declared input or output as a :class:`Part` (a field is its whole part)."""
     return entry if isinstance(entry, Part) else Part(entry)

@@ -3,6 +3,7 @@
 See the package docstring (:mod:`tidiff._fields`) for the semantics and limits.
 """
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 
@@ -10,6 +11,7 @@ from . import checks
 from .graph import CodeGraph
 from .parts import Part
 from .rebind import Rebinder
+from .tangent import tangent_program
 from .tape import LaunchGuard, recording
 from .twins import Twins, full_shape, is_real, load, numpy_dtype, read, zero
 
@@ -50,7 +52,7 @@ class FieldProgram:
         self.inputs, self.outputs, self.state = checks.check_fields(inputs, outputs, self.call, state)
         self.takes = takes
         graph = CodeGraph(program)
-        declared = {}
+        declared: dict[int, Any] = {}
         for p in self.inputs + self.outputs:
             declared.setdefault(id(p.field), p.field)
         reached = dict(graph.fields)
@@ -64,7 +66,7 @@ class FieldProgram:
         self._guard = LaunchGuard([k._primal for k in self._kernels], self.call)
         self._names = graph.names
         # a field with a part declared gets its other entries from its current values (or zeros)
-        self._split = {}
+        self._split: dict[int, Any] = {}
         for p in self.inputs + self.outputs:
             if not p.whole:
                 self._split.setdefault(id(p.field), p.field)
@@ -72,6 +74,7 @@ class FieldProgram:
         self.out_specs = [self._spec(p) for p in self.outputs]
         self._source, self._graph = program, graph
         self._tangent = None
+        self._generation = 0  # how many times the twins were loaded: a pullback checks it is still its run
 
     def _spec(self, part):
         return ArgSpec(part.label(self._names.get(id(part.field), "")), part.shape, numpy_dtype(part.field))
@@ -112,6 +115,31 @@ class FieldProgram:
         tape.replay_adjoints()
         return outs, self.gradients()
 
+    def linearize(self, args):
+        """``(outputs, pullback)``: one recorded run; ``pullback(cotangents)`` replays its adjoints.
+
+        The pullback replays the recorded launches over the twins as they
+        stand when no other call loaded them since; otherwise it runs the
+        program again (``vjp``). It may be called several times.
+        """
+        converted = self._convert_args("vjp", args)
+        self._prepare(converted)
+        generation = self._generation
+        with recording(self._guard) as tape:
+            self._run()
+        outs = self._read_outputs()
+
+        def pullback(cotangents):
+            if self._generation != generation:
+                return self.vjp(converted, cotangents)[1]
+            cts = self._convert("vjp", "cotangents", self.outputs, cotangents, tangent=True)
+            self.clear_gradients()
+            self.seed(cts)
+            tape.replay_adjoints()
+            return self.gradients()
+
+        return outs, pullback
+
     def tangent(self):
         """The tangent program ``(x..., dx...) -> (y..., dy...)``, built once (see :mod:`.tangent`).
 
@@ -123,8 +151,6 @@ class FieldProgram:
         on every later call, without retrying).
         """
         if self._tangent is None:
-            from .tangent import tangent_program
-
             try:
                 self._tangent = tangent_program(self)
             except Exception as error:  # noqa: BLE001 -- remembered, re-raised: a retry would allocate again
@@ -161,6 +187,7 @@ class FieldProgram:
 
     def _prepare(self, args):
         """Load inputs and the other fields' current values (zeros for state), zero the outputs."""
+        self._generation += 1
         for p, array in zip(self.inputs, args, strict=False):
             if p.whole:
                 load(self._twins[p.field], array)

@@ -30,6 +30,7 @@ construction are not seen either.
 """
 import functools
 import types
+from typing import Any
 
 from taichi.lang import impl
 from taichi.lang.exception import TaichiSyntaxError
@@ -87,14 +88,15 @@ class Rebinder:
         elif isinstance(obj, (staticmethod, classmethod)):
             self._done[id(obj)] = type(obj)(self.rebuild(obj.__func__))
         elif isinstance(obj, list):
-            self._done[id(obj)] = new = []
-            new.extend(self.rebuild(value) for value in obj)
+            rebuilt_list: list[Any] = []
+            self._done[id(obj)] = rebuilt_list  # before the entries are rebuilt: one may reach the list
+            rebuilt_list.extend(self.rebuild(value) for value in obj)
         elif isinstance(obj, tuple):
             items = [self.rebuild(value) for value in obj]
-            self._done[id(obj)] = type(obj)._make(items) if hasattr(type(obj), "_make") else type(obj)(items)
+            self._done[id(obj)] = type(obj)(*items) if hasattr(type(obj), "_fields") else type(obj)(items)
         elif isinstance(obj, dict):
-            self._done[id(obj)] = new = type(obj)()
-            new.update((key, self.rebuild(value)) for key, value in obj.items())
+            self._done[id(obj)] = rebuilt_dict = type(obj)()
+            rebuilt_dict.update((key, self.rebuild(value)) for key, value in obj.items())
         else:
             self._object(obj)
 
@@ -105,7 +107,7 @@ class Rebinder:
         new = types.FunctionType(old.__code__, new_globals, old.__name__, old.__defaults__, cells)
         new.__kwdefaults__ = old.__kwdefaults__
         functools.update_wrapper(new, old, updated=())
-        del new.__wrapped__  # Taichi must read the new function's globals, not the old one's
+        del new.__dict__["__wrapped__"]  # Taichi must read the new function's globals, not the old one's
         self._done[id(obj)] = self.kernel(obj, new) if is_kernel(obj) else _rewrap(obj, new)
         for index, cell in enumerate(old.__closure__ or ()):
             try:
@@ -173,12 +175,9 @@ def _kernel_like(obj, new):
         def wrapped(*args, **kwargs):
             return primal(*args, **kwargs)
 
-        wrapped.grad = adjoint
-    wrapped._is_wrapped_kernel = True
-    wrapped._is_classkernel = classkernel
-    wrapped._primal = primal
-    wrapped._adjoint = adjoint
-    return wrapped
+        with_attributes(wrapped, grad=adjoint)
+    return with_attributes(wrapped, _is_wrapped_kernel=True, _is_classkernel=classkernel, _primal=primal,
+                           _adjoint=adjoint)
 
 
 def _rewrap(obj, new):
@@ -192,10 +191,7 @@ def _rewrap(obj, new):
     def decorated(*args, **kwargs):
         return fun.__call__(*args, **kwargs)
 
-    decorated._is_taichi_function = True
-    decorated._is_real_function = old.is_real_function
-    decorated.func = fun
-    return decorated
+    return with_attributes(decorated, _is_taichi_function=True, _is_real_function=old.is_real_function, func=fun)
 
 
 def _replaced_like(obj, primal, grad):
@@ -212,7 +208,14 @@ def _replaced_like(obj, primal, grad):
             runtime.grad_replaced = False
 
     decorated.__name__ = decorated.__qualname__ = getattr(primal, "__name__", "decorated")
-    decorated.autodiff_mode = AutodiffMode.NONE
-    decorated.grad = (lambda *args, **kwargs: None) if obj.__qualname__.startswith("no_grad") else grad
-    decorated._tidiff_replaced = True
-    return decorated
+    no_gradient = obj.__qualname__.startswith("no_grad")
+    return with_attributes(decorated, autodiff_mode=AutodiffMode.NONE, _tidiff_replaced=True,
+                           grad=(lambda *args, **kwargs: None) if no_gradient else grad)
+
+
+def with_attributes(fn: Any, **attributes: Any) -> Any:
+    """``fn`` with ``attributes`` set: the marks Taichi's decorators put on the functions they make
+    (``_is_wrapped_kernel``, ``grad``, ``func``), which Taichi reads back."""
+    for name, value in attributes.items():
+        setattr(fn, name, value)
+    return fn

@@ -37,6 +37,8 @@ Limitations: those of :func:`tidiff._tangent.jvp_kernel`; a Python-scope ``f.fil
 inside a Python program resets ``f`` but not ``df``, which is only wrong if
 an earlier kernel of the same run wrote ``df``.
 """
+from typing import Any
+
 import taichi as ti
 
 from .._errors import TransformError
@@ -113,10 +115,8 @@ def tangent_program(prog):
         :class:`TangentFields` it runs on. Raises ``td.TransformError``
         when a kernel cannot be transformed.
     """
-    from .program import FieldProgram
-
     graph = prog._graph
-    everything = {}
+    everything: dict[int, Any] = {}
     for f in [p.field for p in prog.inputs + prog.outputs] + list(graph.fields.values()) + list(prog.state):
         everything.setdefault(id(f), f)
     float_inputs = [p.field for p in prog.inputs if is_real(p.field)]
@@ -133,7 +133,8 @@ def tangent_program(prog):
     tangents = FieldTangents([(f, fields[f]) for f in carried])
     run = _TangentRebinder(graph, tangents, prog.call).rebuild(prog._source)
     declared = {id(fields[p.field]) for p in prog.inputs + prog.outputs if is_real(p.field) and p.whole}
-    program = FieldProgram(
+    # the tangent program is a program of prog's own class (program.py imports this module, not the reverse)
+    program = type(prog)(
         run,
         inputs=list(prog.inputs) + [p.of(fields[p.field]) for p in prog.inputs if is_real(p.field)],
         outputs=list(prog.outputs) + [p.of(fields[p.field]) for p in prog.outputs if is_real(p.field)],

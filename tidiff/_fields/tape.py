@@ -86,7 +86,7 @@ def _adjoint(kernel, args):
         kernel.grad(*args)
     except RuntimeError as e:
         name = getattr(getattr(kernel, "func", None), "__name__", None) or getattr(kernel, "__name__", "a kernel")
-        raise taichi_cannot_reverse(name, e) or e from None
+        raise taichi_cannot_reverse(str(name), e) or e from None
 
 
 def _is_external_array(arg):

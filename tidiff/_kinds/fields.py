@@ -80,6 +80,30 @@ class FieldFunction(Function):
         _, grads = self.program.vjp(batch.arrays, cts)
         return list(grads)
 
+    def program_outputs(self) -> list[int | None]:
+        """Per output, the program output holding it (None: zeros, not computed)."""
+        return list(range(len(self._out)))
+
+    def linearize(self, batch: Batch) -> tuple[list[Any], Any]:
+        """One recorded run; the pullback replays its adjoints (as ``ti.ad.Tape``: one forward pass)."""
+        uses(self.program)
+        outs, pullback = self.program.linearize(batch.arrays)
+        specs = self.signature(self._in)[0]
+        outs = [np.zeros(s.shape, s.dtype) if o is None else outs[o]
+                for o, s in zip(self.program_outputs(), specs, strict=True)]
+        return outs, lambda cotangents: list(pullback(self._program_cotangents(cotangents)))
+
+    def _program_cotangents(self, cotangents: Sequence[Any]) -> list[Any]:
+        """Cotangents of the program's outputs: each in its output's shape (those of zero outputs dropped)."""
+        specs = self.signature(self._in)[0]
+        by_output = [None if c is None else contiguous(np.broadcast_to(np.asarray(c), s.shape))
+                     for c, s in zip(cotangents, specs, strict=True)]
+        kept: list[Any] = [None] * len(self.program.out_specs)
+        for o, c in zip(self.program_outputs(), by_output, strict=True):
+            if o is not None:
+                kept[o] = c
+        return kept
+
     def tangent(self) -> Function:
         if "tangent" not in self.derived:
             self.derived["tangent"] = FieldTangent(self)
@@ -101,6 +125,11 @@ class FieldTangent(FieldFunction):
 
     def _float_outputs(self) -> list[int]:
         return [o for o, s in enumerate(self._primal_out) if s.is_float]
+
+    def program_outputs(self) -> list[int | None]:
+        m = len(self._primal_out)
+        rank = {o: m + r for r, o in enumerate(self._float_outputs())}
+        return list(range(m)) + [rank.get(o) for o in range(m)]
 
     def evaluate(self, batch: Batch) -> list[Any]:
         uses(self.program)

@@ -45,6 +45,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from taichi.lang.util import to_numpy_type
+from taichi.types.ndarray_type import NdarrayType
 
 from .._arrays import Batch, is_tensor, to_numpy
 from .._cache import uses
@@ -79,15 +81,11 @@ def _annotation(kernel: Any, name: str) -> Any:
 
 
 def _is_ndarray_annotation(ann: Any) -> bool:
-    from taichi.types.ndarray_type import NdarrayType
-
     return isinstance(ann, NdarrayType)
 
 
 def _annotation_dtype(ann: Any) -> np.dtype | None:
     """The NumPy dtype an ``ndarray(dtype=...)`` annotation fixes (scalar elements), or None."""
-    from taichi.lang.util import to_numpy_type
-
     dtype = getattr(ann, "dtype", None)
     if dtype is None:
         return None

@@ -1,5 +1,7 @@
 """Source-to-source forward mode: ``jvp_func(f)`` for a ``@ti.func``, ``jvp_kernel(k, tangents)``
 for a kernel over global fields, and the generated ``source``."""
+from typing import Any
+
 from .emit import jvp_func as jvp_func
 from .emit import source as source
 from .kernels import FieldTangents as FieldTangents
@@ -10,7 +12,7 @@ from .rules import RULES as RULES
 from .rules import stop_gradient as stop_gradient
 
 
-def register_jvp(f, jvp):
+def register_jvp(f: Any, jvp: Any) -> None:
     """Make the transform call ``jvp`` wherever ``f`` is called (the td.custom_jvp hook).
 
     ``jvp`` is a ``@ti.func`` taking all primals, then all tangents (zeros
@@ -19,7 +21,7 @@ def register_jvp(f, jvp):
     CUSTOM_JVPS[f] = jvp
 
 
-def register_vjp(f, bwd):
+def register_vjp(f: Any, bwd: Any) -> None:
     """Make the reverse transform call ``bwd`` wherever ``f`` is called (the td.custom_vjp hook).
 
     ``bwd`` is a ``@ti.func`` taking all primals, then one cotangent per output, and

@@ -1,8 +1,9 @@
 """Which local variables can carry a nonzero tangent (a forward activity analysis)."""
 import ast
+from collections.abc import Iterable, Sequence
 
 
-def root_names(target):
+def root_names(target: ast.AST) -> list[str]:
     """Variables an assignment target writes: ``v`` for ``v``, ``v[i]``, ``v.x``, ``(v, w)``."""
     if isinstance(target, ast.Name):
         return [target.id]
@@ -15,14 +16,15 @@ def root_names(target):
     return []
 
 
-def loaded_names(node):
+def loaded_names(node: ast.AST) -> set[str]:
     """Variables an expression reads."""
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def assignments(body):
+def assignments(body: Sequence[ast.stmt]) -> tuple[list[tuple[list[str], ast.expr]], set[str]]:
     """(written variables, expression they come from) for every assignment, and loop targets."""
-    writes, loop_vars = [], set()
+    writes: list[tuple[list[str], ast.expr]] = []
+    loop_vars: set[str] = set()
     for node in (n for stmt in body for n in ast.walk(stmt)):
         if isinstance(node, ast.Assign):
             for target in node.targets:
@@ -39,14 +41,14 @@ def assignments(body):
     return writes, loop_vars
 
 
-def local_names(tree):
+def local_names(tree: ast.FunctionDef) -> set[str]:
     """Parameters and every variable the function assigns."""
     writes, loop_vars = assignments(tree.body)
     params = {a.arg for a in tree.args.args}
     return params | loop_vars | {n for names, _ in writes for n in names}
 
 
-def active_variables(tree, active_params):
+def active_variables(tree: ast.FunctionDef, active_params: Iterable[str]) -> set[str]:
     """Variables that depend on an active parameter through assignments (to a fixpoint).
 
     Loop counters never do: ``for`` in Taichi runs over ranges of integers.

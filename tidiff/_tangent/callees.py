@@ -37,6 +37,10 @@ import functools
 import inspect
 import sysconfig
 import types
+from collections.abc import Callable
+from typing import Any, TypeGuard
+
+from .python_source import source_tree
 
 STATIC_BUILTINS = frozenset({len, isinstance, range, bool, any, all, type, hasattr, callable, id})
 """Builtins Taichi evaluates while compiling (``len(v)``) or whose results are booleans: no
@@ -47,28 +51,28 @@ _CONSTANTS = (int, float, bool, str, type(None))
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
-def is_taichi_func(obj):
+def is_taichi_func(obj: object) -> bool:
     """A ``@ti.func`` (or a function tidiff generated), whose source is that of ``obj.__wrapped__``."""
     return bool(getattr(obj, "_is_taichi_function", False)) and hasattr(obj, "__wrapped__")
 
 
-def is_helper(obj):
+def is_helper(obj: object) -> TypeGuard[types.FunctionType]:
     """A plain Python function or lambda of the user's: Taichi calls it while compiling (NOTE: [Python helpers])."""
     return (isinstance(obj, types.FunctionType) and not getattr(obj, "_is_taichi_function", False)
             and not getattr(obj, "_is_wrapped_kernel", False) and _package(obj) not in _LIBRARIES
             and not obj.__code__.co_filename.startswith(_STDLIB))
 
 
-def _package(fn):
+def _package(fn: Any) -> str:
     return (getattr(fn, "__module__", None) or "").split(".")[0]
 
 
-def transformable(obj):
+def transformable(obj: object) -> bool:
     """A ``@ti.func`` or a plain helper whose source can be read: its call is transformed."""
     return is_taichi_func(obj) or (is_helper(obj) and refusal(obj) is None)
 
 
-def refusal(obj):
+def refusal(obj: object) -> str | None:
     """Why a call of ``obj`` cannot be transformed as source (a phrase), or None when it can."""
     if isinstance(obj, types.FunctionType) and not is_helper(obj):
         return f"a function of {_package(obj) or 'a library'}, which tidiff does not differentiate"
@@ -99,30 +103,28 @@ class Quiet:
     class func:
         has_print = False
 
-    def __init__(self, helper):
+    def __init__(self, helper: types.FunctionType) -> None:
         self.helper = helper
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.helper(*args, **kwargs)
 
 
-_QUIET = {}
+_QUIET: dict[types.FunctionType, Quiet] = {}
 
 
-def quiet(helper):
+def quiet(helper: types.FunctionType) -> Quiet:
     """The one :class:`Quiet` of ``helper``."""
     if helper not in _QUIET:
         _QUIET[helper] = Quiet(helper)
     return _QUIET[helper]
 
 
-_SOURCE_REFUSALS = {}
+_SOURCE_REFUSALS: dict[types.FunctionType, str | None] = {}
 """helper -> why its source cannot be read, or None: asked at every call of it."""
 
 
-def _source_refusal(fn):
-    from .parse import source_tree
-
+def _source_refusal(fn: types.FunctionType) -> str | None:
     try:
         source_tree(fn)
     except (OSError, TypeError) as e:
@@ -132,14 +134,14 @@ def _source_refusal(fn):
     return None
 
 
-def value_node(value, name_of):
+def value_node(value: Any, name_of: Callable[[object], str]) -> ast.expr:
     """The AST node of a Python value passed into generated code: a literal, or a name ``name_of(value)`` binds."""
     if type(value) in _CONSTANTS:
         return ast.Constant(value)
     return ast.Name(name_of(value), ast.Load())
 
 
-def expand_partial(node, partial, name_of):
+def expand_partial(node: ast.Call, partial: functools.partial, name_of: Callable[[object], str]) -> ast.Call:
     """``p(x, k=v)`` for ``p = functools.partial(h, 2.0, s=3.0)`` -> ``h(2.0, x, s=3.0, k=v)``.
 
     Python's rule: bound positionals first, call-site keywords override bound
@@ -148,19 +150,19 @@ def expand_partial(node, partial, name_of):
     """
     assert isinstance(partial, functools.partial)
     args = [value_node(a, name_of) for a in partial.args] + list(node.args)
-    keywords = {k: value_node(v, name_of) for k, v in partial.keywords.items()}
+    keywords: dict[str | None, ast.expr] = {k: value_node(v, name_of) for k, v in partial.keywords.items()}
     keywords.update({k.arg: k.value for k in node.keywords})
     func = ast.Name(name_of(partial.func), ast.Load())
     return ast.copy_location(ast.Call(func, args, [ast.keyword(k, v) for k, v in keywords.items()]), node)
 
 
-def hint_name(obj):
+def hint_name(obj: object) -> str:
     """A readable base name for an object bound in generated code."""
     name = getattr(obj, "__name__", "")
     return name if name.isidentifier() else "helper" if callable(obj) else "bound"
 
 
-def call_name(func, callee):
+def call_name(func: ast.expr, callee: object) -> str:
     """A readable base name for what a call calls: ``h`` for ``mod.h(x)``, ``sin`` for ``OPS["sin"](x)``."""
     if isinstance(func, ast.Subscript) and isinstance(func.slice, ast.Constant):
         key = str(func.slice.value)
@@ -170,7 +172,7 @@ def call_name(func, callee):
     return base if base.isidentifier() else hint_name(callee)
 
 
-def signature_of(callee):
+def signature_of(callee: Any) -> inspect.Signature:
     """The Python signature a call of ``callee`` binds against (a bound @ti.func's ``self`` is not passed)."""
     if isinstance(callee, types.MethodType):
         return inspect.Signature(list(signature_of(callee.__func__).parameters.values())[1:])

@@ -1,6 +1,8 @@
 """Tangent ``FunctionDef`` -> source text -> a live ``@ti.func``, cached and keeping its source."""
 import ast
 import copy
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import taichi as ti
 
@@ -8,12 +10,12 @@ from .._codegen import compile_source
 from .._codegen.compile import wrap_long_lines
 from . import rule_helpers
 from .activity import assignments
-from .parse import parse, python_function
+from .parse import Parsed, parse, python_function
 from .sym import RULE_HELPERS
 from .transform import Transformer
 
 
-def owned_cache(f, name):
+def owned_cache(f: Any, name: str) -> dict[Any, Any]:
     """A dict stored on ``f`` itself: what is generated from ``f`` lives as long as ``f`` does."""
     cache = f.__dict__.get(name)
     if cache is None:
@@ -21,7 +23,7 @@ def owned_cache(f, name):
     return cache
 
 
-def jvp_func(f, active=None, width=1):
+def jvp_func(f: Any, active: Sequence[bool] | None = None, width: int = 1) -> Any:
     """Forward-mode (tangent) transform of a ``@ti.func`` or a plain Python helper.
 
     Args:
@@ -50,17 +52,18 @@ def jvp_func(f, active=None, width=1):
     """
     fn = python_function(f)
     n = fn.__code__.co_argcount
-    active = (True,) * n if active is None else tuple(bool(a) for a in active)
-    if len(active) != n:
-        raise ValueError(f"jvp_func(f, active): f takes {n} parameters, active has {len(active)} entries")
+    pattern = (True,) * n if active is None else tuple(bool(a) for a in active)
+    if len(pattern) != n:
+        raise ValueError(f"jvp_func(f, active): f takes {n} parameters, active has {len(pattern)} entries")
     cache = owned_cache(f, "_tidiff_jvps")  # each pattern is transformed once
-    key = (active, width)
+    key = (pattern, width)
     if key not in cache:
-        cache[key] = generate(f, active, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
+        cache[key] = generate(f, pattern, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
     return cache[key]
 
 
-def generate(f, active, make, tag="jvp"):
+def generate(f: Any, active: tuple[bool, ...], make: Callable[[Parsed, tuple[bool, ...]], Any],
+             tag: str = "jvp") -> Any:
     """Transform ``f`` with ``make(parsed, active)`` (a :class:`Transformer`, or the reverse
     transform's ``Reverser``) and compile; ``tag`` names the generator in the file name."""
     parsed = parse(f)
@@ -82,7 +85,7 @@ def generate(f, active, make, tag="jvp"):
     return g
 
 
-def _by_reference(tree, taichi):
+def _by_reference(tree: ast.FunctionDef, taichi: str) -> None:
     """Parameters the body never writes become ``ti.template()``, the rest plain (NOTE: [Python helpers])."""
     writes, loop_vars = assignments(tree.body)
     written = loop_vars | {name for names, _ in writes for name in names}
@@ -92,7 +95,7 @@ def _by_reference(tree, taichi):
     ast.fix_missing_locations(tree)
 
 
-def source(g):
+def source(g: Any) -> str:
     """The generated Python/Taichi source of a function made by :func:`jvp_func`."""
     text = getattr(g, "_tidiff_source", None)
     if text is None:

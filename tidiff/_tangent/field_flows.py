@@ -18,6 +18,11 @@ at launch: it has no summary (``None``), and the program treats every float
 field as active.
 """
 import ast
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+from taichi.types.annotations import Template
 
 from .activity import root_names
 from .objects import (
@@ -28,41 +33,40 @@ from .objects import (
     method_parts,
     parsed_for,
 )
-from .parse import MISSING, resolve
+from .parse import MISSING, Parsed, resolve
 
 _ATOMICS = {"atomic_add", "atomic_sub", "atomic_mul", "atomic_min", "atomic_max", "atomic_and", "atomic_or",
             "atomic_xor"}
+
+
+Mark = int | tuple[str, int]
+"""A field's id, or ``("p", k)``: whatever parameter ``k`` of a func holds."""
 
 
 class _Summary:
     """Flows of one kernel or func: ``(written, read)`` sets of field ids and ``("p", k)`` parameter marks,
     and what its return value reads."""
 
-    def __init__(self):
-        self.flows = []
-        self.returns = set()
+    def __init__(self) -> None:
+        self.flows: list[tuple[frozenset[Mark], frozenset[Mark]]] = []
+        self.returns: set[Mark] = set()
 
 
-_SUMMARIES = {}
+_SUMMARIES: dict[tuple[Any, int], _Summary] = {}
 
 
-def kernel_flows(kernel, owner=None):
+def kernel_flows(kernel: Any, owner: object = None) -> list[tuple[frozenset[int], frozenset[int]]] | None:
     """``[(written field ids, read field ids), ...]`` of a kernel, or None when it takes ``ti.template()`` fields."""
-    import inspect
-
-    from taichi.types.annotations import Template
-
     params = list(inspect.signature(kernel.__wrapped__).parameters.values())[owner is not None:]
     if any(isinstance(p.annotation, Template) for p in params):
         return None
     f = Unbound(kernel) if owner is not None else kernel
     summary = _summarize(f, owner)
-    return [(frozenset(w for w in written if not isinstance(w, tuple)),
-             frozenset(r for r in read if not isinstance(r, tuple)))
+    return [(frozenset(w for w in written if isinstance(w, int)), frozenset(r for r in read if isinstance(r, int)))
             for written, read in summary.flows]
 
 
-def _summarize(f, owner=None):
+def _summarize(f: Any, owner: object = None) -> _Summary:
     fn, bound = method_parts(f)
     owner = bound if bound is not None else owner
     key = (getattr(fn, "kernel", fn), id(owner))
@@ -76,7 +80,7 @@ def _summarize(f, owner=None):
 class _Analysis:
     """Flow-insensitive, to a fixed point: locals collect what they were computed from."""
 
-    def __init__(self, parsed, summary):
+    def __init__(self, parsed: Parsed, summary: _Summary) -> None:
         self.parsed = parsed
         self.summary = summary
         tree = parsed.tree
@@ -85,12 +89,13 @@ class _Analysis:
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 self.locals.add(node.id)
-        self.deps = {name: set() for name in self.locals}
+        self.deps: dict[str, set[Mark]] = {name: set() for name in self.locals}
         for k, name in enumerate(self.params):
             self.deps[name] = {("p", k)}
-        self.aliases = {}  # loop variables over a list of fields: the list's fields
+        self.aliases: dict[str, set[Mark]] = {}  # loop variables over a list of fields: the list's fields
+        self.changed = False
 
-    def fields(self, name):
+    def fields(self, name: str) -> set[Mark]:
         """Field ids (or parameter marks) a name holding fields stands for."""
         if name in self.aliases:
             return self.aliases[name]
@@ -99,8 +104,8 @@ class _Analysis:
         value = resolve(ast.Name(name, ast.Load()), self.parsed.namespace)
         return {id(f) for f in fields_of(value)} if value is not MISSING else set()
 
-    def reads(self, node):
-        found = set()
+    def reads(self, node: ast.AST) -> set[Mark]:
+        found: set[Mark] = set()
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name):
                 if sub.id in self.aliases:
@@ -113,17 +118,17 @@ class _Analysis:
                 found |= self.call(sub)
         return found
 
-    def callee(self, node):
+    def callee(self, node: ast.Call) -> Any:
         if not isinstance(node.func, (ast.Name, ast.Attribute)):
             return MISSING
-        root = node.func
+        root: ast.expr = node.func
         while isinstance(root, ast.Attribute):
             root = root.value
         if isinstance(root, ast.Name) and root.id in self.locals:
             return MISSING
         return resolve(node.func, self.parsed.namespace)
 
-    def call(self, node):
+    def call(self, node: ast.Call) -> set[Mark]:
         """What a call of a ``@ti.func`` reads beyond its arguments; records the flows inside it."""
         callee = self.callee(node)
         if callee is MISSING or not (getattr(callee, "_is_taichi_function", False) or is_method_func(callee)):
@@ -132,8 +137,8 @@ class _Analysis:
             return set()
         inner = _summarize(callee)
 
-        def substitute(marks, written=False):
-            out = set()
+        def substitute(marks: Iterable[Mark], written: bool = False) -> set[Mark]:
+            out: set[Mark] = set()
             for m in marks:
                 if isinstance(m, tuple):
                     arg = node.args[m[1]]
@@ -146,18 +151,18 @@ class _Analysis:
             self.record(substitute(written, written=True), substitute(read))
         return substitute(inner.returns)
 
-    def written_fields(self, target):
+    def written_fields(self, target: ast.expr) -> set[Mark]:
         roots = root_names(target)
-        found = set()
+        found: set[Mark] = set()
         for root in roots:
             found |= self.fields(root)
         return found
 
-    def record(self, written, read):
+    def record(self, written: set[Mark], read: set[Mark]) -> None:
         if written and read:
             self.summary.flows.append((frozenset(written), frozenset(read)))
 
-    def store(self, target, read):
+    def store(self, target: ast.expr, read: set[Mark]) -> None:
         for root in root_names(target):
             if root in self.aliases or (root not in self.locals) or root in self.params:
                 self.record(self.fields(root), read)
@@ -165,11 +170,11 @@ class _Analysis:
                 self.deps[root] |= read
                 self.changed = True
 
-    def run(self):
+    def run(self) -> None:
         body = self.parsed.tree.body
         for node in (n for stmt in body for n in ast.walk(stmt)):
             if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
-                aliased = set()
+                aliased: set[Mark] = set()
                 for sub in ast.walk(node.iter):
                     if isinstance(sub, ast.Name) and sub.id not in self.locals:
                         value = resolve(sub, self.parsed.namespace)
@@ -195,11 +200,11 @@ class _Analysis:
                 elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
                     self.expression_call(node.value)
 
-    def expression_call(self, node):
+    def expression_call(self, node: ast.Call) -> None:
         callee = self.callee(node)
         name = getattr(callee, "__name__", "")
         if name in _ATOMICS and (getattr(callee, "__module__", "") or "").startswith("taichi") and node.args:
-            read = set()
+            read: set[Mark] = set()
             for arg in node.args:
                 read |= self.reads(arg)
             self.store(node.args[0], read)

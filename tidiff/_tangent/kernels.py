@@ -36,9 +36,13 @@ Limitations: ndarray parameters, struct fields, reading
 ``x.grad``/``x.dual`` and a ``for`` loop over a list of active fields are
 refused with a :class:`~tidiff._errors.TransformError`.
 """
+from __future__ import annotations
+
 import ast
 import functools
 import inspect
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import taichi as ti
@@ -54,13 +58,13 @@ from .callees import call_name, transformable
 from .emit import generate, jvp_func
 from .naming import helper_name
 from .objects import Unbound, argcount, bind, fields_of, method_parts, parsed_for
-from .parse import MISSING, hashable, resolve
+from .parse import MISSING, Parsed, hashable, resolve
 from .transform import Transformer, _name
 
 _GRADIENT_ATTRIBUTES = {"grad", "dual"}
 
 
-def _is_float_field(obj):
+def _is_float_field(obj: object) -> bool:
     return isinstance(obj, Field) and np.dtype(to_numpy_type(obj.dtype)).kind == "f"
 
 
@@ -72,24 +76,25 @@ class FieldTangents:
             may touch.
     """
 
-    def __init__(self, pairs):
+    def __init__(self, pairs: Iterable[tuple[Field, Field]]) -> None:
         self._pairs = {id(f): (f, df) for f, df in pairs}
-        self.generated = {}  # (callee, active) -> generated kernel or func
-        self._touches = {}
-        self._void = {}
+        self.generated: dict[Any, Any] = {}  # (callee, active) -> generated kernel or func
+        self._touches: dict[Any, bool] = {}
+        self._void: dict[Any, bool] = {}
 
-    def __getitem__(self, field):
+    def __getitem__(self, field: Field) -> Field | None:
         """The tangent field of ``field``, or None (a field whose tangent is known to be zero)."""
         pair = self._pairs.get(id(field))
         return None if pair is None or pair[0] is not field else pair[1]
 
-    def of(self, value):
+    def of(self, value: object) -> Any:
         """The tangent of a namespace value: a field's tangent field, or the list of a list's; else None."""
         fields = fields_of(value)
         if not fields:
             return None
         if isinstance(value, Field):
             return self[value]
+        assert isinstance(value, (list, tuple))  # what fields_of finds fields in besides a field
         tangents = [self[f] for f in fields]
         if all(t is None for t in tangents):
             return None
@@ -99,11 +104,11 @@ class FieldTangents:
                             "inputs in lists of their own")
         return type(value)(tangents)
 
-    def add(self, pairs):
+    def add(self, pairs: Iterable[tuple[Field, Field]]) -> None:
         """Pair more fields (the twins a field program runs the tangent kernels on)."""
         self._pairs.update({id(f): (f, df) for f, df in pairs})
 
-    def tangent_of(self, value):
+    def tangent_of(self, value: object) -> Field | int:
         """The tangent of a ``ti.template()`` argument at launch: a field's tangent field, else 0."""
         if not isinstance(value, Field):
             return 0
@@ -116,7 +121,7 @@ class FieldTangents:
             )
         return tangent
 
-    def touches(self, f):
+    def touches(self, f: Any) -> bool:
         """Whether ``@ti.func`` (or helper) ``f``, maybe bound to an object, reaches a field, directly or
         through its callees.
 
@@ -131,7 +136,7 @@ class FieldTangents:
             )
         return self._touches[f]
 
-    def is_void(self, f):
+    def is_void(self, f: Any) -> bool:
         """Whether ``f`` returns nothing (a func that only writes fields)."""
         if f not in self._void:
             tree = parsed_for(f).tree
@@ -139,7 +144,7 @@ class FieldTangents:
         return self._void[f]
 
 
-def _callees(obj):
+def _callees(obj: object) -> list[Any]:
     """The functions a global stands for that calls may reach: itself, a partial's function, or
     the entries of a table of them (``OPS["sin"](x)``)."""
     if isinstance(obj, dict):
@@ -152,7 +157,7 @@ def _callees(obj):
     return [o for o in found if hashable(o) and transformable(o)]
 
 
-def _globals_used(parsed):
+def _globals_used(parsed: Parsed) -> list[Any]:
     """The objects the non-local names of a parsed function stand for."""
     local = _bound_names(parsed.tree)
     names = {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name) and n.id not in local}
@@ -164,11 +169,11 @@ def _globals_used(parsed):
     return found
 
 
-def _bound_names(tree):
+def _bound_names(tree: ast.FunctionDef) -> set[str]:
     """Parameters and variables bound by name (``v = ...``, ``for v in ...``): not ``f`` of ``f[i] = ...``."""
     bound = {a.arg for a in tree.args.args}
 
-    def names(target):
+    def names(target: ast.expr) -> list[str]:
         if isinstance(target, ast.Name):
             return [target.id]
         if isinstance(target, (ast.Tuple, ast.List)):
@@ -187,7 +192,7 @@ def _bound_names(tree):
     return bound
 
 
-def jvp_kernel(kernel, tangents, owner=None):
+def jvp_kernel(kernel: Any, tangents: FieldTangents, owner: object = None) -> Any:
     """Tangent transform of a ``@ti.kernel`` over global fields (see NOTE: [Tangent of a kernel]).
 
     Args:
@@ -214,9 +219,9 @@ def jvp_kernel(kernel, tangents, owner=None):
     """
     key = (kernel, id(owner))
     if key not in tangents.generated:
-        made = []
+        made: list[KernelTransformer] = []
 
-        def make(parsed, active):
+        def make(parsed: Parsed, active: tuple[bool, ...]) -> KernelTransformer:
             made.append(KernelTransformer(parsed, active, tangents, kernel=kernel, owner=owner))
             return made[0]
 
@@ -227,7 +232,7 @@ def jvp_kernel(kernel, tangents, owner=None):
     return tangents.generated[key]
 
 
-def _launcher(g, transformer, tangents):
+def _launcher(g: Any, transformer: KernelTransformer, tangents: FieldTangents) -> Any:
     """``k(*args)`` -> ``k_jvp(*args, *tangents of the template arguments)``, looked up at launch."""
     params = transformer.params
     name = transformer.tree.name
@@ -240,7 +245,7 @@ def _launcher(g, transformer, tangents):
     return launch
 
 
-def jvp_field_func(f, active, tangents):
+def jvp_field_func(f: Any, active: Sequence[bool], tangents: FieldTangents) -> Any:
     """Tangent transform of a ``@ti.func`` that reaches global fields (a callee of :func:`jvp_kernel`).
 
     Like :func:`~.emit.jvp_func` (``active`` marks parameters with a
@@ -248,21 +253,22 @@ def jvp_field_func(f, active, tangents):
     returns nothing gives a tangent func that returns nothing.
     """
     n = argcount(f)
-    active = tuple(bool(a) for a in active)
-    if len(active) != n:
-        raise ValueError(f"jvp_field_func(f, active): f takes {n} parameters, active has {len(active)} entries")
+    pattern = tuple(bool(a) for a in active)
+    if len(pattern) != n:
+        raise ValueError(f"jvp_field_func(f, active): f takes {n} parameters, active has {len(pattern)} entries")
     fn, owner = method_parts(f)
-    key = (fn, id(owner), active)
+    key = (fn, id(owner), pattern)
     if key not in tangents.generated:
         tangents.generated[key] = generate(
-            fn, active, lambda parsed, act: KernelTransformer(parsed, act, tangents, owner=owner))
+            fn, pattern, lambda parsed, act: KernelTransformer(parsed, act, tangents, owner=owner))
     return tangents.generated[key]
 
 
 class KernelTransformer(Transformer):
     """The tangent of a kernel, or of a func it calls, with field accesses (see NOTE: [Tangent of a kernel])."""
 
-    def __init__(self, parsed, active, tangents, kernel=None, owner=None):
+    def __init__(self, parsed: Parsed, active: Sequence[bool], tangents: FieldTangents, kernel: Any = None,
+                 owner: object = None) -> None:
         self.field_tangents = tangents
         self.kernel = kernel  # the @ti.kernel being transformed, or None for a func
         self.owner = owner  # the object a class kernel or a func taken from an object is bound to
@@ -270,15 +276,15 @@ class KernelTransformer(Transformer):
         bind(parsed, owner)
         super().__init__(parsed, active, self._jvp_of)
         self.locals = _bound_names(self.tree)
-        self.template_params = []
+        self.template_params: list[str] = []
         if kernel:
             self.decorator, self.returns = "kernel", parsed.tree.returns
             for p in self._parameters():
                 if isinstance(p.annotation, Template):
                     self.template_params.append(p.name)
         # sources: global names whose use carries a tangent (float fields, lists of them, funcs reaching them)
-        self.sources = set()
-        self.fields = {}
+        self.sources: set[str] = set()
+        self.fields: dict[str, Any] = {}
         for name in sorted({n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)} - self.locals):
             obj = resolve(ast.Name(name, ast.Load()), parsed.namespace)
             if isinstance(obj, Ndarray) or fields_of(obj):
@@ -295,21 +301,21 @@ class KernelTransformer(Transformer):
         self._field_names = set(self.fields) | set(self.template_params)
         self.active = self._activity()
 
-    def _jvp_of(self, callee, active):
+    def _jvp_of(self, callee: Any, active: Sequence[bool]) -> Any:
         if self.field_tangents.touches(callee):
             return jvp_field_func(callee, active, self.field_tangents)
         return jvp_func(callee, active)
 
-    def run(self):
+    def run(self) -> ast.FunctionDef:
         if self.is_kernel:
             self._check_parameters()
         return super().run()
 
-    def _parameters(self):
+    def _parameters(self) -> list[inspect.Parameter]:
         """The kernel's parameters (a class kernel's ``self`` is bound, not one)."""
         return list(inspect.signature(self.kernel.__wrapped__).parameters.values())[self.owner is not None:]
 
-    def _check_parameters(self):
+    def _check_parameters(self) -> None:
         for p in self._parameters():
             ann = p.annotation
             if ann in (int, float) or isinstance(ann, (type(ti.f64), MatrixType, Template)):
@@ -320,11 +326,11 @@ class KernelTransformer(Transformer):
                 "through fields instead of ndarray or struct arguments")
 
     # --- activity ------------------------------------------------------------
-    def _loads(self, node):
+    def _loads(self, node: ast.AST) -> set[str]:
         """Names ``node`` reads, except fields read for their static attributes (``x.shape``)."""
-        found = set()
+        found: set[str] = set()
 
-        def visit(n):
+        def visit(n: ast.AST) -> None:
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in self._field_names:
                 if n.attr in _GRADIENT_ATTRIBUTES:
                     raise self.error(n, f"the attribute `{ast.unparse(n)}` of a field",
@@ -339,7 +345,7 @@ class KernelTransformer(Transformer):
         visit(node)
         return found
 
-    def _activity(self):
+    def _activity(self) -> set[str]:
         """Locals that depend on an active parameter or a source (forward activity, to a fixpoint)."""
         writes, loop_vars = assignments(self.tree.body)
         active = set(self.active_params) | self.sources
@@ -354,10 +360,10 @@ class KernelTransformer(Transformer):
                             changed = True
         return active
 
-    def is_active(self, node):
+    def is_active(self, node: ast.AST) -> bool:
         return bool(self._loads(node) & self.active)
 
-    def _is_local(self, node):
+    def _is_local(self, node: ast.expr) -> bool:
         """Local values, including elements of global fields (``x[i].norm()`` is a method on a value)."""
         subscripted = False
         while isinstance(node, (ast.Attribute, ast.Subscript)):
@@ -367,7 +373,7 @@ class KernelTransformer(Transformer):
             return True
         return node.id in self.locals or (subscripted and node.id in self.fields)
 
-    def _check_fields(self):
+    def _check_fields(self) -> None:
         """Fields are welcome here (those without a tangent field are constants); ndarrays are not."""
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
@@ -377,7 +383,7 @@ class KernelTransformer(Transformer):
                                      "copy the data into a field, or make the program one kernel over ndarrays "
                                      "(td.function(kernel, inputs=[...], outputs={...}))")
 
-    def _check_store(self, target, value):
+    def _check_store(self, target: ast.expr, value: ast.expr) -> None:
         """A store of an active value into a field known to have a zero tangent would drop it: refuse."""
         roots = root_names(target)
         if roots and roots[0] in self.fields and roots[0] not in self.sources and self.is_active(value):
@@ -385,17 +391,17 @@ class KernelTransformer(Transformer):
                              "a field found not to depend on the inputs",
                              "this is a tidiff bug in its activity analysis; please report it")
 
-    def stmt_Assign(self, node):
+    def stmt_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
             self._check_store(target, node.value)
         super().stmt_Assign(node)
 
-    def stmt_AugAssign(self, node):
+    def stmt_AugAssign(self, node: ast.AugAssign) -> None:
         self._check_store(node.target, node.value)
         super().stmt_AugAssign(node)
 
     # --- statements ----------------------------------------------------------
-    def stmt_For(self, node):
+    def stmt_For(self, node: ast.For) -> None:
         iterated = node.iter.args[0] if isinstance(node.iter, ast.Call) and len(node.iter.args) == 1 \
             and resolve(node.iter.func, self.parsed.namespace) is ti.static else node.iter
         if isinstance(iterated, ast.Name) and iterated.id in self.sources \
@@ -408,12 +414,12 @@ class KernelTransformer(Transformer):
         self.emit(ast.For(node.target, node.iter, self.nested(node.body),
                           self.nested(node.orelse) if node.orelse else []))
 
-    def stmt_Return(self, node):
+    def stmt_Return(self, node: ast.Return) -> None:
         if self.is_kernel or node.value is None:
             return self.emit(node)  # a kernel's result (a number) and a bare return carry no tangent
         return super().stmt_Return(node)
 
-    def stmt_Expr(self, node):
+    def stmt_Expr(self, node: ast.Expr) -> None:
         value = node.value
         if isinstance(value, ast.Call) and self.is_active(value) and not self._is_local(value.func):
             callee = resolve(value.func, self.parsed.namespace)
@@ -422,7 +428,8 @@ class KernelTransformer(Transformer):
                 return
         super().stmt_Expr(node)
 
-    def call_function(self, node, callee, custom=None, into=None):
+    def call_function(self, node: ast.Call, callee: Any, custom: Any = None,
+                      into: tuple[str, str] | None = None) -> tuple[ast.expr, ast.expr | None]:
         if custom is not None or not self.field_tangents.touches(callee) or not self.field_tangents.is_void(callee):
             return super().call_function(node, callee, custom, into)
         parts = [self.atom(a) for a in self._positional(node, callee)]

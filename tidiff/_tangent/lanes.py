@@ -16,6 +16,12 @@ returns the flat tuple ``(out, dout_0, ..., dout_{width-1})``.
 """
 import ast
 import copy as copy_module
+from collections.abc import Callable, Container, Sequence
+from typing import TypeVar
+
+from .naming import Namer
+
+ASTNode = TypeVar("ASTNode", bound=ast.AST)
 
 CALL_MARK = "_tidiff_jvp_call"
 """Attribute on ``(y, dy) = h_jvp(...)`` statements: (number of primal args, is a custom rule)."""
@@ -23,17 +29,17 @@ MATMUL_WEIGHT = 8
 """Extra cost of a ``@`` in :func:`lane_cost`: Taichi expands it into one op per entry."""
 
 
-def widened_name(jvp_name, width):
+def widened_name(jvp_name: str, width: int) -> str:
     """The name of a tangent function carrying ``width`` directions: ``f_jvp``, ``f_jvp8``."""
     return jvp_name if width == 1 else f"{jvp_name}{width}"
 
 
-def mentions(node, names):
+def mentions(node: ast.AST, names: Container[str]) -> bool:
     """Whether ``node`` reads or writes a variable in ``names``."""
     return any(isinstance(sub, ast.Name) and sub.id in names for sub in ast.walk(node))
 
 
-def lane_cost(stmts, tangent_names, callee_cost):
+def lane_cost(stmts: Sequence[ast.stmt], tangent_names: Container[str], callee_cost: Callable[[ast.stmt], int]) -> int:
     """Size of one lane of a tangent function: AST nodes of its tangent statements.
 
     ``callee_cost(stmt)`` gives the lane cost of the function a marked call
@@ -56,11 +62,11 @@ def lane_cost(stmts, tangent_names, callee_cost):
 class Lanes:
     """Renames single-direction tangent code into ``width`` lanes."""
 
-    def __init__(self, namer, width):
+    def __init__(self, namer: Namer, width: int) -> None:
         self.width = width
         self.names = {d: [namer.fresh(f"{d}_{k}") for k in range(width)] for d in namer.tangents.values()}
 
-    def lane(self, node, k):
+    def lane(self, node: ASTNode, k: int) -> ASTNode:
         """A copy of ``node`` with every tangent name replaced by its lane-``k`` name."""
         copy = copy_module.deepcopy(node)
         for sub in ast.walk(copy):
@@ -68,8 +74,8 @@ class Lanes:
                 sub.id = self.names[sub.id][k]
         return copy
 
-    def block(self, stmts):
-        out = []
+    def block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
         for stmt in stmts:
             if isinstance(stmt, (ast.If, ast.For, ast.While)):
                 stmt.body = self.block(stmt.body)
@@ -78,6 +84,7 @@ class Lanes:
             elif hasattr(stmt, CALL_MARK):
                 out.extend(self._call(stmt))
             elif isinstance(stmt, ast.Return):
+                assert isinstance(stmt.value, ast.Tuple)  # a tangent function returns (value, tangent)
                 p, dp = stmt.value.elts
                 out.append(ast.Return(ast.Tuple([p] + [self.lane(dp, k) for k in range(self.width)], ast.Load())))
             elif mentions(stmt, self.names):
@@ -86,18 +93,22 @@ class Lanes:
                 out.append(stmt)
         return out
 
-    def _call(self, stmt):
+    def _call(self, stmt: ast.stmt) -> list[ast.stmt]:
         """``(y, dy) = h_jvp(x, dx)`` -> one call of h's widened tangent (already named by the
         transformer), or one call of a custom rule per lane."""
         n_primals, custom = getattr(stmt, CALL_MARK)
+        assert isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Tuple)  # as the mark promises
+        assert isinstance(stmt.value, ast.Call)
         (y, dy), call = stmt.targets[0].elts, stmt.value
+        assert isinstance(y, ast.Name) and isinstance(dy, ast.Name)
         primals, tangents = call.args[:n_primals], call.args[n_primals:]
         if custom:
             return [ast.Assign([ast.Tuple([y, self.lane(dy, k)], ast.Store())],
                                ast.Call(call.func, primals + [self.lane(t, k) for t in tangents], []))
                     for k in range(self.width)]
         lanes = [self.lane(t, k) for k in range(self.width) for t in tangents]
-        targets = [y] + [self.lane(dy, k) for k in range(self.width)]
-        for target in targets:
-            target.ctx = ast.Store()
+        names = [y] + [self.lane(dy, k) for k in range(self.width)]
+        for name in names:
+            name.ctx = ast.Store()
+        targets: list[ast.expr] = list(names)
         return [ast.Assign([ast.Tuple(targets, ast.Store())], ast.Call(call.func, primals + lanes, []))]

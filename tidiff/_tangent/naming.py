@@ -1,8 +1,10 @@
 """Readable, collision-free names for generated code: the tangent of ``x`` is ``dx``."""
 import ast
+from collections.abc import Iterable
+from typing import Any
 
 
-def names_in(node):
+def names_in(node: ast.AST) -> set[str]:
     """Every identifier a function's AST mentions (variables, parameters, globals)."""
     found = set()
     for sub in ast.walk(node):
@@ -16,11 +18,11 @@ def names_in(node):
 class Namer:
     """Hands out names no other name in the function uses, remembering tangents."""
 
-    def __init__(self, taken):
+    def __init__(self, taken: Iterable[str]) -> None:
         self.taken = set(taken)
-        self.tangents = {}
+        self.tangents: dict[str, str] = {}
 
-    def fresh(self, hint):
+    def fresh(self, hint: str) -> str:
         """``hint`` itself when free, else ``hint_1``, ``hint_2``, ..."""
         hint = hint if hint.isidentifier() else "t"
         name, n = hint, 0
@@ -30,14 +32,14 @@ class Namer:
         self.taken.add(name)
         return name
 
-    def tangent(self, name):
+    def tangent(self, name: str) -> str:
         """The tangent variable of ``name``: ``dname`` unless that is taken."""
         if name not in self.tangents:
             self.tangents[name] = self.fresh("d" + name)
         return self.tangents[name]
 
 
-def helper_name(helpers, namer, obj, hint):
+def helper_name(helpers: dict[str, Any], namer: Namer, obj: Any, hint: str) -> str:
     """The namespace name of a generated function in ``helpers`` (name -> object), one per object."""
     for name, existing in helpers.items():
         if existing is obj:

@@ -19,12 +19,14 @@ The tangent of a list of fields is the list of their tangent fields, so
 """
 import ast
 import types
+from collections.abc import Container
+from typing import Any, TypeGuard
 
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.field import Field
 
 from .naming import names_in
-from .parse import MISSING, parse, python_function, resolve
+from .parse import MISSING, Parsed, entry, parse, python_function, resolve
 
 _BOUND = "_tidiff_bound"
 
@@ -34,12 +36,12 @@ class Unbound:
 
     _is_wrapped_kernel = True
 
-    def __init__(self, kernel):
+    def __init__(self, kernel: Any) -> None:
         self.__wrapped__ = kernel.__wrapped__
         self.kernel = kernel
 
 
-def fields_of(value):
+def fields_of(value: object) -> tuple[Field, ...]:
     """The fields a namespace value stands for: a field, or a non-empty list or tuple of fields; else ()."""
     if isinstance(value, Field):
         return (value,)
@@ -48,17 +50,17 @@ def fields_of(value):
     return ()
 
 
-def is_method_func(value):
+def is_method_func(value: object) -> TypeGuard[types.MethodType]:
     """A ``@ti.func`` bound to an object (``self.force``)."""
     return isinstance(value, types.MethodType) and getattr(value.__func__, "_is_taichi_function", False)
 
 
-def _worth_a_name(value):
+def _worth_a_name(value: object) -> bool:
     return (bool(fields_of(value)) or isinstance(value, Ndarray) or is_method_func(value)
             or getattr(value, "_is_taichi_function", False))
 
 
-def static_value(node, namespace, local):
+def static_value(node: ast.AST, namespace: dict[str, Any], local: Container[str]) -> Any:
     """The value of a chain ``a.b[0].c`` rooted at a global name, or MISSING."""
     if isinstance(node, ast.Name):
         return MISSING if node.id in local else resolve(node, namespace)
@@ -71,16 +73,11 @@ def static_value(node, namespace, local):
         except Exception:  # noqa: BLE001 -- a property that raises, a missing attribute: Taichi will say
             return MISSING
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        base = static_value(node.value, namespace, local)
-        if isinstance(base, (list, tuple, dict)):
-            try:
-                return base[node.slice.value]
-            except (IndexError, KeyError, TypeError):
-                return MISSING
+        return entry(static_value(node.value, namespace, local), node.slice.value)
     return MISSING
 
 
-def bind(parsed, owner):
+def bind(parsed: Parsed, owner: object) -> Parsed:
     """Specialize a parsed kernel or func to ``owner`` and name its attribute chains (see the NOTE).
 
     Idempotent: a parse is bound once.
@@ -93,16 +90,16 @@ def bind(parsed, owner):
         parsed.namespace[first.arg] = owner
     local = _locals(parsed.tree)
     taken = names_in(parsed.tree) | set(parsed.namespace)
-    named = {}
+    named: dict[int, str] = {}
 
     class Namer(ast.NodeTransformer):
-        def visit_Attribute(self, node):
+        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
             return self.chain(node)
 
-        def visit_Subscript(self, node):
+        def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
             return self.chain(node)
 
-        def chain(self, node):
+        def chain(self, node: ast.Attribute | ast.Subscript) -> ast.AST:
             if isinstance(node, ast.Attribute) and node.attr in ("grad", "dual") \
                     and isinstance(static_value(node.value, parsed.namespace, local), Field):
                 return self.generic_visit(node)  # x.grad stays: the transform refuses it by name
@@ -120,7 +117,7 @@ def bind(parsed, owner):
     return parsed
 
 
-def _fresh(text, taken):
+def _fresh(text: str, taken: set[str]) -> str:
     hint = "".join(c if c.isalnum() else "_" for c in text).strip("_") or "f"
     hint = hint if hint[0].isalpha() else "f_" + hint
     name, n = hint, 0
@@ -131,7 +128,7 @@ def _fresh(text, taken):
     return name
 
 
-def _locals(tree):
+def _locals(tree: ast.FunctionDef) -> set[str]:
     """Parameters and every name the function binds (a local shadows a global)."""
     bound = {a.arg for a in tree.args.args}
     for node in ast.walk(tree):
@@ -140,10 +137,10 @@ def _locals(tree):
     return bound
 
 
-_PARSED = {}
+_PARSED: dict[tuple[Any, int], tuple[Parsed, Any]] = {}
 
 
-def parsed_for(f, owner=None):
+def parsed_for(f: Any, owner: object = None) -> Parsed:
     """``f`` (a kernel, func, bound func or :class:`Unbound`) parsed, bound to its object and chains named.
 
     Made once per function and object; do not mutate the result (transforms
@@ -157,12 +154,12 @@ def parsed_for(f, owner=None):
     return _PARSED[key][0]
 
 
-def method_parts(f):
+def method_parts(f: Any) -> tuple[Any, Any]:
     """``(function, object)`` of a func bound to an object, else ``(f, None)``."""
     return (f.__func__, f.__self__) if is_method_func(f) else (f, None)
 
 
-def argcount(f):
+def argcount(f: Any) -> int:
     """How many arguments a call of ``f`` passes (a bound func's ``self`` is not one)."""
     fn, owner = method_parts(f)
     return python_function(fn).__code__.co_argcount - (owner is not None)

@@ -4,12 +4,14 @@ import ast
 import builtins
 import copy
 import inspect
-import linecache
-import textwrap
 import types
+from collections.abc import Callable, Container
 from dataclasses import dataclass
+from typing import Any
 
-from .callees import Quiet, is_helper, is_taichi_func, signature_of
+from .callees import Quiet, is_helper, is_taichi_func, signature_of, value_node
+from .naming import Namer
+from .python_source import source_tree
 
 
 @dataclass
@@ -19,21 +21,21 @@ class Parsed:
     tree: ast.FunctionDef
     filename: str
     first_line: int
-    namespace: dict
+    namespace: dict[str, Any]
     kind: str = "func"  # "func", "kernel" or "helper" (a plain Python function, NOTE: [Python helpers])
 
-    def lineno(self, node):
+    def lineno(self, node: ast.AST) -> int:
         """Line of ``node`` in the original file."""
         return self.first_line + getattr(node, "lineno", 1) - 1
 
-    def name_for(self, value, namer, hint):
+    def name_for(self, value: object, namer: Namer, hint: str) -> str:
         """A fresh name generated code reads ``value`` by, bound in the namespace."""
         name = namer.fresh(hint)
         self.namespace[name] = value
         return name
 
 
-def python_function(f):
+def python_function(f: Any) -> types.FunctionType:
     """The plain Python function behind a ``@ti.func`` (or a generated one), or a plain helper itself."""
     if is_helper(f):
         return f
@@ -46,7 +48,7 @@ def python_function(f):
     return f.__wrapped__
 
 
-def kernel_function(k):
+def kernel_function(k: Any) -> types.FunctionType:
     """The plain Python function behind a ``@ti.kernel``."""
     if not getattr(k, "_is_wrapped_kernel", False) or not hasattr(k, "__wrapped__"):
         raise TypeError(f"jvp_kernel(k): k must be a @ti.kernel, got {k!r}")
@@ -55,7 +57,7 @@ def kernel_function(k):
     return k.__wrapped__
 
 
-def parse(f):
+def parse(f: Any) -> Parsed:
     """Parse the source of ``f`` (a ``@ti.func``, a ``@ti.kernel`` or a plain helper) and collect its
     globals and closure variables."""
     if getattr(f, "_is_wrapped_kernel", False):
@@ -73,103 +75,10 @@ def parse(f):
     return Parsed(tree, filename, first_line, namespace, kind)
 
 
-def source_tree(fn):
-    """``(FunctionDef, file name, first line)`` of a Python function; a lambda becomes ``def lambda_(...): return ...``.
-
-    Raises OSError (or TypeError) when the source cannot be read.
-    """
-    filename = inspect.getsourcefile(fn) or fn.__code__.co_filename
-    if fn.__name__ == "<lambda>":
-        return _lambda_tree(fn, filename), filename, 1
-    lines, first_line = inspect.getsourcelines(fn)
-    module = ast.parse(textwrap.dedent("".join(lines)))
-    tree = next(node for node in module.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    if isinstance(tree, ast.AsyncFunctionDef):
-        raise TypeError(f"{fn.__qualname__} is an async function")
-    tree.decorator_list = []
-    return tree, filename, first_line
-
-
-_MODULES = {}
-"""file name -> (its lines, their AST): a file with many lambdas is parsed once."""
-
-
-def _lambda_tree(fn, filename):
-    """The ``ast.Lambda`` that made ``fn``, as a function with a ``return`` (its line numbers are the file's).
-
-    ``inspect.getsource`` of a lambda gives whole lines, which may hold several
-    lambdas (a dict of them) or only part of a statement, so the file is parsed
-    and the lambda picked by line, parameters and (Python 3.11+) the columns
-    its code comes from.
-    """
-    lines = linecache.getlines(filename, fn.__globals__)
-    if not lines:
-        raise OSError(f"no source for {filename}")
-    code = fn.__code__
-    cached = _MODULES.get(filename)
-    if cached is None or cached[0] is not lines or code.co_firstlineno not in cached[2]:
-        cached = _MODULES[filename] = (lines, *_parse_around(lines, filename, code.co_firstlineno))
-    params = list(code.co_varnames[:code.co_argcount])
-    found = [node for node in ast.walk(cached[1]) if isinstance(node, ast.Lambda)
-             and node.lineno == code.co_firstlineno and [a.arg for a in node.args.args] == params]
-    if len(found) > 1 and hasattr(code, "co_positions"):
-        spots = [(line, col, end_line, end_col) for line, end_line, col, end_col in code.co_positions()
-                 if None not in (line, col, end_line, end_col) and (col, end_col) != (0, 0)]
-        found = [node for node in found if all(_within(node.body, spot) for spot in spots)]
-        found.sort(key=lambda node: (node.body.end_lineno - node.body.lineno,  # the innermost lambda
-                                     node.body.end_col_offset - node.body.col_offset))
-        found = found[:1]
-    if len(found) != 1:
-        raise OSError(f"{len(found)} lambdas with parameters {params} on line {code.co_firstlineno} of {filename}")
-    node = copy.deepcopy(found[0])
-    name = _lambda_name(cached[1], found[0])
-    tree = ast.FunctionDef(name, node.args, [ast.copy_location(ast.Return(node.body), node.body)], [], None)
-    tree.is_lambda = True  # for messages: a lambda cannot be decorated
-    return ast.copy_location(tree, node)
-
-
-def _parse_around(lines, filename, line, reach=40):
-    """The AST of a file, with the lines it covers; for a file that is not all Python
-    (a page of documentation with code blocks), of the smallest run of lines around ``line`` that parses."""
-    try:
-        return ast.parse("".join(lines), filename), range(1, len(lines) + 1)
-    except SyntaxError:
-        for start in range(line, max(line - reach, 0), -1):
-            for end in range(line, min(line + reach, len(lines)) + 1):
-                try:
-                    tree = ast.parse("".join(lines[start - 1:end]), filename)
-                except SyntaxError:
-                    continue
-                return ast.increment_lineno(tree, start - 1), range(start, end + 1)
-        raise
-
-
-def _lambda_name(module, lam):
-    """What the source calls a lambda: ``op`` of ``op = lambda ...``, ``sin`` of ``{"sin": lambda ...}``,
-    ``f`` of ``f=lambda ...``; else ``lambda_``."""
-    for node in ast.walk(module):
-        if isinstance(node, ast.Assign) and node.value is lam and isinstance(node.targets[0], ast.Name):
-            return node.targets[0].id
-        if isinstance(node, ast.Dict):
-            for key, value in zip(node.keys, node.values, strict=True):
-                if value is lam and isinstance(key, ast.Constant) and str(key.value).isidentifier():
-                    return str(key.value)
-        if isinstance(node, ast.keyword) and node.value is lam and node.arg:
-            return node.arg
-    return "lambda_"
-
-
-def _within(node, spot):
-    """Whether the source span ``spot`` (line, col, end line, end col) lies inside ``node``'s."""
-    line, col, end_line, end_col = spot
-    start, end = (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
-    return start <= (line, col) and (end_line, end_col) <= end
-
-
 MISSING = object()
 
 
-def _bind_annotations(tree, fn, namespace):
+def _bind_annotations(tree: ast.FunctionDef, fn: types.FunctionType, namespace: dict[str, Any]) -> None:
     """Parameter annotations the namespace cannot resolve (a type made in the enclosing function,
     which is no closure variable) are bound to their evaluated values under fresh names."""
     for arg in tree.args.args:
@@ -183,7 +92,7 @@ def _bind_annotations(tree, fn, namespace):
             arg.annotation = ast.Name(name, ast.Load())
 
 
-def resolve(node, namespace):
+def resolve(node: ast.AST, namespace: dict[str, Any]) -> Any:
     """The object a dotted name (``ti.math.sin``, ``h``, ``abs``, ``OPS["sin"]``) stands for, or MISSING."""
     if isinstance(node, ast.Name):
         if node.id in namespace:
@@ -195,12 +104,19 @@ def resolve(node, namespace):
         return MISSING if base is MISSING else getattr(base, node.attr, MISSING)
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         # OPS["sin"]: an entry of a Python container (never of a field: that is a runtime read)
-        base = resolve(node.value, namespace)
-        if isinstance(base, (dict, list, tuple)):
-            try:
-                return base[node.slice.value]
-            except (KeyError, IndexError, TypeError):
-                return MISSING
+        return entry(resolve(node.value, namespace), node.slice.value)
+    return MISSING
+
+
+def entry(container: object, key: object) -> Any:
+    """``container[key]`` of a Python dict, list or tuple and a literal key; MISSING where there is none."""
+    try:
+        if isinstance(container, dict):
+            return container[key]
+        if isinstance(container, (list, tuple)) and isinstance(key, int):
+            return container[key]
+    except (KeyError, IndexError, TypeError):
+        pass
     return MISSING
 
 
@@ -208,7 +124,7 @@ _STATIC_NODES = (ast.Call, ast.Name, ast.Attribute, ast.Constant, ast.Tuple, ast
                  ast.UnaryOp, ast.USub)
 
 
-def static_call(node, namespace, local_names):
+def static_call(node: ast.AST, namespace: dict[str, Any], local_names: Container[str]) -> Any:
     """The value of a call made only of module-level names and constants (``td.grad(E, argnums=1)``),
     evaluated now as Taichi would evaluate it when it compiles; MISSING for anything else."""
     if not isinstance(node, ast.Call):
@@ -225,7 +141,7 @@ def static_call(node, namespace, local_names):
         return MISSING
 
 
-def hashable(obj):
+def hashable(obj: object) -> bool:
     """Whether ``obj`` can be looked up in a rule table."""
     try:
         hash(obj)
@@ -234,7 +150,7 @@ def hashable(obj):
     return True
 
 
-def positional(node, callee, name_of=None):
+def positional(node: ast.Call, callee: Any, name_of: Callable[[object], str] | None = None) -> list[ast.expr]:
     """A call's arguments in parameter order: keywords bound by the callee's signature, defaults filled in.
 
     ``name_of(value)`` binds a default that is not a literal in the generated
@@ -245,12 +161,11 @@ def positional(node, callee, name_of=None):
     passed = None if code is None else code.co_argcount - isinstance(callee, types.MethodType)  # a bound `self`
     if not node.keywords and (code is None or len(node.args) == passed):
         return list(node.args)
-    from .callees import value_node
-
-    if any(k.arg is None for k in node.keywords):
+    keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
+    if len(keywords) < len(node.keywords):
         raise TypeError("**kwargs at a call")
     signature = signature_of(callee)
-    bound = signature.bind(*node.args, **{k.arg: k.value for k in node.keywords})
+    bound = signature.bind(*node.args, **keywords)
     for name, parameter in signature.parameters.items():
         if name not in bound.arguments and parameter.default is not inspect.Parameter.empty:
             if name_of is None:

@@ -6,7 +6,11 @@ second order the Neo-Hookean Hessian inlined 180 of them and compiled for
 seconds. The cofactors are written out instead; the rule's tangent-free part
 ``cofactors(a)`` is then computed once for every tangent lane (``lanes.py``).
 """
+from typing import Any
+
 import taichi as ti
+from taichi.lang.expr import Expr
+from taichi.types import primitive_types
 
 # rules reach every helper as _tidiff_rules.<name>: the cofactors' and decompositions' too
 from .cofactors import cofactors as cofactors
@@ -16,6 +20,13 @@ from .decompositions import svd_jvp as svd_jvp
 from .decompositions import svd_vjp as svd_vjp
 from .decompositions import sym_eig_jvp as sym_eig_jvp
 from .decompositions import sym_eig_vjp as sym_eig_vjp
+
+
+@ti.func
+def stop_gradient(x):
+    """``x`` itself, with zero tangent: blocks differentiation through it (``td.stop_gradient``; its rule,
+    zero, is in ``rules.py``)."""
+    return x
 
 
 @ti.func
@@ -31,10 +42,8 @@ def inverse_by_cofactors(a):
 # (``ti.static`` on the operands' shapes), once per shape.
 
 
-def shape_of(value):
+def shape_of(value: Any) -> tuple[int, ...]:
     """The shape of a Taichi value while a kernel compiles: ``()`` for scalars."""
-    from taichi.lang.expr import Expr
-
     if isinstance(value, Expr):
         return tuple(value.get_shape()) if value.is_tensor() else ()
     if isinstance(value, ti.Matrix):
@@ -147,16 +156,15 @@ def cross_adjoint_right(ct, x, y):
 
 
 # --- casts whose type is only known when Taichi compiles (``ti.cast(x, dt)``, ``dt`` a parameter) ---
-def _is_integral(dtype):
-    from .rules import is_integral
-
-    return is_integral(dtype)
+def is_integral(dtype: Any) -> bool:
+    """Whether ``dtype`` (a Taichi type or ``int``) is an integer type, whose values carry no derivative."""
+    return dtype is int or any(dtype == t for t in primitive_types.integer_types if t not in (int, bool))
 
 
 @ti.func
 def cast_tangent(t, dtype: ti.template()):  # type: ignore[valid-type]
     """The tangent of ``ti.cast(x, dtype)``: ``t`` cast alike, or zero for an integer type."""
-    if ti.static(_is_integral(dtype)):
+    if ti.static(is_integral(dtype)):
         return ti.cast(t, dtype) * 0
     else:
         return ti.cast(t, dtype)
@@ -165,7 +173,7 @@ def cast_tangent(t, dtype: ti.template()):  # type: ignore[valid-type]
 @ti.func
 def cast_adjoint(g, dtype: ti.template()):  # type: ignore[valid-type]
     """The cotangent of ``x`` in ``ti.cast(x, dtype)``: ``g``, or zero for an integer type."""
-    if ti.static(_is_integral(dtype)):
+    if ti.static(is_integral(dtype)):
         return g * 0
     else:
         return g

@@ -21,35 +21,41 @@ are skipped and the rest summed.
 """
 import ast
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
-from taichi.types import primitive_types
 
 from . import rule_helpers
+from .rule_helpers import is_integral as is_integral
+from .rule_helpers import stop_gradient as stop_gradient
 from .sym import Sym, helpers, zero_like
 from .sym import ti as T
 
-RULES = {}
+Rule = Callable[["Call"], Sym | None]
+"""A derivative rule: the tangent of one application of an op, or None for a zero tangent."""
+
+RULES: dict[Any, Rule] = {}
 """op key -> rule(call) -> tangent Sym or None."""
 
-REFUSED = {}
+REFUSED: dict[Any, str] = {}
 """Taichi op -> why it has no derivative rule: the transform's error says so, naming the op."""
 
-CUSTOM_JVPS = weakref.WeakKeyDictionary()
+CUSTOM_JVPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
 
-CALLABLE_TYPES = {}
+CALLABLE_TYPES: dict[type, Any] = {}
 """type -> an object with ``tangent(obj, active, width)``, ``reverse(obj, active, n_outputs)`` and
 ``outputs(obj)``: callees the transforms call through (tidiff Functions called inside a @ti.func)."""
 
 
-CALLABLE_OBJECTS = {}
+CALLABLE_OBJECTS: dict[Any, Any] = {}
 """object -> such a rule, for callees that are one particular object (``td.jvp``)."""
 
 
-def callable_rule(obj):
+def callable_rule(obj: object) -> Any:
     """The rule for calling through ``obj`` (see CALLABLE_TYPES, CALLABLE_OBJECTS), or None."""
     for kind, rule in CALLABLE_TYPES.items():
         if isinstance(obj, kind):
@@ -60,7 +66,7 @@ def callable_rule(obj):
         return None
 
 
-CUSTOM_VJPS = weakref.WeakKeyDictionary()
+CUSTOM_VJPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``bwd(*primals, *cotangents) -> (cotangent of each primal, ...)``: the
 reverse transform calls it with the real cotangent; forward mode of such a callee needs a jvp rule too."""
 
@@ -69,20 +75,20 @@ reverse transform calls it with the real cotangent; forward mode of such a calle
 class Call:
     """One application of an op, as a rule sees it."""
 
-    fn: Sym
-    args: list
-    tangents: list
-    keywords: dict = field(default_factory=dict)
-    static_args: list = field(default_factory=list)
+    fn: Any  # a Sym naming the op; None for an operator (``a * b``)
+    args: list[Sym]
+    tangents: list[Sym | None]
+    keywords: dict[str, Any] = field(default_factory=dict)
+    static_args: list[Any] = field(default_factory=list)
 
-    def zeros(self):
+    def zeros(self) -> list[Sym]:
         """Tangents with every zero spelled out, for rules that are not a sum of terms."""
         return [zero_like(a) if t is None else t for a, t in zip(self.args, self.tangents, strict=False)]
 
 
-def defjvp(keys, *jvps):
+def defjvp(keys: Any, *jvps: Callable[..., Sym] | None) -> None:
     """Register a rule summing ``jvp(g, *args)`` over operands with a nonzero tangent."""
-    def rule(call):
+    def rule(call: Call) -> Sym | None:
         terms = [jvp(t, *call.args) for jvp, t in zip(jvps, call.tangents, strict=False)
                  if jvp is not None and t is not None]
         if not terms:
@@ -95,7 +101,7 @@ def defjvp(keys, *jvps):
     _register(keys, rule)
 
 
-def _without_minus(node):
+def _without_minus(node: ast.expr) -> ast.expr | None:
     """``a * b`` for ``-a * b`` (a leading minus), else None: sums then read ``x - a * b``."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return node.operand
@@ -105,46 +111,46 @@ def _without_minus(node):
     return None
 
 
-def defrule(keys):
+def defrule(keys: Any) -> Callable[[Rule], Rule]:
     """Register a decorated ``rule(call)`` as is."""
-    def register(rule):
+    def register(rule: Rule) -> Rule:
         _register(keys, rule)
         return rule
     return register
 
 
-def defzero(keys):
+def defzero(keys: Any) -> None:
     """Register ops whose derivative is zero (floor, casts to int): called as written."""
     _register(keys, zero)
 
 
-def zero(call):
+def zero(call: Call) -> None:
     """The rule of ops with zero derivative; the transform copies their calls verbatim."""
     return None
 
 
-def deflinear(keys):
+def deflinear(keys: Any) -> None:
     """Register ops linear in all their operands: the tangent is the op on the tangents."""
     _register(keys, _linear)
 
 
-def _linear(call):
+def _linear(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents):
         return None
     return call.fn(*call.zeros(), **call.keywords)
 
 
-def _register(keys, rule):
+def _register(keys: Any, rule: Rule) -> None:
     for key in keys if isinstance(keys, (list, tuple)) else (keys,):
         RULES[key] = rule
 
 
-def method(*names):
+def method(*names: str) -> list[Any]:
     """Registry keys for methods called on Taichi values (``v.dot(w)``)."""
     return [("method", n) for n in names]
 
 
-def unbound_method(callee):
+def unbound_method(callee: object) -> tuple[str, str] | None:
     """``("method", name)`` when ``callee`` is a method of ``ti.Matrix`` spelled unbound
     (``ti.Vector.normalized``, which is ``ti.Matrix.normalized``), else None."""
     name = getattr(callee, "__name__", None)
@@ -153,7 +159,7 @@ def unbound_method(callee):
     return None
 
 
-def lookup(callee):
+def lookup(callee: object) -> Rule | None:
     """The rule for ``callee``, including families (vector types, dtype casts) and unbound methods, or None."""
     try:
         if callee in RULES:
@@ -167,32 +173,22 @@ def lookup(callee):
     return RULES.get(unbound_method(callee))
 
 
-def is_dtype(value):
+def is_dtype(value: object) -> bool:
     return isinstance(value, type(ti.f64)) or value in (int, float)
 
 
-def is_integral(dtype):
-    return dtype is int or any(dtype == t for t in primitive_types.integer_types if t not in (int, bool))
-
-
-def defined_cast(dtype):
+def defined_cast(dtype: Any) -> Rule:
     """Casting ``ti.f64(x)`` is linear; casting to an integer type has zero derivative."""
     return zero if is_integral(dtype) else _linear
-
-
-@ti.func
-def stop_gradient(x):
-    """``x`` itself, with zero tangent: blocks differentiation through it."""
-    return x
 
 
 # --- operators -------------------------------------------------------------
 
 
-def _sum_rule(sign):
+def _sum_rule(sign: int) -> Rule:
     """``x + y`` (sign 1) or ``x - y`` (sign -1). A lone tangent is broadcast to the sum's shape:
     ``v + s`` with only the scalar ``s`` active has a vector tangent."""
-    def rule(call):
+    def rule(call: Call) -> Sym | None:
         (x, y), (dx, dy) = call.args, call.tangents
         dy = None if dy is None else (dy if sign > 0 else -dy)
         if dx is not None and dy is not None:
@@ -212,14 +208,14 @@ defjvp(ast.Div, lambda g, x, y: g / y, lambda g, x, y: -g * x / (y * y))
 defjvp(ast.MatMult, lambda g, x, y: g @ y, lambda g, x, y: x @ g)
 
 
-def exponent_less_one(y):
+def exponent_less_one(y: Sym) -> Sym:
     """``y - 1``, or 1 where ``y == 0``: ``0 * x ** -1`` would be NaN at ``x = 0`` (``d x**0 = 0``)."""
     if _is_number(y.node):
         return y - 1
     return T.select(y.eq(0), 1, y - 1)
 
 
-def log_of_base(x):
+def log_of_base(x: Sym) -> Sym:
     """``log(x)``, or 0 where ``x == 0``: ``x ** y * log(x)`` is then 0, not NaN, at ``x = 0``
     (the derivative of ``0 ** y`` in ``y > 0``; as torch)."""
     if _is_number(x.node):
@@ -227,7 +223,7 @@ def log_of_base(x):
     return T.log(T.select(x.eq(0), 1.0, x))
 
 
-def _is_number(node):
+def _is_number(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant))
 
 
@@ -269,7 +265,7 @@ deflinear(float)
 # when lo == hi != x; v.max() (Taichi folds the entries left to right) to the last
 # entry equal to the max.
 @defrule([min, ti.min])
-def _min(call):
+def _min(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents):
         return None
     (x, y), (dx, dy) = call.args, call.zeros()
@@ -277,7 +273,7 @@ def _min(call):
 
 
 @defrule([max, ti.max])
-def _max(call):
+def _max(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents):
         return None
     (x, y), (dx, dy) = call.args, call.zeros()
@@ -285,7 +281,7 @@ def _max(call):
 
 
 @defrule(ti.select)
-def _select(call):
+def _select(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents[1:]):
         return None
     _, da, db = call.zeros()
@@ -293,11 +289,11 @@ def _select(call):
 
 
 @defrule(ti.cast)
-def _cast(call):
+def _cast(call: Call) -> Sym | None:
     return _cast_tangent(call.tangents[0], call.args[1], call.static_args[1])
 
 
-def _cast_tangent(t, dtype, static_dtype):
+def _cast_tangent(t: Sym | None, dtype: Sym, static_dtype: Any) -> Sym | None:
     """The tangent of a cast of a value with tangent ``t`` to ``dtype`` (``static_dtype``: its
     value when the transform knows it, a parameter's ``dt`` is only known when Taichi compiles)."""
     if t is None or (static_dtype is not None and is_integral(static_dtype)):
@@ -308,12 +304,12 @@ def _cast_tangent(t, dtype, static_dtype):
 
 
 @defrule(method("cast"))
-def _cast_method(call):
+def _cast_method(call: Call) -> Sym | None:
     return None if call.tangents[0] is None else _cast_tangent(call.tangents[0], call.args[1], call.static_args[1])
 
 
 @defrule([ti.Vector, ti.Matrix])
-def _construct(call):
+def _construct(call: Call) -> Sym | None:
     """``ti.Vector([a, b], dt)``: linear in the entries; a dtype given positionally is no operand."""
     if call.tangents[0] is None:
         return None
@@ -321,7 +317,7 @@ def _construct(call):
 
 
 @defrule(ti.math.clamp)
-def _clamp(call):
+def _clamp(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents):
         return None
     (x, lo, hi), (dx, dlo, dhi) = call.args, call.zeros()
@@ -336,7 +332,7 @@ defjvp(ti.math.mix,
 
 
 @defrule(ti.math.smoothstep)
-def _smoothstep(call):
+def _smoothstep(call: Call) -> Sym | None:
     e0, e1, x = call.args
     de0, de1, dx = call.tangents
     t = T.math.clamp((x - e0) / (e1 - e0), 0.0, 1.0)
@@ -357,7 +353,7 @@ defjvp(method("norm_inv"), lambda g, x, *eps: -x.norm_inv(*eps) ** 3 * x.dot(g))
 defjvp(method("norm_sqr"), lambda g, x: 2 * x.dot(g))
 
 
-def _normalized_tangent(g, x, *eps):
+def _normalized_tangent(g: Sym, x: Sym, *eps: Sym) -> Sym:
     """Taichi's ``x.normalized(eps)`` is ``x / (|x| + eps)`` (eps outside the root, unlike ``norm``)."""
     if not eps:
         return (g - x.normalized() * x.normalized().dot(g)) / x.norm()
@@ -378,9 +374,9 @@ defjvp(method("min"), lambda g, x: helpers.pick_extreme(x, g, False))
 
 
 # --- the linear helpers reverse rules call (forward over reverse) -----------
-def deflinear_in(keys, position):
+def deflinear_in(keys: Any, position: int) -> None:
     """Register helpers linear in operand ``position``; the other operands (shapes, indices) pass as written."""
-    def rule(call):
+    def rule(call: Call) -> Sym | None:
         t = call.tangents[position]
         if t is None:
             return None
@@ -407,7 +403,7 @@ deflinear_in([ti.Matrix.rows, ti.Matrix.cols], 0)
 
 # --- linear solves and decompositions (see NOTE: [Decompositions]) ---------
 @defrule(ti.solve)
-def _solve(call):
+def _solve(call: Call) -> Sym | None:
     """``x = solve(A, b)``: ``dx = A^-1 (db - dA x)``, ``A^-1`` by cofactors (hoisted out of the lanes):
     another ``ti.solve`` per direction would inline Taichi's Gauss elimination once per lane."""
     (A, b), rest = call.args[:2], call.args[2:]
@@ -419,9 +415,9 @@ def _solve(call):
     return helpers.inverse_by_cofactors(A) @ rhs
 
 
-def _decomposition(op, n_results, tangent_helper):
+def _decomposition(op: str, n_results: int, tangent_helper: str) -> None:
     """A rule for ``op(A, dt=None)`` returning ``n_results`` values: the helper takes them and ``dA``."""
-    def rule(call):
+    def rule(call: Call) -> Sym | None:
         dA = call.tangents[0]
         if dA is None:
             return None

@@ -4,27 +4,35 @@ Rules in ``rules.py`` receive primal operands and tangents as :class:`Sym`
 objects; Python operators on them build ``ast`` nodes, folding constants so
 that generated code reads ``2 * x * dx`` rather than ``2 * x ** (2 - 1) * dx``.
 """
+from __future__ import annotations
+
 import ast
 import operator
+from collections.abc import Callable
+from typing import Any
 
-_FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-         ast.Div: operator.truediv, ast.Pow: operator.pow}
+from .lanes import ASTNode
+from .naming import Namer
+
+_FOLD: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.Pow: operator.pow}
 
 
-def node_of(value):
+def node_of(value: Any) -> ast.expr:
     """The AST node of a Sym, or a constant for a Python number."""
     if isinstance(value, Sym):
         return value.node
     if isinstance(value, (int, float, bool)):
         return ast.Constant(value)
-    if isinstance(value, ast.AST):
+    if isinstance(value, ast.expr):
         return value
     if isinstance(value, tuple):  # an index of several entries: m[i, j]
         return ast.Tuple([node_of(v) for v in value], ast.Load())
     raise TypeError(f"cannot use {value!r} in a derivative rule")
 
 
-def _constant(node):
+def _constant(node: ast.expr) -> int | float | None:
     """The number a node stands for (``2``, ``-2``), or None."""
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
         return node.value
@@ -34,11 +42,11 @@ def _constant(node):
     return None
 
 
-def _number(value):
+def _number(value: int | float) -> ast.expr:
     return ast.Constant(value) if value >= 0 else ast.UnaryOp(ast.USub(), ast.Constant(-value))
 
 
-def binop(op, left, right):
+def binop(op: ast.operator, left: Any, right: Any) -> Sym:
     """``left op right`` with constants folded and ``* 1``, ``** 1`` dropped."""
     left, right = node_of(left), node_of(right)
     a, b = _constant(left), _constant(right)
@@ -58,51 +66,52 @@ class Sym:
     """An AST expression that composes with Python operators."""
 
     __slots__ = ("node",)
+    node: ast.expr
 
-    def __init__(self, node):
+    def __init__(self, node: ast.expr) -> None:
         object.__setattr__(self, "node", node)
 
-    def __add__(self, other): return binop(ast.Add(), self, other)
-    def __radd__(self, other): return binop(ast.Add(), other, self)
-    def __sub__(self, other): return binop(ast.Sub(), self, other)
-    def __rsub__(self, other): return binop(ast.Sub(), other, self)
-    def __mul__(self, other): return binop(ast.Mult(), self, other)
-    def __rmul__(self, other): return binop(ast.Mult(), other, self)
-    def __truediv__(self, other): return binop(ast.Div(), self, other)
-    def __rtruediv__(self, other): return binop(ast.Div(), other, self)
-    def __pow__(self, other): return binop(ast.Pow(), self, other)
-    def __matmul__(self, other): return binop(ast.MatMult(), self, other)
+    def __add__(self, other: Any) -> Sym: return binop(ast.Add(), self, other)
+    def __radd__(self, other: Any) -> Sym: return binop(ast.Add(), other, self)
+    def __sub__(self, other: Any) -> Sym: return binop(ast.Sub(), self, other)
+    def __rsub__(self, other: Any) -> Sym: return binop(ast.Sub(), other, self)
+    def __mul__(self, other: Any) -> Sym: return binop(ast.Mult(), self, other)
+    def __rmul__(self, other: Any) -> Sym: return binop(ast.Mult(), other, self)
+    def __truediv__(self, other: Any) -> Sym: return binop(ast.Div(), self, other)
+    def __rtruediv__(self, other: Any) -> Sym: return binop(ast.Div(), other, self)
+    def __pow__(self, other: Any) -> Sym: return binop(ast.Pow(), self, other)
+    def __matmul__(self, other: Any) -> Sym: return binop(ast.MatMult(), self, other)
 
-    def __neg__(self):
+    def __neg__(self) -> Sym:
         value = _constant(self.node)
         return Sym(_number(-value)) if value is not None else Sym(ast.UnaryOp(ast.USub(), self.node))
 
-    def _compare(self, op, other):
+    def _compare(self, op: ast.cmpop, other: Any) -> Sym:
         return Sym(ast.Compare(self.node, [op], [node_of(other)]))
 
-    def __lt__(self, other): return self._compare(ast.Lt(), other)
-    def __le__(self, other): return self._compare(ast.LtE(), other)
-    def __gt__(self, other): return self._compare(ast.Gt(), other)
-    def __ge__(self, other): return self._compare(ast.GtE(), other)
-    def eq(self, other): return self._compare(ast.Eq(), other)
+    def __lt__(self, other: Any) -> Sym: return self._compare(ast.Lt(), other)
+    def __le__(self, other: Any) -> Sym: return self._compare(ast.LtE(), other)
+    def __gt__(self, other: Any) -> Sym: return self._compare(ast.Gt(), other)
+    def __ge__(self, other: Any) -> Sym: return self._compare(ast.GtE(), other)
+    def eq(self, other: Any) -> Sym: return self._compare(ast.Eq(), other)
 
-    def __and__(self, other): return binop(ast.BitAnd(), self, other)
+    def __and__(self, other: Any) -> Sym: return binop(ast.BitAnd(), self, other)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Any) -> Sym:
         return Sym(ast.Subscript(self.node, node_of(index), ast.Load()))
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr: str) -> Sym:
         return Sym(ast.Attribute(self.node, attr, ast.Load()))
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Sym:
         keywords = [ast.keyword(k, node_of(v)) for k, v in kwargs.items()]
         return Sym(ast.Call(self.node, [node_of(a) for a in args], keywords))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Sym({ast.unparse(self.node)})"
 
 
-def name(identifier):
+def name(identifier: str) -> Sym:
     """A Sym for a variable or module name."""
     return Sym(ast.Name(identifier, ast.Load()))
 
@@ -113,7 +122,7 @@ TAICHI = "__taichi__"
 ti = name(TAICHI)
 
 
-def taichi_name(namer, namespace):
+def taichi_name(namer: Namer, namespace: dict[str, Any]) -> str:
     """The name a generated function sees the taichi module by: ``ti``, unless the
     function uses ``ti`` for something else."""
     referenced = namespace.get("ti", None)
@@ -122,7 +131,7 @@ def taichi_name(namer, namespace):
     return "ti"
 
 
-def spell_taichi(tree, name):
+def spell_taichi(tree: ASTNode, name: str) -> ASTNode:
     """Replace the rules' placeholder for the taichi module by ``name`` throughout ``tree``."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == TAICHI:
@@ -135,7 +144,7 @@ RULE_HELPERS = "_tidiff_rules"
 helpers = name(RULE_HELPERS)
 
 
-def zero_like(value):
+def zero_like(value: Any) -> Sym:
     """A zero of the same Taichi type as ``value``: ``ti.zero(x)``, ``0.0`` for a constant."""
     node = node_of(value)
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):

@@ -100,7 +100,7 @@ class Transformer:
     """Builds the tangent function of one parsed ``@ti.func`` for one activity pattern."""
 
     decorator = "func"  # the generated function is a ``@ti.func`` ...
-    returns = None  # ... without a return annotation (it returns a (primal, tangent) pair)
+    returns: ast.expr | None = None  # ... without a return annotation (it returns a (primal, tangent) pair)
 
     def __init__(self, parsed, active, jvp_of, width=1):
         self.parsed = parsed
@@ -396,7 +396,7 @@ class Transformer:
         self.emit(_assign(dname, dp))
         return _name(name), _name(dname)
 
-    def expr(self, node):
+    def expr(self, node: ast.expr) -> tuple[ast.expr, ast.expr | None]:
         """(primal, tangent or None) for an expression, emitting lifted temporaries."""
         if not self.is_active(node):
             return node, None
@@ -697,7 +697,7 @@ def _callee_hint(func, callee):
 
 def _assigned_once(tree):
     """Variables written by exactly one statement (and no loop header) of a function."""
-    counts = {}
+    counts: dict[str, int] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             targets = [n for t in node.targets for n in root_names(t)]

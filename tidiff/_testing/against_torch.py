@@ -1,15 +1,19 @@
 """``check_against_torch``: every transform agrees with ``torch.autograd.functional``."""
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
 import numpy as np
 
 from .. import _api as T
 from .._tree import flatten_like
-from .evidence import Comparison, Evidence, entry_namer
+from .evidence import Comparison, Evidence, argument_namer, entry_namer
 from .problem import Problem, contract_in, sum_to
 
 REF = "torch"
 
 
-def check_against_torch(f, torch_f, args, order=2, rtol=1e-7, atol=1e-10, seed=0):
+def check_against_torch(f: Any, torch_f: Callable[..., Any], args: Sequence[Any], order: int = 2,
+                        rtol: float = 1e-7, atol: float = 1e-10, seed: int = 0) -> None:
     """Check every transform of ``f`` against ``torch.autograd.functional`` on ``torch_f``.
 
     ``torch_f`` computes ``f`` for **one** batch element: it takes one
@@ -64,7 +68,7 @@ def check_against_torch(f, torch_f, args, order=2, rtol=1e-7, atol=1e-10, seed=0
     argnums = p.floats
     nb = len(p.batch)
 
-    def jac_namer(k, a):
+    def jac_namer(k: int, a: int) -> Callable[[tuple[int, ...]], str]:
         return entry_namer(nb, p.out_specs[k].name, len(p.out_specs[k].shape), p.specs[a].name)
 
     # values
@@ -102,7 +106,7 @@ def check_against_torch(f, torch_f, args, order=2, rtol=1e-7, atol=1e-10, seed=0
     for a in argnums:
         evidence.add(Comparison(call, "td.vjp disagrees with torch.autograd.functional.vjp", ("td.vjp", REF),
                                 grads[a], expected[a], where=f"{p.arg_name(a)}, random cotangent (seed {seed})",
-                                entry=lambda i, a=a: f"{p.specs[a].name}{list(i)}", rtol=rtol, atol=atol))
+                                entry=argument_namer(p.specs[a].name), rtol=rtol, atol=atol))
     scalar = len(p.out_specs) == 1 and p.out_specs[0].shape == () and p.out_specs[0].is_float
     if scalar:
         g = T.grad(p.fn, argnums)(*p.arrays)
@@ -131,7 +135,8 @@ def check_against_torch(f, torch_f, args, order=2, rtol=1e-7, atol=1e-10, seed=0
     evidence.raise_if_failed()
 
 
-def _second_order_scalar(p, ref, rng, evidence, rtol, atol, call):
+def _second_order_scalar(p: Problem, ref: "_TorchReference", rng: np.random.Generator, evidence: Evidence,
+                         rtol: float, atol: float, call: str) -> None:
     argnums, nb = p.floats, len(p.batch)
     hes = ref.hessian()
     for label, transform in (("td.hessian", T.hessian(p.fn, argnums)),
@@ -153,7 +158,8 @@ def _second_order_scalar(p, ref, rng, evidence, rtol, atol, call):
                                 rtol=rtol, atol=atol))
 
 
-def _second_order_jacobian(p, ref, evidence, rtol, atol, call):
+def _second_order_jacobian(p: Problem, ref: "_TorchReference", evidence: Evidence, rtol: float, atol: float,
+                           call: str) -> None:
     argnums = p.floats
     second = ref.second_jacobian()
     for label, outer, inner in (("td.jacfwd(td.jacrev(f))", T.jacfwd, T.jacrev),
@@ -181,10 +187,10 @@ def _second_order_jacobian(p, ref, evidence, rtol, atol, call):
                     )
 
 
-def _second_namer(p, k, a, b):
+def _second_namer(p: Problem, k: int, a: int, b: int) -> Callable[[tuple[int, ...]], str]:
     nb, no, na = len(p.batch), len(p.out_specs[k].shape), len(p.specs[a].shape)
 
-    def name(index):
+    def name(index: tuple[int, ...]) -> str:
         batch, rest = index[:nb], index[nb:]
         o, i, j = rest[:no], rest[no:no + na], rest[no + na:]
         what = (f"d2 {p.out_specs[k].name}{list(o) if o else ''} / d {p.specs[a].name}{list(i) if i else ''} "
@@ -197,7 +203,7 @@ def _second_namer(p, k, a, b):
 class _TorchReference:
     """``torch_f`` evaluated and differentiated element by element, stacked into ``batch + ...`` arrays."""
 
-    def __init__(self, p, torch_f, torch):
+    def __init__(self, p: Problem, torch_f: Callable[..., Any], torch: Any) -> None:
         self.p, self.torch_f, self.torch = p, torch_f, torch
         self.af = torch.autograd.functional
         self.elements = list(np.ndindex(*p.batch))
@@ -209,13 +215,13 @@ class _TorchReference:
             for k in p.float_outs for j, a in enumerate(p.floats)
         }
 
-    def _inputs(self, idx):
+    def _inputs(self, idx: tuple[int, ...]) -> tuple[tuple[Any, ...], Callable[..., tuple[Any, ...]]]:
         t = self.torch
         xs = [t.tensor(np.array(x[idx]), dtype=t.float64 if s.is_float else t.int64)
               for x, s in zip(self.full, self.p.specs, strict=False)]
         floats = tuple(xs[a] for a in self.p.floats)
 
-        def g(*fl):
+        def g(*fl: Any) -> tuple[Any, ...]:
             args = list(xs)
             for a, x in zip(self.p.floats, fl, strict=False):
                 args[a] = x
@@ -225,7 +231,7 @@ class _TorchReference:
 
         return floats, g
 
-    def _at(self, idx):
+    def _at(self, idx: tuple[int, ...]) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
         floats, g = self._inputs(idx)
         values = [o.detach().numpy() for o in g(*floats)]
         jac = self.af.jacobian(g, floats)
@@ -233,11 +239,11 @@ class _TorchReference:
             [np.asarray(jac[k][j].detach().numpy()) for j in range(len(floats))] for k in range(len(values))
         ]
 
-    def _stack(self, arrays, core):
+    def _stack(self, arrays: Sequence[Any], core: tuple[int, ...]) -> np.ndarray:
         return np.stack([np.asarray(a, dtype=np.float64).reshape(core) for a in arrays]).reshape(self.p.batch + core) \
             if arrays else np.zeros(self.p.batch + core)
 
-    def jvp(self, tangents):
+    def jvp(self, tangents: Sequence[Any]) -> dict[int, np.ndarray]:
         p, t = self.p, self.torch
         full_t = {a: np.broadcast_to(tangents[a], p.batch + p.specs[a].shape) for a in p.floats}
         per = []
@@ -247,7 +253,7 @@ class _TorchReference:
             per.append([o.detach().numpy() for o in self.af.jvp(g, floats, ts)[1]])
         return {k: self._stack([r[k] for r in per], p.out_specs[k].shape) for k in p.float_outs}
 
-    def vjp(self, cotangents):
+    def vjp(self, cotangents: Sequence[Any]) -> dict[int, np.ndarray]:
         p, t = self.p, self.torch
         per = []
         for idx in self.elements:
@@ -256,18 +262,18 @@ class _TorchReference:
             grads = self.af.vjp(g, floats, vs)[1]
             grads = grads if isinstance(grads, tuple) else (grads,)
             per.append([gr.detach().numpy() for gr in grads])
-        out = {}
+        out: dict[int, np.ndarray] = {}
         for j, a in enumerate(p.floats):
             full = self._stack([r[j] for r in per], p.specs[a].shape)
             out[a] = sum_to(full, p.arrays[a].shape)
         return out
 
-    def hessian(self):
+    def hessian(self) -> dict[tuple[int, int], np.ndarray]:
         p = self.p
         per = []
         for idx in self.elements:
             floats, g = self._inputs(idx)
-            h = self.af.hessian(lambda *xs, g=g: g(*xs)[0], floats)
+            h = self.af.hessian(_first_output(g), floats)
             per.append(h)
         return {
             (i, j): self._stack(
@@ -277,18 +283,18 @@ class _TorchReference:
             for j, b in enumerate(p.floats)
         }
 
-    def second_jacobian(self):
+    def second_jacobian(self) -> dict[tuple[int, int, int], np.ndarray]:
         p, af = self.p, self.af
         per = []
         for idx in self.elements:
             floats, g = self._inputs(idx)
 
-            def first(*xs, g=g):
+            def first(*xs: Any, g: Callable[..., tuple[Any, ...]] = g) -> tuple[Any, ...]:
                 jac = af.jacobian(g, xs, create_graph=True)
                 return tuple(jac[k][j] for k in range(len(p.out_specs)) for j in range(len(p.floats)))
 
             per.append(af.jacobian(first, floats))
-        out = {}
+        out: dict[tuple[int, int, int], np.ndarray] = {}
         n = len(p.floats)
         for k in p.float_outs:
             for j, a in enumerate(p.floats):
@@ -298,7 +304,12 @@ class _TorchReference:
         return out
 
 
-def _flatten_torch(out):
+def _first_output(g: Callable[..., tuple[Any, ...]]) -> Callable[..., Any]:
+    """``g``'s first output alone (``torch.autograd.functional.hessian`` needs a single one)."""
+    return lambda *xs: g(*xs)[0]
+
+
+def _flatten_torch(out: Any) -> Iterator[Any]:
     if isinstance(out, (tuple, list)):
         for o in out:
             yield from _flatten_torch(o)

@@ -10,7 +10,9 @@ fails where it exceeds 1. For inner products ``<x, y>`` the scale ``s`` is
 ``<|x|, |y|>``, the size of the rounding errors a sum of products makes.
 A NaN against a number fails; NaN against NaN passes (NumPy's equal_nan).
 """
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,20 +23,20 @@ class Comparison:
 
     call: str
     check: str
-    labels: tuple
-    actual: np.ndarray
-    reference: np.ndarray
+    labels: tuple[str, str]
+    actual: Any  # array-like; a float64 array after __post_init__
+    reference: Any  # array-like; a float64 array after __post_init__
     rtol: float
     atol: float
     where: str = ""
-    entry: object = None  # index -> readable description of that entry
-    scale: object = None
-    notes: list = field(default_factory=list)
+    entry: Callable[[tuple[int, ...]], str] | None = None  # index -> readable description of that entry
+    scale: Any = None  # an array-like of |b|'s stand-ins, or None for |b|
+    notes: list[str] = field(default_factory=list)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.actual = np.asarray(self.actual, dtype=np.float64)
         self.reference = np.asarray(self.reference, dtype=np.float64)
-        self.shape_error = None
+        self.shape_error: str | None = None
         if self.actual.shape != self.reference.shape:
             self.shape_error = f"shape {self.actual.shape} where {self.labels[1]} has shape {self.reference.shape}"
             self.badness = np.array([np.inf])
@@ -51,14 +53,14 @@ class Comparison:
         self.badness = np.where(same_inf, 0.0, badness)
 
     @property
-    def worst(self):
+    def worst(self) -> float:
         return float(np.max(self.badness)) if self.badness.size else 0.0
 
     @property
-    def failed(self):
+    def failed(self) -> bool:
         return self.worst > 1.0
 
-    def describe(self):
+    def describe(self) -> str:
         """The evidence: which check, where, the worst entry, both values, the errors."""
         head = f"{self.call}: {self.check}"
         lines = [head]
@@ -68,8 +70,7 @@ class Comparison:
             lines.append(f"  {self.labels[0]} has {self.shape_error}")
             return "\n".join(lines + [f"  {n}" for n in self.notes])
         flat = int(np.argmax(self.badness))
-        index = np.unravel_index(flat, self.badness.shape) if self.badness.ndim else ()
-        index = tuple(int(i) for i in index)
+        index = tuple(int(i) for i in np.unravel_index(flat, self.badness.shape)) if self.badness.ndim else ()
         a, b = float(self.actual[index]), float(self.reference[index])
         if self.badness.ndim:
             described = self.entry(index) if self.entry is not None else f"index {index}"
@@ -95,14 +96,14 @@ class Comparison:
 class Evidence:
     """Collects comparisons; ``raise_if_failed`` reports the worst failing one in full."""
 
-    def __init__(self):
-        self.comparisons = []
+    def __init__(self) -> None:
+        self.comparisons: list[Comparison] = []
 
-    def add(self, comparison):
+    def add(self, comparison: Comparison) -> Comparison:
         self.comparisons.append(comparison)
         return comparison
 
-    def raise_if_failed(self):
+    def raise_if_failed(self) -> None:
         failed = [c for c in self.comparisons if c.failed]
         if not failed:
             return
@@ -119,18 +120,19 @@ class Evidence:
         raise AssertionError(message)
 
 
-def _short(check):
+def _short(check: str) -> str:
     return check.replace(" disagrees with ", " vs ").replace(" fails", "")
 
 
-def _times(badness):
+def _times(badness: float) -> str:
     return "error inf x allowed" if not np.isfinite(badness) else f"error {badness:.3g}x allowed"
 
 
-def entry_namer(nbatch, out_name=None, out_ndim=0, in_name=None):
+def entry_namer(nbatch: int, out_name: str | None = None, out_ndim: int = 0,
+                in_name: str | None = None) -> Callable[[tuple[int, ...]], str]:
     """Reads an index of a ``batch + out_core [+ in_core]`` array as the derivative it holds."""
 
-    def name(index):
+    def name(index: tuple[int, ...]) -> str:
         batch, rest = index[:nbatch], index[nbatch:]
         out_idx, in_idx = rest[:out_ndim], rest[out_ndim:]
         what = f"{out_name}{list(out_idx) if out_idx else ''}"
@@ -139,3 +141,8 @@ def entry_namer(nbatch, out_name=None, out_ndim=0, in_name=None):
         return f"batch element {batch}, {what}" if nbatch else what
 
     return name
+
+
+def argument_namer(name: str) -> Callable[[tuple[int, ...]], str]:
+    """Reads an index of an array shaped like argument ``name`` as that argument's entry."""
+    return lambda index: f"{name}{list(index)}"

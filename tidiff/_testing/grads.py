@@ -1,15 +1,28 @@
 """``check_grads``: forward mode, reverse mode and central differences agree, to any order."""
+from collections.abc import Sequence
+from typing import Any, TypedDict
+
 import numpy as np
 
 from .. import _api as T
-from .evidence import Comparison, Evidence, entry_namer
+from .evidence import Comparison, Evidence, argument_namer, entry_namer
 from .problem import DEFAULT_EPS, Problem, inner
+
+
+class Tolerance(TypedDict):
+    rtol: float
+    atol: float
+
+
+Tolerances = tuple[Tolerance, Tolerance]
+"""``(against central differences, between exact derivatives)``"""
 
 FD = "central differences"
 
 
-def check_grads(f, args, order=2, modes=("fwd", "rev"), eps=None, rtol=1e-6, atol=1e-6,
-                ad_rtol=1e-9, ad_atol=1e-10, fast=False, seed=0):
+def check_grads(f: Any, args: Sequence[Any], order: int = 2, modes: str | Sequence[str] = ("fwd", "rev"),
+                eps: float | None = None, rtol: float = 1e-6, atol: float = 1e-6, ad_rtol: float = 1e-9,
+                ad_atol: float = 1e-10, fast: bool = False, seed: int = 0) -> None:
     """Check that forward mode, reverse mode and central differences agree, up to ``order``.
 
     Order 1 checks ``f`` itself. Order 2 runs the same checks on its
@@ -70,35 +83,35 @@ def check_grads(f, args, order=2, modes=("fwd", "rev"), eps=None, rtol=1e-6, ato
     modes = _modes(modes, "td.testing.check_grads")
     if not isinstance(order, int) or order < 1:
         raise ValueError(f"td.testing.check_grads: order must be a positive int, got {order!r}")
-    eps = DEFAULT_EPS if eps is None else float(eps)
+    step = DEFAULT_EPS if eps is None else float(eps)
     rng = np.random.default_rng(seed)
     fn = f
     for level in range(1, order + 1):
         call = f"check_grads(order {level}" + (f", on {_name(fn)})" if level > 1 else f", {_name(fn)})")
         problem = Problem(fn, args, call)
         evidence = Evidence()
-        tol = dict(rtol=rtol, atol=atol), dict(rtol=ad_rtol, atol=ad_atol)
+        tol = Tolerance(rtol=rtol, atol=atol), Tolerance(rtol=ad_rtol, atol=ad_atol)
         if fast:
-            _fast_checks(problem, modes, eps, tol, rng, evidence, seed)
+            _fast_checks(problem, modes, step, tol, rng, evidence, seed)
         else:
-            _full_checks(problem, modes, eps, tol, rng, evidence, seed)
+            _full_checks(problem, modes, step, tol, rng, evidence, seed)
         evidence.raise_if_failed()
         if level < order:
             fn = _derivative(problem, modes)
 
 
-def _modes(modes, call):
-    modes = (modes,) if isinstance(modes, str) else tuple(modes)
-    if not modes or any(m not in ("fwd", "rev") for m in modes):
-        raise ValueError(f"{call}: modes must name 'fwd' and/or 'rev', got {modes!r}")
-    return modes
+def _modes(modes: str | Sequence[str], call: str) -> tuple[str, ...]:
+    named = (modes,) if isinstance(modes, str) else tuple(modes)
+    if not named or any(m not in ("fwd", "rev") for m in named):
+        raise ValueError(f"{call}: modes must name 'fwd' and/or 'rev', got {named!r}")
+    return named
 
 
-def _name(fn):
+def _name(fn: Any) -> str:
     return getattr(fn, "name", getattr(fn, "__name__", repr(fn)))
 
 
-def _derivative(problem, modes):
+def _derivative(problem: Problem, modes: tuple[str, ...]) -> Any:
     """The function whose checks are the next order: the first derivative of this one."""
     scalar = len(problem.out_specs) == 1 and problem.out_specs[0].shape == ()
     argnums = problem.floats
@@ -107,11 +120,12 @@ def _derivative(problem, modes):
     return T.jacfwd(problem.fn, argnums)
 
 
-def _full_checks(p, modes, eps, tol, rng, evidence, seed):
+def _full_checks(p: Problem, modes: tuple[str, ...], eps: float, tol: Tolerances, rng: np.random.Generator,
+                 evidence: Evidence, seed: int) -> None:
     fd_tol, ad_tol = tol
     argnums = p.floats
     fd = p.fd_jacobian(eps)
-    jac = {}
+    jac: dict[str, dict[tuple[int, int], np.ndarray]] = {}
     if "fwd" in modes:
         jac["jacfwd"] = p.flatten_jacobian(T.jacfwd(p.fn, argnums)(*p.arrays))
     if "rev" in modes:
@@ -147,7 +161,7 @@ def _full_checks(p, modes, eps, tol, rng, evidence, seed):
         for a in argnums:
             evidence.add(Comparison(p.call, f"vjp disagrees with {FD} (J_fd^T v)", ("vjp", "J_fd^T v"),
                                     grads[a], expected[a], where=f"{p.arg_name(a)}, {seeds}",
-                                    entry=lambda i, a=a: f"{p.specs[a].name}{list(i)}", **fd_tol))
+                                    entry=argument_namer(p.specs[a].name), **fd_tol))
     if len(modes) == 2:
         lhs, lhs_scale = _sum_inner([(u[a], grads[a]) for a in argnums])
         rhs, rhs_scale = _sum_inner([(touts[k], v[k]) for k in p.float_outs])
@@ -156,7 +170,8 @@ def _full_checks(p, modes, eps, tol, rng, evidence, seed):
                                 where=f"all float arguments, {seeds}", **ad_tol))
 
 
-def _fast_checks(p, modes, eps, tol, rng, evidence, seed):
+def _fast_checks(p: Problem, modes: tuple[str, ...], eps: float, tol: Tolerances, rng: np.random.Generator,
+                 evidence: Evidence, seed: int) -> None:
     fd_tol, ad_tol = tol
     v = p.cotangents(rng)
     grads = None
@@ -174,7 +189,7 @@ def _fast_checks(p, modes, eps, tol, rng, evidence, seed):
                                     ("<u, vjp(v)>", FD + " of <v, f(x + t u)>"), rev, fd, scale=rev_scale,
                                     where=where, **fd_tol))
         if "fwd" in modes:
-            tangents = [None] * len(p.arrays)
+            tangents: list[np.ndarray | None] = [None] * len(p.arrays)
             tangents[a] = u
             _, touts = T.jvp(p.fn, tuple(p.arrays), tuple(tangents))
             touts = p.flatten(touts)
@@ -188,7 +203,7 @@ def _fast_checks(p, modes, eps, tol, rng, evidence, seed):
                                     where=where, **ad_tol))
 
 
-def _sum_inner(pairs):
+def _sum_inner(pairs: Sequence[tuple[Any, Any]]) -> tuple[float, float]:
     total = scale = 0.0
     for x, y in pairs:
         value, s = inner(np.broadcast_to(x, np.broadcast_shapes(np.shape(x), np.shape(y))), y)

@@ -4,6 +4,9 @@ Nothing here uses tidiff's derivative code: central differences call the
 function itself, and sums over broadcast dims are written out again, so
 they stay an independent reference.
 """
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from .._protocol import as_function
@@ -20,7 +23,7 @@ DEFAULT_EPS = float(np.finfo(np.float64).eps ** (1.0 / 3.0))
 class Problem:
     """``f`` at ``args``: specs, own copies of the arrays, float arguments, flat outputs."""
 
-    def __init__(self, f, args, call):
+    def __init__(self, f: Any, args: Sequence[Any], call: str) -> None:
         fn = as_function(f, call)
         if not isinstance(args, (tuple, list)):
             raise TypeError(f"{call}: args must be a tuple with one entry per argument, got {type(args).__name__}")
@@ -45,11 +48,11 @@ class Problem:
         self.float_outs = [k for k, s in enumerate(self.out_specs) if s.is_float]
 
     # -- outputs -------------------------------------------------------------
-    def flatten(self, value):
+    def flatten(self, value: Any) -> list[np.ndarray]:
         """The outputs of one call in order (nested tuples flattened depth first)."""
         return [np.asarray(v) for v in flatten_like(self.tree, value, "td.testing", "a result")]
 
-    def flatten_jacobian(self, value):
+    def flatten_jacobian(self, value: Any) -> dict[tuple[int, int], np.ndarray]:
         """``{(k, j): block}`` from a transform with ``argnums=self.floats``: output k, float argument j."""
         return {
             (k, j): np.asarray(block)
@@ -57,37 +60,37 @@ class Problem:
             for j, block in enumerate(blocks)
         }
 
-    def structure(self, flat):
+    def structure(self, flat: Sequence[Any]) -> Any:
         """Nest a flat list of per-output values as the function's outputs are nested."""
-        by_leaf = [None] * (max(leaves(self.tree)) + 1)
+        by_leaf: list[Any] = [None] * (max(leaves(self.tree)) + 1)
         for k, leaf in enumerate(leaves(self.tree)):
             by_leaf[leaf] = flat[k]
         return unflatten(self.tree, by_leaf)
 
-    def evaluate(self, arrays):
+    def evaluate(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         return [
             np.broadcast_to(o, self.batch + s.shape)
             for o, s in zip(self.flatten(self.fn(*arrays)), self.out_specs, strict=False)
         ]
 
     # -- names ---------------------------------------------------------------
-    def arg_name(self, a):
+    def arg_name(self, a: int) -> str:
         return f"argument {self.specs[a].name!r} (argnums {a})"
 
     # -- references ----------------------------------------------------------
-    def fd_jacobian(self, eps):
+    def fd_jacobian(self, eps: float) -> dict[tuple[int, int], np.ndarray]:
         """Per-element Jacobian blocks ``{(k, j): batch + out_core + in_core}`` by central differences.
 
         One pair of evaluations per core component of each float argument;
         batch elements are independent, so every element's column comes from
         the same pair (see NOTE: [Step of central differences]).
         """
-        blocks = {}
+        blocks: dict[tuple[int, int], np.ndarray] = {}
         for j, a in enumerate(self.floats):
             x, core = self.arrays[a], self.specs[a].shape
             n = self.specs[a].size
             flat = x.reshape(x.shape[: x.ndim - len(core)] + (n,))
-            cols = {k: [] for k in self.float_outs}
+            cols: dict[int, list[np.ndarray]] = {k: [] for k in self.float_outs}
             for p in range(n):
                 h = eps * np.maximum(1.0, np.abs(flat[..., p]))
                 plus, minus = flat.copy(), flat.copy()
@@ -105,7 +108,7 @@ class Problem:
                 blocks[k, j] = stacked.reshape(self.batch + self.out_specs[k].shape + core)
         return blocks
 
-    def fd_directional(self, a, u, v, eps):
+    def fd_directional(self, a: int, u: np.ndarray, v: Sequence[np.ndarray], eps: float) -> float:
         """``d/dt <v, f(x + t u)>`` at 0 by central differences, ``u`` a direction for argument ``a``."""
         x = self.arrays[a]
         h = eps * max(1.0, float(np.max(np.abs(x), initial=0.0))) / max(float(np.max(np.abs(u), initial=0.0)), 1e-300)
@@ -120,7 +123,8 @@ class Problem:
         )
         return (phi_plus - phi_minus) / (2 * h)
 
-    def jvp_from_jacobian(self, blocks, tangents):
+    def jvp_from_jacobian(self, blocks: dict[tuple[int, int], np.ndarray],
+                          tangents: Sequence[Any]) -> dict[int, np.ndarray]:
         """Per output, ``sum_j J[k, j] . u_j`` per element: what jvp of the batched function is."""
         result = {}
         for k in self.float_outs:
@@ -130,7 +134,8 @@ class Problem:
             result[k] = total
         return result
 
-    def vjp_from_jacobian(self, blocks, cotangents):
+    def vjp_from_jacobian(self, blocks: dict[tuple[int, int], np.ndarray],
+                          cotangents: Sequence[Any]) -> dict[int, np.ndarray]:
         """Per float argument, ``sum_k J[k, j]^T v_k`` summed back onto the argument's own shape."""
         result = {}
         for j, a in enumerate(self.floats):
@@ -141,26 +146,26 @@ class Problem:
         return result
 
     # -- random directions ---------------------------------------------------
-    def tangents(self, rng):
+    def tangents(self, rng: np.random.Generator) -> list[np.ndarray | None]:
         return [
             rng.standard_normal(x.shape) if s.is_float else None for x, s in zip(self.arrays, self.specs, strict=False)
         ]
 
-    def cotangents(self, rng):
+    def cotangents(self, rng: np.random.Generator) -> list[np.ndarray]:
         return [rng.standard_normal(self.batch + s.shape) if s.is_float else np.zeros(self.batch + s.shape, s.dtype)
                 for s in self.out_specs]
 
-    def _with(self, a, value):
+    def _with(self, a: int, value: np.ndarray) -> list[np.ndarray]:
         arrays = list(self.arrays)
         arrays[a] = value
         return arrays
 
 
-def _pick(values, ks):
+def _pick(values: Sequence[np.ndarray], ks: Sequence[int]) -> list[np.ndarray]:
     return [values[k] for k in ks]
 
 
-def contract_in(block, u, batch, in_core):
+def contract_in(block: np.ndarray, u: Any, batch: tuple[int, ...], in_core: tuple[int, ...]) -> np.ndarray:
     """``block`` (batch + O + I) times ``u`` (broadcastable to batch + I), summed over I."""
     u = np.broadcast_to(u, batch + in_core)
     nb, ni = len(batch), len(in_core)
@@ -169,7 +174,7 @@ def contract_in(block, u, batch, in_core):
     return np.sum(block * u, axis=tuple(range(block.ndim - ni, block.ndim)))
 
 
-def contract_out(block, v, batch, out_core):
+def contract_out(block: np.ndarray, v: Any, batch: tuple[int, ...], out_core: tuple[int, ...]) -> np.ndarray:
     """``v`` (batch + O) times ``block`` (batch + O + I), summed over O."""
     nb, no = len(batch), len(out_core)
     in_ndim = block.ndim - nb - no
@@ -177,9 +182,8 @@ def contract_out(block, v, batch, out_core):
     return np.sum(block * v, axis=tuple(range(nb, nb + no)))
 
 
-def sum_to(array, shape):
+def sum_to(array: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """Sum ``array`` over the dims along which ``shape`` was broadcast to it (NumPy broadcasting reversed)."""
-    shape = tuple(shape)
     lead = array.ndim - len(shape)
     if lead:
         array = array.sum(axis=tuple(range(lead)))
@@ -187,7 +191,7 @@ def sum_to(array, shape):
     return array.sum(axis=axes, keepdims=True) if axes else array
 
 
-def inner(x, y):
+def inner(x: Any, y: Any) -> tuple[float, float]:
     """``<x, y>`` and ``<|x|, |y|>`` (the scale of its rounding error)."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    return float(np.sum(x * y)), float(np.sum(np.abs(x) * np.abs(y)))
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    return float(np.sum(a * b)), float(np.sum(np.abs(a) * np.abs(b)))

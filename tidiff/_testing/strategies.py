@@ -1,9 +1,20 @@
 """Hypothesis strategies: arguments valid for a function's signature, and batch shapes."""
-from .._protocol import as_function
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._protocol import Function, as_function
 from .._signature import spec_from_annotation
 
+if TYPE_CHECKING:  # hypothesis is a test dependency, imported where a strategy is made
+    from hypothesis.strategies import SearchStrategy
 
-def batch_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3):
+
+def batch_shapes(min_dims: int = 0, max_dims: int = 2, min_side: int = 1,
+                 max_side: int = 3) -> SearchStrategy[tuple[int, ...]]:
     """Batch shapes: tuples of ``min_dims`` to ``max_dims`` sides in ``[min_side, max_side]``.
 
     Example:
@@ -15,7 +26,11 @@ def batch_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3):
     return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
 
 
-def arguments(f, *, batch_shapes=None, elements=None, integers=None, broadcast=True, signature=None):
+def arguments(f: Any, *, batch_shapes: SearchStrategy[tuple[int, ...]] | None = None,
+              elements: SearchStrategy[float] | dict[str, SearchStrategy[float]] | None = None,
+              integers: SearchStrategy[int] | dict[str, SearchStrategy[int]] | None = None,
+              broadcast: bool = True, signature: Sequence[Any] | None = None
+              ) -> SearchStrategy[tuple[np.ndarray, ...]]:
     """A strategy for tuples of arguments of ``f``: NumPy arrays of each argument's core shape.
 
     A batch shape is drawn once per example; each argument gets that batch
@@ -49,23 +64,24 @@ def arguments(f, *, batch_shapes=None, elements=None, integers=None, broadcast=T
     from hypothesis.extra import numpy as hnp
 
     fn = as_function(f, "td.testing.arguments")
+    declared = fn.declared_specs()
     if signature is not None:
-        names = fn.param_names() if fn.declared_specs() is not None else _names(f, fn, len(signature))
+        names = fn.param_names() if declared is not None else _names(fn, len(signature))
         specs = [spec_from_annotation(n, s) for n, s in zip(names, signature, strict=False)]
+    elif declared is None:
+        raise TypeError(
+            f"td.testing.arguments: {fn.name} has parameters without annotations; give their core "
+            "types: td.testing.arguments(f, signature=[(3,), ()]) or annotate them"
+        )
     else:
-        specs = fn.declared_specs()
-        if specs is None:
-            raise TypeError(
-                f"td.testing.arguments: {fn.name} has parameters without annotations; give their core "
-                "types: td.testing.arguments(f, signature=[(3,), ()]) or annotate them"
-            )
+        specs = declared
     takes_batches = _takes_batches(fn)
     if batch_shapes is None:
         batch_shapes = globals()["batch_shapes"]() if takes_batches else st.just(())
     float_default = st.floats(-2.0, 2.0, allow_nan=False, allow_infinity=False, allow_subnormal=False)
     int_default = st.integers(-3, 3)
 
-    def pick(given, default, name):
+    def pick(given: Any, default: SearchStrategy[Any], name: str) -> SearchStrategy[Any]:
         if given is None:
             return default
         if isinstance(given, dict):
@@ -77,14 +93,14 @@ def arguments(f, *, batch_shapes=None, elements=None, integers=None, broadcast=T
         return given
 
     @st.composite
-    def draw_args(draw):
+    def draw_args(draw: st.DrawFn) -> tuple[np.ndarray, ...]:
         batch = tuple(draw(batch_shapes))
         if batch and not takes_batches:
             raise ValueError(f"td.testing.arguments: {fn.name} is a field program; it takes no batch dims")
         out = []
         for spec in specs:
             own = batch
-            if broadcast and batch and draw(st.booleans()):
+            if broadcast and batch and bool(draw(st.booleans())):
                 own = batch[draw(st.integers(0, len(batch))):]
                 own = tuple(1 if draw(st.booleans()) else n for n in own)
             strategy = (
@@ -96,12 +112,12 @@ def arguments(f, *, batch_shapes=None, elements=None, integers=None, broadcast=T
     return draw_args()
 
 
-def _takes_batches(fn):
+def _takes_batches(fn: Function) -> bool:
     """Whether ``fn`` maps over leading batch dims (a pointwise function: ``@ti.func`` code)."""
     return fn.pointwise
 
 
-def _names(f, fn, n):
+def _names(fn: Function, n: int) -> list[str]:
     try:
         return fn.param_names()
     except Exception:

@@ -1,0 +1,222 @@
+"""The time loop over a field program, with the carry kept in the program's own fields.
+
+A step of a field program loads its inputs from the host and reads its
+outputs back; ``T`` steps that way would copy the state to the host and back
+``T`` times. :class:`FieldStepper` loads once and then moves data field to
+field on the device, by three template kernels (copy, save into a slot,
+restore from a slot), each compiled once per pair of fields:
+
+- ``feed`` copies each carried output twin into its input twin;
+- checkpoints are slots of one store field per carried input (``(slots,) +
+  shape``), in a tree of the stepper's own, allocated once;
+- the pullback moves cotangents the same way, from the inputs' gradients to
+  the outputs' gradients, and lets the parameters' gradients accumulate
+  over the steps (Taichi's adjoints add into them).
+
+NOTE: [A step is a function of its inputs] Checkpointing recomputes steps,
+so each step must be what one call of the step Function computes: the same
+values of every other field at every step. Before each step the stepper
+zeroes the outputs and the declared ``state`` fields, and puts back the
+values (taken once, when the loop starts) of every other field a kernel of
+the program writes; read-only fields are loaded once. Which fields a kernel
+writes comes from the same analysis as the known-zero tangents
+(``_tangent/field_flows``); a program with a ``ti.template()`` kernel is
+assumed to write every field.
+"""
+# no "from __future__ import annotations": Taichi reads the kernels' annotations as objects
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import taichi as ti
+
+from .._arrays import Batch
+from .._cache import uses
+from .._fields.twins import _new_like, is_real, read
+from .._tangent.field_flows import kernel_flows
+
+
+# Each kernel takes tuples of fields and moves all of them in one launch (one launch of several
+# loops costs a fraction of one launch per field on CPU: the loop's launch dominates small fields).
+@ti.kernel
+def _copy(dsts: ti.template(), srcs: ti.template()):  # type: ignore[valid-type]
+    for k in ti.static(range(len(dsts))):
+        for index in ti.grouped(srcs[k]):
+            dsts[k][index] = srcs[k][index]
+
+
+@ti.kernel
+def _move(dsts: ti.template(), srcs: ti.template(), zeros: ti.template()):  # type: ignore[valid-type]
+    """Copy ``srcs`` into ``dsts``, then zero ``zeros`` (which may include some of ``srcs``)."""
+    for k in ti.static(range(len(dsts))):
+        for index in ti.grouped(srcs[k]):
+            dsts[k][index] = srcs[k][index]
+    for k in ti.static(range(len(zeros))):
+        for index in ti.grouped(zeros[k]):
+            zeros[k][index] = ti.zero(zeros[k][index])
+
+
+@ti.kernel
+def _restore_and_move(dsts: ti.template(), stores: ti.template(), slot: ti.i32,  # type: ignore[valid-type]
+                      more: ti.template(), srcs: ti.template(), zeros: ti.template()):  # type: ignore[valid-type]
+    """Restore ``dsts`` from ``slot`` of ``stores``, copy ``srcs`` into ``more``, zero ``zeros``."""
+    for k in ti.static(range(len(dsts))):
+        for index in ti.grouped(dsts[k]):
+            dsts[k][index] = stores[k][slot, index]
+    for k in ti.static(range(len(more))):
+        for index in ti.grouped(srcs[k]):
+            more[k][index] = srcs[k][index]
+    for k in ti.static(range(len(zeros))):
+        for index in ti.grouped(zeros[k]):
+            zeros[k][index] = ti.zero(zeros[k][index])
+
+
+@ti.kernel
+def _save(stores: ti.template(), slot: ti.i32, srcs: ti.template()):  # type: ignore[valid-type]
+    for k in ti.static(range(len(srcs))):
+        for index in ti.grouped(srcs[k]):
+            stores[k][slot, index] = srcs[k][index]
+
+
+def copy(dsts, srcs):
+    if dsts:
+        _copy(dsts, srcs)
+
+
+def move(dsts, srcs, zeros):
+    if dsts or zeros:
+        _move(dsts, srcs, zeros)
+
+
+def _written(program: Any) -> set[int] | None:
+    """Ids of the fields some kernel of the program writes, or None when that cannot be known."""
+    written: set[int] = set()
+    for kernel, owner in program._graph.kernels_with_owners():
+        flows = kernel_flows(kernel, owner)
+        if flows is None:
+            return None
+        for w, _ in flows:
+            written |= w
+    return written
+
+
+def _like(field: Any, leading: tuple[int, ...] = ()) -> tuple[Any, Any]:
+    """An unplaced field of ``field``'s kind and dtype, and how to place it with ``leading`` axes first."""
+    new = _new_like(field, False)
+    shape = tuple(field.shape)
+    offset = [0] * len(leading) + (list(field.snode.ptr.offset) or [0] * len(shape))
+
+    def place(builder: Any) -> None:
+        builder.dense(ti.axes(*range(len(offset))), leading + shape).place(new, offset=offset or None)
+
+    return new, place
+
+
+def _tree(fields: Sequence[Any], leading: tuple[int, ...] = ()) -> list[Any]:
+    """Fields like ``fields`` (with ``leading`` axes first), placed in one tree that lives as long as they do."""
+    if not fields:
+        return []
+    builder = ti.FieldsBuilder()
+    made = []
+    for f in fields:
+        new, place = _like(f, leading)
+        place(builder)
+        made.append(new)
+    builder.finalize(raise_warning=False)
+    return made
+
+
+class FieldStepper:
+    """The schedule's stepper (NOTE: [Checkpointed pullback] in ``schedule``) over a field program's twins.
+
+    Args:
+        fn: a field Function (``_kinds.fields.FieldFunction`` or its tangent)
+            whose inputs and outputs are whole fields (:meth:`fits`).
+        carry: per output of ``fn``, the input it feeds, or None.
+    """
+
+    @staticmethod
+    def fits(fn: Any) -> bool:
+        program = getattr(fn, "program", None)
+        return (hasattr(fn, "program_outputs") and program is not None
+                and all(p.whole for p in program.inputs + program.outputs))
+
+    def __init__(self, fn: Any, carry: Sequence[int | None]) -> None:
+        self.fn = fn
+        self.program = program = fn.program
+        self.where = fn.program_outputs()  # output of fn -> output of the program (None: zeros)
+        twin = program.twin
+        fed = {self.where[j]: i for j, i in enumerate(carry) if i is not None}
+        pairs = [(twin(program.outputs[o].field), twin(program.inputs[i].field)) for o, i in fed.items()]
+        self.outs, self.ins = tuple(o for o, _ in pairs), tuple(i for _, i in pairs)
+        real = [(o, i) for o, i in pairs if o.grad is not None]
+        self.out_grads, self.in_grads = tuple(o.grad for o, _ in real), tuple(i.grad for _, i in real)
+        real_inputs = {id(twin(program.inputs[i].field)): i for i in fed.values()}
+        self.carry_cotangents = [(real_inputs[id(i)], o.grad) for o, i in real]
+        self.unfed = tuple(twin(p.field).grad for o, p in enumerate(program.outputs)
+                           if o not in fed and is_real(p.field))
+        carried = {i for i in carry if i is not None}
+        self.carried = tuple(twin(program.inputs[i].field) for i in sorted(carried))
+        params = [p.field for i, p in enumerate(program.inputs) if i not in carried]
+        kept = {id(twin(f)) for f in [p.field for p in program.outputs] + params}
+        self.cleared = tuple(t.grad for t in program._twins.real() if id(t) not in kept) + self.unfed
+        written = _written(program)
+        state = program._state_ids
+        resets = [f for f in program._undeclared + params
+                  if id(f) not in state and (written is None or id(f) in written)]
+        self.reset_twins, self.snapshots = tuple(twin(f) for f in resets), tuple(_tree(resets))
+        self.zeroed = tuple([twin(p.field) for p in program.outputs]
+                            + [twin(f) for f in program._undeclared if id(f) in state])
+        self.store: tuple = ()
+        self.capacity = 0
+
+    def begin(self, batch: "Batch", slots: int) -> None:
+        uses(self.program)
+        program = self.program
+        program._prepare(program._convert_args("primal", batch.arrays))
+        copy(self.snapshots, self.reset_twins)
+        if slots > self.capacity:  # once per loop: the schedule's slot count is fixed
+            self.store = tuple(_tree(self.carried, (slots,)))
+            self.capacity = slots
+
+    # NOTE: the invariant "before a step, the outputs and state fields are zero and the written fields
+    # are reset" is kept by whatever put the carry in place (begin, feed, restore), in the same launch
+    def step(self) -> None:
+        self.tape = self.program.run()
+
+    def feed(self) -> None:
+        move(self.ins + self.reset_twins, self.outs + self.snapshots, self.zeroed)
+
+    def save(self, slot: int) -> None:
+        if self.carried:
+            _save(self.store, slot, self.carried)
+
+    def restore(self, slot: int) -> None:
+        _restore_and_move(self.carried, self.store, slot, self.reset_twins, self.snapshots, self.zeroed)
+
+    def outputs(self) -> list[Any]:
+        outs = self.program._read_outputs()
+        specs = self.fn.signature(self.fn.declared_specs())[0]
+        return [np.zeros(s.shape, s.dtype) if o is None else outs[o] for o, s in zip(self.where, specs, strict=True)]
+
+    def seed(self, cotangents: Sequence[Any]) -> None:
+        program = self.program
+        cts: list[Any] = [None] * len(program.outputs)
+        for o, c in zip(self.where, cotangents, strict=True):
+            if o is not None:
+                cts[o] = c
+        program.clear_gradients()
+        program.seed(program._convert("vjp", "cotangents", program.outputs, cts, tangent=True))
+
+    def pull_back(self) -> None:
+        """The gradients but the outputs' and the parameters' are zero here (``seed`` and the last pullback)."""
+        self.step()
+        self.tape.replay_adjoints()
+        move(self.out_grads, self.in_grads, self.cleared)  # the carry's cotangent becomes the step before's
+
+    def gradients(self) -> list[Any]:
+        grads = self.program.gradients()
+        for i, grad in self.carry_cotangents:
+            grads[i] = read(grad)
+        return grads

@@ -1,0 +1,213 @@
+"""``td.scan``: a step Function applied ``length`` times, as a Function with a checkpointed vjp.
+
+The loop is a :class:`Function` like any other (``_protocol``):
+
+- ``evaluate`` runs the steps, keeping nothing;
+- ``vjp`` runs the checkpoint schedule (NOTE: [Checkpointed pullback] in
+  ``schedule``) over the step's own vjp;
+- ``tangent()`` is the loop of the step's tangent: the carry grows by the
+  tangents of the carried inputs, the parameters' tangents stay fixed, so
+  forward mode keeps nothing. Its vjp is the checkpointed loop of the
+  tangent's vjp: Hessian-vector products, and every order, follow.
+
+A field program's step keeps its carry in fields (``fields.FieldStepper``);
+any other step goes through host arrays (``host.HostStepper``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._arrays import Batch
+from .._errors import describe_shape
+from .._protocol import Function, as_function
+from .._signature import ArgSpec
+from .._tree import Tree
+from .fields import FieldStepper
+from .host import HostStepper
+from .schedule import Schedule, keep_checkpoints, pull_back, run
+
+
+class Scan(Function):
+    """``step`` applied ``length`` times (see :func:`scan`).
+
+    ``carry[j]`` is the input of ``step`` that its output ``j`` feeds, or
+    None for an output read after the last step only (the tangent of an
+    integer carry).
+    """
+
+    def __init__(self, step: Function, length: int, checkpoints: int | None, carry: Sequence[int | None],
+                 name: str, *, listed: bool = True) -> None:
+        super().__init__(name, listed=listed)
+        self.step, self.length, self.checkpoints = step, length, checkpoints
+        self.carry = tuple(carry)
+        self.schedule = Schedule.of(length, checkpoints)
+        self._stepper: Any = None
+        self._holder: object | None = None  # the linearization whose checkpoints the stepper holds
+
+    def param_names(self) -> list[str]:
+        return self.step.param_names()
+
+    def declared_specs(self) -> list[ArgSpec] | None:
+        return self.step.declared_specs()
+
+    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
+        return self.step.specs_for(args)
+
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        call = call or self.name
+        batch = self.step.read(args, call)
+        if batch.shape:
+            raise ValueError(f"{call}: a time loop takes no batch dims; the arguments broadcast to batch "
+                             f"shape {batch.shape} (call it once per element)")
+        return batch
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        outs, tree = self.step.signature(in_specs)
+        self.memo.get(("checked", tuple(in_specs)), lambda: _check_carry(self, in_specs, outs))
+        return outs, tree
+
+    def stepper(self) -> Any:
+        """The stepper (made once): the carry in fields for a field program, else on the host."""
+        if self._stepper is None:
+            kind = FieldStepper if FieldStepper.fits(self.step) else HostStepper
+            self._stepper = kind(self.step, self.carry)
+        return self._stepper
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        self.signature(batch.specs)
+        stepper = self.stepper()
+        stepper.begin(batch, 0)
+        return run(stepper, self.length)
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        self.signature(batch.specs)
+        stepper = self.stepper()
+        stepper.begin(batch, self.schedule.slots)
+        self._holder = None
+        return pull_back(stepper, self.schedule, cotangents)
+
+    def linearize(self, batch: Batch) -> tuple[list[Any], Callable[[Sequence[Any]], list[Any]]]:
+        """One forward pass that keeps the checkpoints and gives the outputs; the pullback starts from them.
+
+        The pullback loads the arguments again (another call may have run on
+        the step's fields meanwhile) and uses the checkpoints if they are
+        still this linearization's; else it takes them again.
+        """
+        self.signature(batch.specs)
+        stepper = self.stepper()
+        stepper.begin(batch, self.schedule.slots)
+        outs = keep_checkpoints(stepper, self.schedule, to_the_end=True)
+        assert outs is not None
+        self._holder = holder = object()
+
+        def pullback(cotangents: Sequence[Any]) -> list[Any]:
+            kept = self._holder is holder
+            stepper.begin(batch, self.schedule.slots)
+            grads = pull_back(stepper, self.schedule, cotangents, kept=kept)
+            self._holder = holder
+            return grads
+
+        return outs, pullback
+
+    def tangent(self) -> Function:
+        if "tangent" not in self.derived:
+            self.derived["tangent"] = Scan(self.step.tangent(), self.length, self.checkpoints,
+                                           self._tangent_carry(), f"jvp({self.name})", listed=False)
+        return self.derived["tangent"]
+
+    def _tangent_carry(self) -> list[int | None]:
+        """Outputs ``(y..., dy...)`` of the step's tangent: ``dy_j`` feeds the tangent of ``y_j``'s input."""
+        specs = self.step.declared_specs()
+        n = len(self.step.param_names()) if specs is None else len(specs)
+        floats = [i for i in range(n) if specs is None or specs[i].is_float]
+        rank = {i: n + r for r, i in enumerate(floats)}
+        return list(self.carry) + [None if i is None else rank.get(i) for i in self.carry]
+
+
+def _check_carry(loop: Scan, in_specs: Sequence[ArgSpec], out_specs: Sequence[ArgSpec]) -> bool:
+    """Each carried output has its input's shape and kind of dtype."""
+    for j, i in enumerate(loop.carry):
+        if i is None:
+            continue
+        o, s = out_specs[j], in_specs[i]
+        if o.shape != s.shape or o.is_float != s.is_float:
+            raise ValueError(
+                f"td.scan({loop.step.name}): output {j} ({o.name!r}, {describe_shape(o.shape)} of {o.dtype}) "
+                f"is the next value of input {i} ({s.name!r}, {describe_shape(s.shape)} of {s.dtype}) and must "
+                "have its shape and kind of dtype: a step's outputs are the new carry, in the order of its "
+                "first inputs"
+            )
+    return True
+
+
+def _positive(value: Any, name: str, call: str, allow_none: bool = False) -> int:
+    """``value`` as an int, else an error naming it (``allow_none``: the message says None is allowed too)."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or value < 1:
+        raise (TypeError if not isinstance(value, (int, np.integer)) else ValueError)(
+            f"{call}: {name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+def scan(step: Any, length: int, checkpoints: int | None = None, name: str | None = None) -> Function:
+    """A differentiable time loop: ``step`` applied ``length`` times, gradients by checkpointing.
+
+    As ``jax.lax.scan`` over ``jax.checkpoint``-ed segments, for a step whose
+    outputs are its new state: ``step(c, p) -> c'`` where ``c`` are the
+    step's first ``m`` inputs (``m`` outputs, each of its input's shape) and
+    ``p`` the rest, parameters held fixed over the loop.
+
+    Args:
+        step: a ``td.Function`` (a field program from ``td.function(kernel,
+            inputs=[x, v, k], outputs=[x_next, v_next])``, a ``@ti.func``, any
+            Function). Outputs are the carry, in the order of the first inputs.
+            A step index is an integer carry (``t_next = t + 1``).
+        length: the number of steps (``T``), at least 1.
+        checkpoints: how many carries the forward pass of reverse mode keeps
+            (``K``, from 1 to ``length``; default ``ceil(sqrt(length))``). The
+            reverse pass recomputes each segment of ``ceil(length / K)`` steps
+            from its checkpoint: memory ``K + ceil(length / K) - 2`` carries,
+            about ``2 sqrt(T)`` by default; ``length`` keeps every carry.
+        name: the name ``td.cache_info()`` and error messages use.
+
+    Returns:
+        A ``td.Function`` ``(c0, p) -> c_T`` with the step's inputs and
+        outputs: every transform takes it (``grad``, ``vjp``, ``jvp``,
+        ``hessian``, ``hvp``). Forward mode carries tangents beside the
+        state and keeps nothing.
+
+    Example:
+        >>> step = td.function(advance, inputs=[x, v, k], outputs=[x_next, v_next])
+        >>> sim = td.scan(step, length=1000)
+        >>> xT, vT = sim(x0, v0, k0)
+        >>> dx0, dv0, dk = td.vjp(sim, x0, v0, k0)[1]((np.ones_like(xT), np.zeros_like(vT)))
+
+    Limitations:
+        A field program's fields are loaded once per call; before each step
+        its outputs and ``state`` fields are zeroed and every other field its
+        kernels write is reset to its value at the start, so each step is one
+        call of ``step``. The loop takes no batch dims.
+    """
+    call = "td.scan(step, length, checkpoints)"
+    fn = as_function(step, call)
+    call = f"td.scan({fn.name})"
+    length = _positive(length, "length", call)
+    checkpoints = None if checkpoints is None else _positive(checkpoints, "checkpoints", call, allow_none=True)
+    if checkpoints is not None and checkpoints > length:
+        raise ValueError(f"{call}: checkpoints must be at most length ({length}), got {checkpoints}")
+    specs = fn.declared_specs()
+    n = len(specs) if specs is not None else len(fn.param_names())
+    outs = fn.signature(list(specs))[0] if specs is not None else None
+    if outs is None:
+        raise TypeError(f"{call}: the step's inputs must be known without a call; give them annotations "
+                        "(or td.function(f, signature=...))")
+    m = len(outs)
+    if m > n:
+        raise ValueError(f"{call}: the step has {m} outputs but {n} inputs; its outputs are the new values of "
+                         f"its first inputs, one per output")
+    loop = Scan(fn, length, checkpoints, list(range(m)), name or f"scan({fn.name})")
+    if specs is not None:
+        loop.signature(specs)
+    return loop

@@ -1,0 +1,75 @@
+"""The time loop over any Function, through its protocol: carries are host arrays.
+
+Every kind of step works (``@ti.func`` code, ndarray kernels, derived
+functions); each step is one ``evaluate`` and each pullback one ``vjp``, with
+the arrays going through the host. Field programs get
+:class:`~.fields.FieldStepper` instead, which keeps the carry in fields.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._arrays import Batch, owned_copy
+
+
+class HostStepper:
+    """The schedule's stepper (NOTE: [Checkpointed pullback] in ``schedule``) over ``fn``'s protocol.
+
+    ``carry[j]`` is the input that output ``j`` feeds, or None for an output
+    that is only read after the last step.
+    """
+
+    def __init__(self, fn: Any, carry: Sequence[int | None]) -> None:
+        self.fn = fn
+        self.carry = list(carry)
+
+    def begin(self, batch: Batch, slots: int) -> None:
+        self.batch = batch
+        self.args = list(batch.arrays)
+        self.outs: list[Any] = []
+        if len(getattr(self, "kept", ())) < slots:  # kept slots outlive a call (Scan.linearize's pullback)
+            self.kept: list[list[Any] | None] = [None] * slots
+        self.params = [i for i in range(len(self.args)) if i not in self.carry]
+
+    def _batch(self) -> Batch:
+        return Batch(tuple(self.args), self.batch.specs, (), self.batch.device)
+
+    def step(self) -> None:
+        self.outs = self.fn.evaluate(self._batch())
+
+    def feed(self) -> None:
+        for j, i in enumerate(self.carry):
+            if i is not None:
+                self.args[i] = self.outs[j]
+
+    def save(self, slot: int) -> None:
+        self.kept[slot] = [owned_copy(self.args[i]) for i in self.carry if i is not None]
+
+    def restore(self, slot: int) -> None:
+        kept = iter(self.kept[slot] or ())
+        for i in self.carry:
+            if i is not None:
+                self.args[i] = next(kept)
+
+    def outputs(self) -> list[Any]:
+        return list(self.outs)
+
+    def seed(self, cotangents: Sequence[Any]) -> None:
+        self.cts = list(cotangents)
+        self.grads: list[Any] = [None] * len(self.args)
+
+    def pull_back(self) -> None:
+        grads = self.fn.vjp(self._batch(), self.cts)
+        for i in self.params:
+            if grads[i] is not None:
+                self.grads[i] = grads[i] if self.grads[i] is None else self.grads[i] + grads[i]
+        for i in {c for c in self.carry if c is not None}:
+            self.grads[i] = grads[i]
+        self.cts = [None if i is None else grads[i] for i in self.carry]
+
+    def gradients(self) -> list[Any]:
+        return [(np.zeros(s.shape, s.dtype) if g is None else g) if s.is_float else None
+                for g, s in zip(self.grads, self.batch.specs, strict=True)]
