@@ -257,8 +257,13 @@ def col_of(m, j: ti.template()):  # type: ignore[valid-type]
 # from. NOTE: [Tapes] Taichi lowers a runtime index into a local matrix to code
 # whose size grows with the whole matrix (a 64 x 32 tape written and read once
 # per entry compiled for 7 s), so a tape is one local vector of rows per entry
-# of the value (0.8 s): a Python list Taichi holds while it compiles, indexed
-# ``tape[j][row]`` with ``j`` static. Shapes are known only when Taichi compiles.
+# of the value (0.8 s): a Python list of Taichi variables (``impl.expr_init``)
+# that Taichi holds while it compiles, indexed ``tape[j][row]`` with ``j``
+# static, in the generated code itself (a list passed to a ``@ti.func`` is
+# copied entry by entry, slowly, and writes to the copy are lost). Shapes are
+# known only when Taichi compiles. What is left of the cost is Taichi's
+# store-to-load forwarding over the tape's entries, which grows with their
+# number times the reverse code's blocks (NOTE: [Reverse control flow]).
 def _compile_time(fn):
     """A Python function Taichi calls while it compiles, without its warning of a non-taichi function."""
     fn._is_taichi_function = True
