@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 import tidiff as td
 from tidiff._adjoint import control, why_not
-from tidiff._adjoint.control import TAPE_ROWS
 
 vec2, vec3 = ti.types.vector(2, ti.f64), ti.types.vector(3, ti.f64)
 T = torch.float64
@@ -206,19 +205,7 @@ def test_nested_loops_and_a_branch_inside_a_loop(seed):
         np.testing.assert_allclose(got[b], torch_grad(nested_twin, x[b], int(n[b])), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("n", [TAPE_ROWS - 1, TAPE_ROWS, TAPE_ROWS + 1, 3 * TAPE_ROWS + 5])
-def test_loops_longer_than_the_tape_recompute_from_checkpoints(n):
-    x = np.array([[0.3, -0.2], [0.1, 0.05]])
-
-    def twin(t):
-        s = t[0]
-        for _ in range(n):
-            s = torch.sin(s) * t[1] + t[0]
-        return s, []
-
-    got = td.grad(long_loop)(x, n)
-    for b in range(len(x)):
-        np.testing.assert_allclose(got[b], torch_grad(twin, x[b]), rtol=1e-11, atol=1e-13)
+ROWS = 16  # a tape's rows in the tests of taped loops (TAPE_ROWS is 0 by default: no tape)
 
 
 @ti.func
@@ -229,11 +216,26 @@ def long_loop(x: vec2, n: ti.i32) -> ti.f64:
     return s
 
 
-def test_without_a_tape_the_reverse_sweep_recomputes_from_the_start_of_the_loop(monkeypatch):
-    monkeypatch.setattr(control, "TAPE_ROWS", 0)
+def long_loop_twin(x, n):
+    s = x[0]
+    for _ in range(n):
+        s = torch.sin(s) * x[1] + x[0]
+    return s, []
+
+
+def taped_functions():
+    """``long_loop`` as a for loop and as a while loop, made while TAPE_ROWS is ROWS: their reverse
+    functions keep a tape."""
 
     @ti.func
-    def untaped(x: vec2, n: ti.i32) -> ti.f64:  # made here: its reverse function is generated without a tape
+    def taped_for(x: vec2, n: ti.i32) -> ti.f64:
+        s = x[0]
+        for _ in range(n):
+            s = ti.sin(s) * x[1] + x[0]
+        return s
+
+    @ti.func
+    def taped_while(x: vec2, n: ti.i32) -> ti.f64:
         s = x[0]
         k = 0
         while k < n:
@@ -241,9 +243,29 @@ def test_without_a_tape_the_reverse_sweep_recomputes_from_the_start_of_the_loop(
             k += 1
         return s
 
-    x, n = np.array([[0.3, -0.2], [0.1, 0.05], [0.7, 0.4]]), np.array([0, 3, 20], dtype=np.int32)
-    assert "tape_of" not in td.source(td.grad(untaped), x, n)
-    np.testing.assert_allclose(td.grad(untaped)(x, n), td.grad(long_loop)(x, n), rtol=1e-13, atol=1e-15)
+    return taped_for, taped_while
+
+
+@pytest.mark.parametrize("n", [0, 3, ROWS - 1, ROWS, ROWS + 1, 3 * ROWS + 5])
+def test_taped_loops_shorter_and_longer_than_the_tape(monkeypatch, n):
+    """Past the tape a for loop saves every stride-th iteration and a while loop thins its full tape;
+    either way the reverse sweep recomputes from the nearest saved iteration."""
+    monkeypatch.setattr(control, "TAPE_ROWS", ROWS)
+    x = np.array([[0.3, -0.2], [0.1, 0.05]])
+    for f in taped_functions():
+        assert why_not(f, (True, False)) is None and "tape_of" in td.source(td.grad(f), x, n)
+        got = td.grad(f)(x, n)
+        for b in range(len(x)):
+            np.testing.assert_allclose(got[b], torch_grad(long_loop_twin, x[b], n), rtol=1e-11, atol=1e-13)
+
+
+def test_without_a_tape_the_reverse_sweep_recomputes_from_the_start_of_the_loop():
+    assert control.TAPE_ROWS == 0  # the default (NOTE: [Reverse control flow])
+    x, n = np.array([[0.3, -0.2], [0.1, 0.05], [0.7, 0.4]]), np.array([0, 3, 40], dtype=np.int32)
+    assert "tape_of" not in td.source(td.grad(long_loop), x, n)
+    got = td.grad(long_loop)(x, n)
+    for b in range(len(x)):
+        np.testing.assert_allclose(got[b], torch_grad(long_loop_twin, x[b], int(n[b])), rtol=1e-11, atol=1e-13)
 
 
 # --- other transforms: vjp, jacrev, hessian, in a kernel --------------------------------------------------
@@ -432,19 +454,20 @@ def test_a_break_falls_back_to_forward_pushes():
         np.testing.assert_allclose(got[b], torch_grad(breaks_twin, x[b]), rtol=1e-12)
 
 
-@ti.func
-def counted(x: vec2, n: ti.i32) -> ti.f64:
-    c = 0.0
-    for _ in range(n):
-        c += 1.0  # carries no derivative: the loop needs no tape
-    return x[0] * c + x[1]
+def test_a_loop_without_derivatives_keeps_no_tape(monkeypatch):
+    monkeypatch.setattr(control, "TAPE_ROWS", ROWS)
 
+    @ti.func
+    def counted_here(x: vec2, n: ti.i32) -> ti.f64:  # made while loops keep tapes
+        c = 0.0
+        for _ in range(n):
+            c += 1.0  # carries no derivative: the loop needs no tape
+        return x[0] * c + x[1]
 
-def test_a_loop_without_derivatives_keeps_no_tape():
     x, n = np.array([[0.3, -0.2], [0.1, 0.05]]), np.array([2, 5], dtype=np.int32)
-    assert why_not(counted, (True, False)) is None
-    assert "tape_of" not in td.source(td.grad(counted), x, n)
-    np.testing.assert_array_equal(td.grad(counted)(x, n), [[2.0, 1.0], [5.0, 1.0]])
+    assert why_not(counted_here, (True, False)) is None
+    assert "tape_of" not in td.source(td.grad(counted_here), x, n)
+    np.testing.assert_array_equal(td.grad(counted_here)(x, n), [[2.0, 1.0], [5.0, 1.0]])
 
 
 def test_torch_gradcheck_and_gradgradcheck_through_a_loop_and_branches():

@@ -12,28 +12,29 @@ keeping them:
   their adjoints there, seeding the cotangent of each phi into the value the
   side left in it (the old value, for a side that does not assign it);
 - a runtime loop (``for i in range(n)`` with ``n`` known only when it runs,
-  and ``while``) saves the values its loop-carried variables start each
-  iteration with on a per-thread *tape* of ``TAPE_ROWS`` rows in local
-  memory (Taichi's local arrays have a static size; NOTE: [Tapes] in
-  ``_tangent/rule_helpers.py``). The reverse sweep runs the iterations
-  backwards: it reads iteration k's start values back, recomputes its body
-  and runs the body's adjoints, the carried cotangents flowing from iteration
-  k to k - 1. A ``for`` loop of more than ``TAPE_ROWS`` iterations saves
-  every ``stride``-th one (its trip count is known when it starts); a
-  ``while`` loop keeps every other row when the tape fills and doubles
-  ``stride`` from then on. The reverse sweep recomputes forward from the
-  nearest saved iteration: memory stays ``TAPE_ROWS`` rows whatever the trip
-  count, and the work grows to about ``n * stride / 2`` extra body runs
-  instead of a wrong number or an error inside a kernel.
+  and ``while``) counts its iterations. The reverse sweep runs them
+  backwards: for iteration k it recomputes the loop-carried values from the
+  ones the loop started with (single-assignment names keep those), runs
+  iteration k's body again and its adjoints, the carried cotangents flowing
+  from iteration k to k - 1. That is about ``n * n / 2`` runs of the body
+  for ``n`` iterations, in code of two copies of the body, with no storage.
 
-  Why 16 rows: Taichi's compile time grows with the tape's entries times the
-  reverse code's blocks (its store-to-load forwarding), so rows cost compile
-  time. ``td.grad`` of a recurrence over a 32-vector with a 32-iteration
-  loop (``bench/reverse_loops.py``, B = 1000, this 2-core machine), first
-  call / warm: 0 rows (recompute from the loop's start) 1.2 s / 236 ms,
-  4 rows 2.2 s / 88 ms, 16 rows 2.7 s / 30 ms, 32 rows 6.6 s / 31 ms, 64 rows
-  17 s / 31 ms; forward pushes 1.8 s / 563 ms. For an 8-vector: 16 rows
-  0.76 s / 1.1 ms, 0 rows 0.50 s / 5.2 ms, forward pushes 0.44 s / 8.0 ms.
+  With ``TAPE_ROWS`` > 0 the forward sweep also saves the start values of
+  every ``stride``-th iteration on a per-thread *tape* of that many rows in
+  local memory (NOTE: [Tapes] in ``_tangent/rule_helpers.py``): a ``for``
+  loop picks ``stride`` from its trip count, a ``while`` loop thins a full
+  tape and doubles it. The reverse sweep then recomputes from the nearest
+  saved iteration, ``n * stride / 2`` runs. It is off because tapes cost
+  Taichi's compile time far more than the recomputation costs at run time:
+  every access is a runtime index into a local array, and Taichi's
+  store-to-load forwarding compares such accesses pairwise across the
+  kernel, so tapes in nested loops, copied into each reverse call of a
+  Jacobian, compiled for more than ten minutes (a generated program of the
+  conformance net: nested while loops over a 3x2 matrix; the same test run
+  took 61 s in all without tapes). ``td.grad`` of a recurrence over a
+  32-vector with a 32-iteration loop (``bench/reverse_loops.py``, B = 1000),
+  first call / warm: no tape 0.68 s / 152 ms, 16 rows 1.8 s / 23 ms,
+  64 rows 17 s / 31 ms; forward pushes 0.80 s / 287 ms.
 
 Cotangents of values from outside a block that the block's adjoints add to
 are declared (zero) before the block's reverse code, so that they outlive it.
@@ -51,8 +52,9 @@ from .._tangent.parse import resolve
 from .._tangent.sym import RULE_HELPERS, Sym
 from .nodes import assign, name, statements, zero_of
 
-TAPE_ROWS = 16
-"""Rows of a loop's tape: how many iterations' start values are kept (even; 0 recomputes from the loop's start)."""
+TAPE_ROWS = 0
+"""Rows of a loop's tape: how many iterations' start values are kept (even). 0, the default, keeps none: the
+reverse sweep recomputes each iteration from the loop's start (NOTE: [Reverse control flow])."""
 
 
 @dataclass
