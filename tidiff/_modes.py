@@ -141,5 +141,5 @@ def neither_way(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Transf
         f"reaches `{error.function}`, a td.custom_vjp function without a jvp rule",
         error.filename, error.lineno,
         f"give {error.function} a jvp rule with {error.function}.defjvp(...), or write the code around "
-        "the call without runtime loops and branches",
+        "the call without break and continue",
     )

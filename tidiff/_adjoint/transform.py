@@ -1,27 +1,30 @@
-"""A straight-line ``@ti.func`` -> its reverse (vjp) function, or the reason it has none.
+"""A ``@ti.func`` -> its reverse (vjp) function, or the reason it has none.
 
 The reverse function of ``f(x, mu)`` with ``x`` active reads::
 
     @ti.func
     def f_vjp(x, mu, ct_out):
-        <f's statements, one op per line, each variable assigned once>
+        <f's statements, one op per line, each variable assigned once outside blocks>
         <for each op, last first: add its operands' cotangents>
         return (out, ct_x)
 
 Supported: assignments (plain, augmented, annotated, tuple to tuple, and
 into an entry, ``v[i, j] = e``), one final ``return``,
 the ops with a rule in ``rules.py``, calls of other reversible
-``@ti.func`` s, ``for`` loops over ranges of constants (unrolled) and ``if``
-on a condition of constants (after unrolling: ``ti.static(i == j)``). Other
-loops and branches and custom rules make a function not reversible: its
-derivatives then come from forward pushes (``_codegen/bodies.py``), which handle
-everything.
+``@ti.func`` s, of ``td.custom_vjp`` functions (their ``bwd``) and of
+``td.custom_jvp`` functions (their jvp rule transposed, ``linearize.py``),
+``for`` loops over ranges of constants (unrolled), ``if`` on a condition of
+constants (after unrolling: ``ti.static(i == j)``), and branches on values,
+runtime ``for`` loops and ``while`` loops (``control.py``, NOTE: [Reverse
+control flow]). ``break``, ``continue`` and loops with ``else`` make a
+function not reversible: its derivatives then come from forward pushes
+(``_codegen/bodies.py``), which handle everything.
 """
 import ast
 import builtins
 import functools
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 import taichi as ti
 
@@ -34,6 +37,10 @@ from .._tangent.rules import lookup as forward_rule
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from .._tangent.transform import _callee_hint, callable_positional
 from . import rules
+from .control import Branch, ControlFlow, Loop
+from .linearize import linearized
+from .nodes import assign as _assign
+from .nodes import name as _name
 from .rules import ADJOINTS, is_constructor
 
 USES_BWD = "_tidiff_uses_bwd"
@@ -63,22 +70,12 @@ class Op:
         return self.outputs or [self.target]
 
 
-def _name(identifier):
-    return ast.Name(identifier, ast.Load())
-
-
-def _assign(target, value, annotation=None):
-    if annotation is not None:
-        return ast.AnnAssign(ast.Name(target, ast.Store()), annotation, value, 1)
-    return ast.Assign([ast.Name(target, ast.Store())], value)
-
-
 _SIMPLE = (ast.Name, ast.Constant, ast.Attribute)
 _COMPONENTS = {"x": 0, "y": 1, "z": 2, "w": 3}
 _ZERO_ATTRIBUTES = {"n", "m", "shape", "dtype", "ndim"}
 
 
-class Reverser:
+class Reverser(ControlFlow):
     """Builds the reverse function of one parsed ``@ti.func`` for one activity pattern."""
 
     def __init__(self, parsed, active, n_outputs, vjp_of):
@@ -94,7 +91,8 @@ class Reverser:
         self.temps = set()
         self.tuples = {}  # SSA name of a tuple-valued call result -> {index path: the name of that element}
         self.uses_bwd = False  # whether a custom_vjp rule is called (here or in a callee's reverse)
-        self.forward, self.backward, self.ops = [], [], []
+        self.forward, self.backward, self.ops = [], [], []  # the forward lists are the current block's
+        self.cts = {}  # SSA name -> the name of its cotangent, in the reverse sweep
         self.helpers = {}
         self.taichi_name = taichi_name(self.namer, parsed.namespace)
 
@@ -213,22 +211,37 @@ class Reverser:
         pass
 
     def stmt_For(self, node):
-        """A loop over a range of constants, unrolled: the counter is a constant in each copy."""
+        """A loop over a range of constants, unrolled: the counter is a constant in each copy; a loop over
+        ``range(n)`` with ``n`` known only at run time is a runtime loop (NOTE: [Reverse control flow])."""
         values = self.constant(node.iter, "range")
-        if node.orelse or not isinstance(node.target, ast.Name) or values is None:
-            raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` (not a range of constants)")
-        for value in values:
-            self.env[node.target.id] = ast.Constant(value)
-            for stmt in node.body:
-                self.statement(stmt)
+        if not isinstance(node.target, ast.Name) or node.orelse:
+            raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` with this target or an else")
+        if values is not None:
+            for value in values:
+                self.env[node.target.id] = ast.Constant(value)
+                for stmt in node.body:
+                    self.statement(stmt)
+            return
+        bounds = self.runtime_range(node.iter)
+        if bounds is None:
+            raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` (not a range)")
+        self.loop(node, node.target.id, bounds)
+
+    def stmt_While(self, node):
+        self.loop(node)
 
     def stmt_If(self, node):
-        """A branch on a condition of constants (``ti.static(i == j)`` in an unrolled loop): the taken side."""
+        """A branch on a condition of constants (``ti.static(i == j)`` in an unrolled loop): the taken side;
+        on a value, both sides (NOTE: [Reverse control flow])."""
         taken = self.constant(node.test, "test")
         if taken is None:
-            raise NotReversible(f"an `If` statement on `{ast.unparse(node.test)}`")
+            return self.branch(node)
         for stmt in node.body if taken else node.orelse:
             self.statement(stmt)
+
+    @staticmethod
+    def not_reversible(construct):
+        return NotReversible(construct)
 
     def constant(self, node, kind):
         """The value of ``range(...)`` (a list) or a condition made of constants, else None."""
@@ -411,7 +424,7 @@ class Reverser:
         if hashable(callee) and callee in CUSTOM_VJPS:
             return self.call_function(node, callee)
         if hashable(callee) and callee in CUSTOM_JVPS:
-            raise NotReversible(f"a call of `{ast.unparse(func)}`, which has a custom derivative rule")
+            return self.call_function(node, callee)
         if callable_rule(callee) is not None:  # a tidiff Function
             return self.call_function(node, callee)
         if any(isinstance(a, ast.Starred) for a in node.args):
@@ -542,6 +555,11 @@ class Reverser:
         if hashable(callee) and callee in CUSTOM_VJPS:
             reverse, hint, positions = CUSTOM_VJPS[callee], base + "_bwd", list(range(len(args)))
             self.uses_bwd = True
+        elif hashable(callee) and callee in CUSTOM_JVPS:  # its jvp rule, transposed
+            mask = tuple(self.is_active(a) for a in args)
+            reverse = linearized(callee, CUSTOM_JVPS[callee], mask, n_outputs)
+            rank = iter(range(1, len(args) + 1))
+            hint, positions = base + "_linear_vjp", [next(rank) if active else None for active in mask]
         else:
             mask = tuple(self.is_active(a) for a in args)
             reverse = (
@@ -600,7 +618,7 @@ class Reverser:
         callee = resolve(node.func, self.parsed.namespace)
         if callable_rule(callee) is not None:
             return _top_level(callable_rule(callee).outputs(callee))
-        if hashable(callee) and callee in CUSTOM_VJPS:
+        if hashable(callee) and (callee in CUSTOM_VJPS or callee in CUSTOM_JVPS):
             callee = callee.tifunc
         if hashable(callee) and getattr(rules.lookup(callee), "n_outputs", 1) > 1:  # U, S, V = ti.svd(A)
             return _top_level(rules.lookup(callee).n_outputs)
@@ -626,9 +644,9 @@ class Reverser:
         callee = self._made_callee(func)
         if callee is MISSING:
             callee = MISSING if self._is_local(func) else resolve(func, self.parsed.namespace)
-        custom = (hashable(callee) and callee in CUSTOM_VJPS) or callable_rule(callee) is not None
-        reversible = transformable(callee) and hashable(callee) and forward_rule(callee) is None \
-            and callee not in CUSTOM_JVPS
+        custom = (hashable(callee) and (callee in CUSTOM_VJPS or callee in CUSTOM_JVPS)) \
+            or callable_rule(callee) is not None
+        reversible = transformable(callee) and hashable(callee) and forward_rule(callee) is None
         rule = rules.lookup(callee) if hashable(callee) else None
         if not (custom or reversible or getattr(rule, "n_outputs", 1) == count):
             raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
@@ -661,20 +679,31 @@ class Reverser:
     # --- the reverse sweep ---------------------------------------------------------
     def sweep(self, outputs, ct_params):
         """Cotangent statements, last op first; returns {SSA name: the name of its cotangent}."""
-        cts: dict[str, Any] = {}
-
-        def add(variable, contribution):
-            if variable in cts:
-                value = ast.BinOp(_name(cts[variable]), ast.Add(), contribution.node)
-            else:
-                cts[variable] = self.namer.fresh("ct_" + variable)
-                value = contribution.node
-            self.backward.append(_assign(cts[variable], value))
-
         for out, ct in zip(outputs, ct_params, strict=False):
             if self.is_active(out):
-                add(out.id, Sym(_name(ct)))
-        for op in reversed(self.ops):
+                self.add(out.id, Sym(_name(ct)))
+        self.sweep_ops(self.ops)
+        return self.cts
+
+    def add(self, variable, contribution):
+        """``ct_variable += contribution`` (declared by its first contribution)."""
+        if variable in self.cts:
+            value = ast.BinOp(_name(self.cts[variable]), ast.Add(), contribution.node)
+        else:
+            self.cts[variable] = self.namer.fresh("ct_" + variable)
+            value = contribution.node
+        self.backward.append(_assign(self.cts[variable], value))
+
+    def sweep_ops(self, ops):
+        """The adjoints of a block's ops, last first, into ``self.backward``."""
+        cts = self.cts
+        for op in reversed(ops):
+            if isinstance(op, Branch):
+                self.reverse_branch(op)
+                continue
+            if isinstance(op, Loop):
+                self.reverse_loop(op)
+                continue
             if not any(r in cts for r in op.results()):
                 continue
             if op.callee is not None:
@@ -691,8 +720,7 @@ class Reverser:
                 contributions = op.rule(g, Sym(_name(op.target)), *[Sym(a) for a in op.args])
             for arg, contribution in zip(op.args, contributions, strict=False):
                 if contribution is not None and self.is_active(arg):
-                    add(arg.id, contribution)
-        return cts
+                    self.add(arg.id, contribution)
 
 
 _OP_HINTS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow",

@@ -294,12 +294,21 @@ class Transformer:
         self.emit(ast.If(node.test, self.nested(node.body), self.nested(node.orelse) if node.orelse else []))
 
     def stmt_For(self, node):
-        if self.is_active(node.iter):
+        if self.is_active(node.iter) and not self._is_range(node.iter):
             raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
                              "loop over indices instead: for i in ti.static(range(n))")
         self.emit(
             ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else [])
         )
+
+    def _is_range(self, node):
+        """``range(...)`` or ``ti.static(range(...))``: its integers carry no derivative, whatever they are
+        computed from (``range(x.n)``)."""
+        if isinstance(node, ast.Call) and len(node.args) == 1 and not self._is_local(node.func) \
+                and resolve(node.func, self.parsed.namespace) is ti.static:
+            node = node.args[0]
+        return isinstance(node, ast.Call) and not self._is_local(node.func) \
+            and resolve(node.func, self.parsed.namespace) is range
 
     def stmt_While(self, node):
         self.emit(ast.While(node.test, self.nested(node.body), []))
