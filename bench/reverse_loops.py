@@ -6,9 +6,12 @@ entries of its input (B = 1000 elements, float64)::
 
     h = 0.5 x;  for i in range(m): h = tanh(h * x[i] + 0.1);  return h . x
 
-with ``m = n`` an integer argument: a runtime loop. Before reverse mode took runtime loops, ``td.grad``
-pushed one tangent per input component through it; now it is one reverse
-call. Run it against another checkout to compare::
+with ``m = n`` an integer argument: a runtime loop. ``td.grad`` of it pushes one
+tangent per input component (NOTE: [Loops in reverse cost their square] in
+``tidiff/_modes.py``); ``tidiff-reverse`` times the same gradient in reverse mode
+(one reverse call, recomputing the loop), reached through a ``td.custom_vjp``
+identity without a jvp rule, where forward mode is impossible. Run it against
+another checkout to compare::
 
     PYTHONPATH=. python bench/reverse_loops.py --sizes 8,32 --jax   # this checkout
     PYTHONPATH=/work/main python bench/reverse_loops.py            # another tidiff
@@ -35,6 +38,22 @@ def f(x: ti.types.vector({n}, ti.f64), m: ti.i32) -> ti.f64:
     for i in range(m):
         h = ti.tanh(h * x[i] + 0.1)
     return h.dot(x)
+
+import tidiff as td
+
+@td.custom_vjp
+@ti.func
+def reverse_only(x: ti.types.vector({n}, ti.f64)) -> ti.types.vector({n}, ti.f64):
+    return x
+
+@reverse_only.defvjp
+@ti.func
+def reverse_only_bwd(x, ct):
+    return (ct,)
+
+@ti.func
+def f_reverse(x: ti.types.vector({n}, ti.f64), m: ti.i32) -> ti.f64:
+    return f(reverse_only(x), m)
 '''
 
 
@@ -65,18 +84,16 @@ def child(peer: str, n: int) -> dict:
 
         ti.init(arch=ti.cpu, default_fp=ti.f64, offline_cache=False)
         import tidiff as td
-        from tidiff._adjoint import why_not
 
         path = os.path.join(tempfile.mkdtemp(), f"reverse_loops_{n}.py")
         with open(path, "w") as file:
             file.write(SOURCE.format(n=n))
         namespace: dict = {"__name__": f"reverse_loops_{n}"}
         exec(compile(SOURCE.format(n=n), path, "exec", dont_inherit=True), namespace)
-        f = namespace["f"]
+        f = namespace["f_reverse" if peer == "tidiff-reverse" else "f"]
         m = np.full(B, n, dtype=np.int32)
         call = lambda: td.grad(f)(x, m)  # noqa: E731
-        reason = why_not(f, (True, False))
-        how = "reverse" if reason is None else f"forward pushes ({reason})"
+        how = "reverse" if "f_vjp(" in td.source(td.grad(f), x, m) else "forward pushes"
     t0 = time.perf_counter()
     result = call()
     first = time.perf_counter() - t0
@@ -105,7 +122,7 @@ def main() -> None:
     print("| peer | n | first call (s) | warm (ms) | how | checksum |")
     print("|---|---|---|---|---|---|")
     for n in [int(s) for s in args.sizes.split(",")]:
-        for peer in ["tidiff"] + (["jax"] if args.jax else []):
+        for peer in ["tidiff", "tidiff-reverse"] + (["jax"] if args.jax else []):
             out = subprocess.run([sys.executable, __file__, "--child", json.dumps([peer, n])], capture_output=True,
                                  text=True, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
             if out.returncode:

@@ -210,9 +210,9 @@ POSITIONS = {
     "tuple_swap": ("a, b = x, {C}x{E}\na, b = b, a", "a * s + b"),
 }
 
-NOT_REVERSIBLE = ("branch", "branch_else", "while_loop")
-"""Positions the reverse transform does not take (branches on values, while loops; docs/limits.md): code that
-reaches a custom_vjp function without a jvp rule there has no derivative in either mode (a td.TransformError)."""
+NOT_REVERSIBLE: tuple[str, ...] = ()
+"""Positions the reverse transform does not take (none since it takes branches on values and while loops):
+code that reaches a custom_vjp function without a jvp rule there would have no derivative in either mode."""
 
 WEIGHTS = {(): "1.3", (2,): "[1.3, -0.7]", (3,): "[1.3, -0.7, 0.4]"}
 

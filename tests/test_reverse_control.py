@@ -118,6 +118,48 @@ def nested_twin(x, n):
     return s, path
 
 
+# Functions with runtime loops are differentiated by forward pushes where forward mode is possible
+# (NOTE: [Loops in reverse cost their square] in tidiff/_modes.py). Reached through a custom_vjp
+# rule without a jvp rule, forward mode is impossible: the *_r twins take the reverse function.
+@td.custom_vjp
+@ti.func
+def reverse_only3(x: vec3) -> vec3:
+    return x
+
+
+@reverse_only3.defvjp
+@ti.func
+def reverse_only3_bwd(x, ct):
+    return (ct,)
+
+
+@td.custom_vjp
+@ti.func
+def reverse_only2(x: vec2) -> vec2:
+    return x
+
+
+@reverse_only2.defvjp
+@ti.func
+def reverse_only2_bwd(x, ct):
+    return (ct,)
+
+
+@ti.func
+def stepped_r(x: vec3, n: ti.i32) -> ti.f64:
+    return stepped(reverse_only3(x), n)
+
+
+@ti.func
+def until_r(x: vec2) -> ti.f64:
+    return until(reverse_only2(x))
+
+
+@ti.func
+def nested_r(x: vec2, n: ti.i32) -> ti.f64:
+    return nested(reverse_only2(x), n)
+
+
 def draw_vec3(rng, batch):
     x = rng.uniform(-1.5, 1.5, (batch, 3))
     x[0, 0], x[1, 0] = abs(x[0, 0]) + 0.1, -abs(x[1, 0]) - 0.1  # the first branch flips across the batch
@@ -158,9 +200,10 @@ def assert_reversed(f, active, *args):
 def test_these_functions_are_reversed():
     x = np.array([0.4, -0.8, 1.5])
     assert_reversed(piecewise, (True,), x)
-    assert_reversed(stepped, (True, False), x, 3)
-    assert_reversed(until, (True,), x[:2])
-    assert_reversed(nested, (True, False), x[:2], 3)
+    for f, f_r, args in [(stepped, stepped_r, (x, 3)), (until, until_r, (x[:2],)), (nested, nested_r, (x[:2], 3))]:
+        assert why_not(f, (True,) + (False,) * (len(args) - 1)) is None
+        assert f"{f.__name__}_vjp(" not in td.source(td.grad(f), *args)  # forward pushes: linear in the loop
+        assert f"{f.__name__}_vjp(" in td.source(td.grad(f_r), *args)  # forward mode impossible: reverse
 
 
 @given(st.integers(0, 2**31))
@@ -179,6 +222,7 @@ def test_runtime_loops_with_trip_counts_varying_per_element(seed):
     rng = np.random.default_rng(seed)
     x, n = draw_vec3(rng, 5), np.array([0, 1, 3, 7, 12], dtype=np.int32)
     got = td.grad(stepped)(x, n)
+    np.testing.assert_allclose(td.grad(stepped_r)(x, n), got, rtol=1e-12, atol=1e-13)
     for b in range(len(x)):
         np.testing.assert_allclose(got[b], torch_grad(stepped_twin, x[b], int(n[b])), rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(got[b], central_differences(stepped_twin, x[b], int(n[b])), rtol=1e-5, atol=1e-6)
@@ -189,6 +233,7 @@ def test_while_loops_stopping_on_a_value(seed):
     x = np.random.default_rng(seed).uniform(-1.0, 1.0, (6, 2))
     x[0] = [0.0, 0.0]  # never stops on the value: 200 iterations, past the tape (checkpoints recompute)
     got = td.grad(until)(x)
+    np.testing.assert_allclose(td.grad(until_r)(x), got, rtol=1e-12, atol=1e-13)
     for b in range(len(x)):
         np.testing.assert_allclose(got[b], torch_grad(until_twin, x[b]), rtol=1e-10, atol=1e-10)
         fd = central_differences(until_twin, x[b])
@@ -201,6 +246,7 @@ def test_nested_loops_and_a_branch_inside_a_loop(seed):
     x = np.random.default_rng(seed).uniform(0.2, 1.8, (4, 2))
     n = np.array([0, 2, 4, 6], dtype=np.int32)
     got = td.grad(nested)(x, n)
+    np.testing.assert_allclose(td.grad(nested_r)(x, n), got, rtol=1e-12, atol=1e-13)
     for b in range(len(x)):
         np.testing.assert_allclose(got[b], torch_grad(nested_twin, x[b], int(n[b])), rtol=1e-10, atol=1e-12)
 
@@ -214,6 +260,11 @@ def long_loop(x: vec2, n: ti.i32) -> ti.f64:
     for _ in range(n):
         s = ti.sin(s) * x[1] + x[0]
     return s
+
+
+@ti.func
+def long_loop_r(x: vec2, n: ti.i32) -> ti.f64:
+    return long_loop(reverse_only2(x), n)
 
 
 def long_loop_twin(x, n):
@@ -262,8 +313,9 @@ def test_taped_loops_shorter_and_longer_than_the_tape(monkeypatch, n):
 def test_without_a_tape_the_reverse_sweep_recomputes_from_the_start_of_the_loop():
     assert control.TAPE_ROWS == 0  # the default (NOTE: [Reverse control flow])
     x, n = np.array([[0.3, -0.2], [0.1, 0.05], [0.7, 0.4]]), np.array([0, 3, 40], dtype=np.int32)
-    assert "tape_of" not in td.source(td.grad(long_loop), x, n)
-    got = td.grad(long_loop)(x, n)
+    source = td.source(td.grad(long_loop_r), x, n)
+    assert "long_loop_vjp(" in source and "tape_of" not in source
+    got = td.grad(long_loop_r)(x, n)
     for b in range(len(x)):
         np.testing.assert_allclose(got[b], torch_grad(long_loop_twin, x[b], int(n[b])), rtol=1e-11, atol=1e-13)
 
@@ -380,6 +432,11 @@ def calls_rules(x: vec3, n: ti.i32) -> ti.f64:
     return softplus(w.sum()) + w.norm_sqr()
 
 
+@ti.func
+def calls_rules_r(x: vec3, n: ti.i32) -> ti.f64:
+    return calls_rules(reverse_only3(x), n)
+
+
 def calls_rules_twin(x, n):
     twist_t = lambda v, s: v * torch.sin(s) + torch.tanh(v)  # noqa: E731
     w = twist_t(x, x[0])
@@ -394,9 +451,10 @@ def test_custom_jvp_calls_are_reversed_through_their_rules(seed):
     x = np.random.default_rng(seed).uniform(-1.0, 1.0, (3, 3))
     n = np.array([0, 1, 4], dtype=np.int32)
     assert why_not(calls_rules, (True, False)) is None
-    source = td.source(td.grad(calls_rules), x, n)
+    source = td.source(td.grad(calls_rules_r), x, n)
     assert "twist_linear_vjp(" in source and "softplus_linear_vjp(" in source
-    got = td.grad(calls_rules)(x, n)
+    got = td.grad(calls_rules_r)(x, n)
+    np.testing.assert_allclose(td.grad(calls_rules)(x, n), got, rtol=1e-12, atol=1e-13)
     H = td.hessian(calls_rules)(x, n)
     for b in range(len(x)):
         np.testing.assert_allclose(got[b], torch_grad(calls_rules_twin, x[b], int(n[b])), rtol=1e-11, atol=1e-12)

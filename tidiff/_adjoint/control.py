@@ -123,6 +123,7 @@ class ControlFlow:
     ops: list[Any]
     backward: list[ast.stmt]
     cts: dict[str, str]
+    recomputes: bool
     statement: Callable[[ast.stmt], None]
     rename: Callable[[ast.expr], ast.expr]
     is_active: Callable[[ast.expr], bool]
@@ -235,6 +236,8 @@ class ControlFlow:
             self.active.update(phis[v] for v in late)
         self.env = env
         tapes = {}  # none where no cotangent can leave the loop: its reverse sweep never runs
+        if not TAPE_ROWS and any(phis[v] in self.active for v in variables):
+            self.recomputes = True  # NOTE: [Loops in reverse cost their square] in tidiff/_modes.py
         if TAPE_ROWS and any(phis[v] in self.active for v in variables):
             tapes = {v: self.fresh("tape_" + v) for v in variables}
             for v in variables:

@@ -44,6 +44,9 @@ from .nodes import name as _name
 from .rules import ADJOINTS, is_constructor
 
 USES_BWD = "_tidiff_uses_bwd"
+RECOMPUTES = "_tidiff_recomputes"
+"""Attribute of a reverse function that reverses a runtime loop by recomputing it (NOTE: [Loops in reverse
+cost their square] in ``_modes``)."""
 """Attribute of a generated reverse function that calls a td.custom_vjp rule (see NOTE: [Mode choice])."""
 
 
@@ -91,6 +94,7 @@ class Reverser(ControlFlow):
         self.temps = set()
         self.tuples = {}  # SSA name of a tuple-valued call result -> {index path: the name of that element}
         self.uses_bwd = False  # whether a custom_vjp rule is called (here or in a callee's reverse)
+        self.recomputes = False  # whether a runtime loop is reversed by recomputation (here or in a callee)
         self.forward, self.backward, self.ops = [], [], []  # the forward lists are the current block's
         self.cts = {}  # SSA name -> the name of its cotangent, in the reverse sweep
         self.helpers = {}
@@ -568,6 +572,7 @@ class Reverser(ControlFlow):
             if reverse is None:
                 raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
             self.uses_bwd = self.uses_bwd or getattr(reverse, USES_BWD, False)
+            self.recomputes = self.recomputes or getattr(reverse, RECOMPUTES, False)
             rank = iter(range(1, len(args) + 1))  # the result is (out, ct of each active operand...)
             hint, positions = base + "_vjp", [next(rank) if active else None for active in mask]
         helper = helper_name(self.helpers, self.namer, reverse, hint)
