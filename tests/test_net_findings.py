@@ -140,3 +140,20 @@ def test_reverse_over_reverse_through_a_cast():
 
     want = torch.autograd.functional.hessian(twin, torch.tensor(x)).numpy()
     np.testing.assert_allclose(td.jacrev(td.grad(casts_then_energy))(x), want, rtol=1e-10, atol=1e-12)
+
+
+@ti.func
+def energy_times_max(x: ti.types.vector(3, ti.f64)) -> ti.f64:
+    return energy(vec2d(x[0], x[1]), 1.5) * x.max()
+
+
+def test_reverse_over_reverse_through_max():
+    """td.jacrev(td.grad(f)) of code calling a custom_vjp function and v.max(): the first reverse function
+    calls the max's adjoint helper (extreme_adjoint), which had no reverse rule itself."""
+    x = np.array([0.3, -0.7, 0.1])
+
+    def twin(a):
+        return (0.75 * (a[0] ** 2 + a[1] ** 2) + torch.sin(a[0])) * a.max()
+
+    want = torch.autograd.functional.hessian(twin, torch.tensor(x)).numpy()
+    np.testing.assert_allclose(td.jacrev(td.grad(energy_times_max))(x), want, rtol=1e-10, atol=1e-12)
