@@ -122,3 +122,38 @@ def test_third_reverse_transform_through_a_custom_vjp_rule():
         lambda a: torch.autograd.functional.hessian(twin, a, create_graph=True), torch.tensor(x))
     got = td.jacrev(td.jacrev(td.grad(reaches_energy)))(x)
     np.testing.assert_allclose(got, third.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@ti.func
+def casts_then_energy(x: vec2d) -> ti.f64:
+    return energy(ti.cast(x * x[1], ti.f64), 1.5)
+
+
+def test_reverse_over_reverse_through_a_cast():
+    """td.jacrev(td.grad(f)) of code calling a custom_vjp function (so reversed twice) with a ti.cast:
+    the first reverse function calls the cast's adjoint helper, which had no reverse rule itself."""
+    x = np.array([0.3, -0.7])
+
+    def twin(a):
+        b = a * a[1]
+        return 0.5 * 1.5 * (b * b).sum() + torch.sin(b[0])
+
+    want = torch.autograd.functional.hessian(twin, torch.tensor(x)).numpy()
+    np.testing.assert_allclose(td.jacrev(td.grad(casts_then_energy))(x), want, rtol=1e-10, atol=1e-12)
+
+
+@ti.func
+def energy_times_max(x: ti.types.vector(3, ti.f64)) -> ti.f64:
+    return energy(vec2d(x[0], x[1]), 1.5) * x.max()
+
+
+def test_reverse_over_reverse_through_max():
+    """td.jacrev(td.grad(f)) of code calling a custom_vjp function and v.max(): the first reverse function
+    calls the max's adjoint helper (extreme_adjoint), which had no reverse rule itself."""
+    x = np.array([0.3, -0.7, 0.1])
+
+    def twin(a):
+        return (0.75 * (a[0] ** 2 + a[1] ** 2) + torch.sin(a[0])) * a.max()
+
+    want = torch.autograd.functional.hessian(twin, torch.tensor(x)).numpy()
+    np.testing.assert_allclose(td.jacrev(td.grad(energy_times_max))(x), want, rtol=1e-10, atol=1e-12)

@@ -130,3 +130,42 @@ def test_second_identical_literal_of_own_entries_after_an_augmented_write_reads_
     both_scaled(x, augmented, assigned)
     np.testing.assert_allclose(assigned[0], [0.2116], rtol=1e-14)  # right
     np.testing.assert_allclose(augmented[0], [-0.092], rtol=1e-14)  # Taichi 1.7.4: the old v[0]
+
+
+x_field = ti.field(ti.f64, shape=1, needs_grad=True)
+loss_field = ti.field(ti.f64, shape=(), needs_grad=True)
+
+
+@ti.kernel
+def cube_through_a_local_copy():
+    for i in x_field:
+        a = x_field[i]
+        t = a
+        for _ in range(2):  # a runtime loop
+            t = t * a
+        loss_field[None] += t
+
+
+@ti.kernel
+def cube_reading_the_field():
+    for i in x_field:
+        t = x_field[i]
+        for _ in range(2):
+            t *= x_field[i]
+        loss_field[None] += t
+
+
+def _tape_gradient(kernel):
+    x_field.from_numpy(np.array([0.7]))
+    with ti.ad.Tape(loss=loss_field):
+        kernel()
+    return x_field.grad.to_numpy()[0]
+
+
+def test_reverse_mode_through_a_local_copy_in_a_runtime_loop_is_wrong():
+    """Taichi's own reverse mode (ti.ad.Tape, no tidiff) of t = a; t = t * a twice in a runtime loop, with
+    a a local copy of x[i]: the gradient of a**3 at 0.7 is 3 * 0.49 = 1.47; Taichi gives 2 * 0.49 = 0.98
+    (found by the net through a field program, whose reverse mode is Taichi's). Reading the field
+    in the loop is right."""
+    np.testing.assert_allclose(_tape_gradient(cube_reading_the_field), 3 * 0.7**2, rtol=1e-14)  # right
+    np.testing.assert_allclose(_tape_gradient(cube_through_a_local_copy), 2 * 0.7**2, rtol=1e-14)  # Taichi 1.7.4
