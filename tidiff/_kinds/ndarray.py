@@ -16,7 +16,7 @@ a copy, and Taichi compiles the kernel once per dtype and ndim, never per shape.
 - ``evaluate``: outputs are allocated (zeroed, so ``+=`` accumulates from 0)
   and the kernel launched once;
 - ``vjp``: Taichi's ``kernel.grad`` on the tensors (NOTE: [Gradient aliases]);
-- ``tangent()``: the kernel's tangent transform (``_ndarray_kernels``), an
+- ``tangent()``: the kernel's tangent transform (``_tangent/kernels.py``), an
   ndarray kernel again (:class:`NdarrayTangent`): its vjp is Taichi's reverse
   mode over the tangent kernel, which is second order, and its own tangent
   is the tangent kernel of the tangent kernel.
@@ -51,9 +51,9 @@ from taichi.types.ndarray_type import NdarrayType
 from .._arrays import Batch, is_tensor, to_numpy
 from .._cache import uses
 from .._errors import taichi_cannot_reverse
-from .._ndarray_kernels import tangent_kernel
 from .._protocol import Function, register_kind
 from .._signature import ArgSpec
+from .._tangent.kernels import jvp_ndarray_kernel
 from .._tangent.parse import kernel_function
 from .._tree import Tree, flat_tree
 
@@ -280,7 +280,7 @@ class NdarrayFunction(Function):
 
         def make() -> NdarrayFunction:
             active = [p for p, m in zip(self.inputs, mask, strict=True) if m]
-            kernel, d_inputs, d_outputs = tangent_kernel(self.kernel, active, self.outputs)
+            kernel, d_inputs, d_outputs = jvp_ndarray_kernel(self.kernel, active, self.outputs)
             n = len(self.inputs)
             rules: dict[str, ShapeRule] = {}
             for names in (self.outputs, d_outputs):  # outputs and their tangents: shapes from the primals
@@ -304,7 +304,7 @@ class NdarrayTangent(Function):
     """``(x..., dx for each float x...) -> (y..., dy for each y...)`` of an ndarray function.
 
     For each pattern of float inputs this is a concrete :class:`NdarrayFunction`
-    over the tangent kernel (``_ndarray_kernels.tangent_kernel``), which takes
+    over the tangent kernel (``_tangent.kernels.jvp_ndarray_kernel``), which takes
     the kernel's parameters, then one tangent per float input and one per
     output, and writes outputs and their tangents. Its vjp is Taichi's reverse
     mode over the tangent kernel (second order); its tangent is this again,
