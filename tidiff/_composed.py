@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import Batch, is_tensor, torch_module
+from ._arrays import Batch, is_tensor, torch_dtype, torch_module
 from ._pointwise import cotangent_map
 from ._protocol import Function
 from ._signature import ArgSpec
@@ -129,7 +129,7 @@ class Composite:
         """The function a call runs forward and its primal arguments: a cotangent map runs its parent."""
         fn, args = call.fn, call.args
         if isinstance(fn, CotangentMap):
-            args = args[: fn.arity()]
+            args = args[: fn.primal_count(self._specs(call))]
             fn = fn.parent
         return fn, tuple(a if isinstance(a, int) else id(a) for a in args)
 
@@ -233,10 +233,12 @@ class Derived(Function):
         super().__init__(name, listed=listed)
         self.parent = parent
 
-    def arity(self) -> int:
-        """How many of a call's arguments are the parent's primals."""
-        declared = self.parent.declared_specs()
-        return len(declared) if declared is not None else len(self.parent.param_names())
+    def primal_count(self, args: Sequence[Any]) -> int:
+        """How many of a call's leading arguments (values or specs) are the parent's primals."""
+        return self.parent.arity(args)
+
+    def arity(self, args: Sequence[Any]) -> int:
+        return len(self.specs_for(args))
 
     def specs_of(self, primal: list[ArgSpec]) -> list[ArgSpec]:
         """All input specs, from the parent's primal specs."""
@@ -247,11 +249,11 @@ class Derived(Function):
         return None if primal is None else self.specs_of(list(primal))
 
     def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        return self.specs_of(self.parent.specs_for(args[: self.arity()]))
+        return self.specs_of(self.parent.specs_for(args[: self.primal_count(args)]))
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         """The parent reads its primals (fixed shapes, tensors where it takes them); the rest follow their specs."""
-        n = self.arity()
+        n = self.primal_count(args)
         inner = self.parent.read(args[:n], call or self.name)
         specs = self.specs_of(list(inner.specs))
         if len(args) != len(specs):
@@ -268,7 +270,7 @@ def like(value: Any, spec: ArgSpec, inner: Batch) -> Any:
         torch = torch_module()
         t = value if is_tensor(value) else torch.as_tensor(np.asarray(value))
         device = next(a.device for a in inner.arrays if is_tensor(a))
-        return t.detach().to(device=device, dtype=getattr(torch, spec.dtype.name)).expand(spec.shape)
+        return t.detach().to(device=device, dtype=torch_dtype(spec.dtype)).expand(spec.shape)
     if is_tensor(value):
         value = value.detach().cpu().numpy()
     return np.broadcast_to(np.asarray(value, spec.dtype), spec.shape)
@@ -293,7 +295,7 @@ class ComposedTangent(Derived, Composed):
 
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
         assert isinstance(self.parent, Composed)
-        return self.parent.composite(specs[: self.arity()]).tangent()
+        return self.parent.composite(specs[: self.primal_count(specs)]).tangent()
 
 
 class CotangentMap(Derived):
@@ -310,12 +312,13 @@ class CotangentMap(Derived):
         return list(primal) + [ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in outs]
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs = [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in in_specs[: self.arity()] if s.is_float]
+        outs = [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in in_specs[: self.primal_count(in_specs)]
+                if s.is_float]
         return outs, tuple(range(len(outs)))
 
     def split(self, batch: Batch) -> tuple[Batch, list[Any]]:
         """The parent's primals as a batch of their own, and the cotangents."""
-        n = self.arity()
+        n = self.primal_count(batch.specs)
         return Batch(batch.arrays[:n], batch.specs[:n], (), batch.device), list(batch.arrays[n:])
 
     def evaluate(self, batch: Batch) -> list[Any]:
@@ -368,7 +371,7 @@ class CotangentMapTangent(Derived, Composed):
         return _tangent_specs(self.vjp_map.specs_of(primal))
 
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
-        n = self.arity()
+        n = self.primal_count(specs)
         primal = specs[:n]
         m = len(self.vjp_map.specs_of(primal)) - n
         cts = specs[n:n + m]

@@ -104,10 +104,12 @@ class Derived(Pointwise):
         super().__init__(name, listed=listed)
         self.parent = parent
 
-    def arity(self) -> int:
-        """How many of a call's arguments are the parent's primals."""
-        declared = self.parent.declared_specs()
-        return len(declared) if declared is not None else len(self.parent.param_names())
+    def primal_count(self, args: Sequence[Any]) -> int:
+        """How many of a call's leading arguments (values or specs) are the parent's primals."""
+        return self.parent.arity(args)
+
+    def arity(self, args: Sequence[Any]) -> int:
+        return len(self.specs_for(args))
 
     def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
         return self.memo.get(("body", tuple(in_specs)), lambda: self.make_body(list(in_specs)))
@@ -134,15 +136,15 @@ class PointwiseTangent(Derived):
         return None if primal is None else self.specs_of(primal)
 
     def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        return self.specs_of(self.parent.specs_for(args[: self.arity()]))
+        return self.specs_of(self.parent.specs_for(args[: self.primal_count(args)]))
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs, _ = self.parent.signature(in_specs[: self.arity()])
+        outs, _ = self.parent.signature(in_specs[: self.primal_count(in_specs)])
         flat = list(outs) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in outs]
         return flat, tuple(range(len(flat)))
 
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        primal = in_specs[: self.arity()]
+        primal = in_specs[: self.primal_count(in_specs)]
         outs, tree = self.parent.signature(primal)
         return tangent_body(identifier(self.name), self.parent.body_for(primal), primal, len(outs),
                             not isinstance(tree, tuple))
@@ -167,14 +169,15 @@ class PointwiseCotangentMap(Derived):
         return None if primal is None else self.specs_of(primal)
 
     def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        return self.specs_of(self.parent.specs_for(args[: self.arity()]))
+        return self.specs_of(self.parent.specs_for(args[: self.primal_count(args)]))
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs = [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in in_specs[: self.arity()] if s.is_float]
+        outs = [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in in_specs[: self.primal_count(in_specs)]
+                if s.is_float]
         return outs, tuple(range(len(outs)))
 
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        n = self.arity()
+        n = self.primal_count(in_specs)
         primal = in_specs[:n]
         outs, tree = self.parent.signature(primal)
         w = BodyWriter(identifier(self.name), [s.name for s in primal] + [f"ct_{o.name}" for o in outs])
@@ -190,13 +193,13 @@ class PointwiseValueAndCotangents(PointwiseCotangentMap):
         Derived.__init__(self, f"value_and_vjp_fn({parent.name})", parent, listed=False)
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs, _ = self.parent.signature(in_specs[: self.arity()])
+        outs, _ = self.parent.signature(in_specs[: self.primal_count(in_specs)])
         grads, _ = super().signature(in_specs)
         flat = list(outs) + grads
         return flat, tuple(range(len(flat)))
 
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        n = self.arity()
+        n = self.primal_count(in_specs)
         primal = in_specs[:n]
         outs, tree = self.parent.signature(primal)
         V = cotangent_map(self.parent)  # type: ignore[arg-type]

@@ -120,6 +120,16 @@ class Function:
         """Input specs known without a call, or None (then each call's arguments give them)."""
         return None
 
+    def arity(self, args: Sequence[Any]) -> int:
+        """How many arguments a call takes, told by its leading ones (values or their specs).
+
+        The count can depend on the arguments: a cotangent map takes one
+        cotangent per output of its parent, whose count may depend on the
+        parent's input dtypes (a cotangent map of a cotangent map).
+        """
+        declared = self.declared_specs()
+        return len(declared) if declared is not None else len(self.param_names())
+
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
         """``(out_specs, out_tree)`` for the given input specs."""
         raise NotImplementedError
