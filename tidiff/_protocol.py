@@ -224,6 +224,7 @@ class Function:
 
 _MISSING = object()
 
+
 # -- kinds -----------------------------------------------------------------------
 _KINDS: list[tuple[str, Callable[..., bool], Callable[..., Function]]] = []
 

@@ -198,7 +198,7 @@ class Jacobian(Function):
         return list(lay.specs), lay.tree
 
 
-class PointwiseJacobian(Jacobian, _pointwise.Derived):
+class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
     """A Jacobian of a pointwise parent: a generated ``@ti.func`` body (one launch on the host)."""
 
     def __init__(self, kind: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
