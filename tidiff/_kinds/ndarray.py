@@ -54,7 +54,7 @@ from .._derived import TangentSignature
 from .._errors import taichi_cannot_reverse
 from .._protocol import Function, register_kind
 from .._signature import ArgSpec
-from .._tangent.kernels import jvp_ndarray_kernel
+from .._tangent import jvp_ndarray_kernel
 from .._tangent.parse import kernel_function
 from .._tree import Tree, flat_tree
 

@@ -1,4 +1,4 @@
-"""Tangent of kernels over global fields: every float field ``x`` gets a tangent field ``dx``.
+"""Tangent of kernels over global fields (every float field ``x`` gets a tangent field ``dx``) or ndarrays.
 
 NOTE: [Tangent of a kernel] A kernel's inputs and results are global
 fields, so its tangent kernel pairs every float field ``x`` it touches with
