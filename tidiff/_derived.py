@@ -1,4 +1,7 @@
-"""Functions made from a parent Function: its primals first, then arguments of their own.
+"""Functions made from another Function, and the arguments they take.
+
+:class:`SameArguments`: a transform, a composition or a time loop takes the
+arguments of the function it is made from, as they are.
 
 A tangent takes ``(x..., dx for each float x)``, a cotangent map (``vjp_fn(f)``)
 ``(x..., one cotangent per output of f)``: how many arguments a call takes
@@ -14,6 +17,24 @@ from typing import Any
 from ._protocol import Function
 from ._signature import ArgSpec, with_tangents
 from ._tree import Tree
+
+
+class SameArguments(Function):
+    """A Function taking the arguments of ``arguments_of`` as they are: their names, specs and count."""
+
+    arguments_of: Function
+
+    def param_names(self) -> list[str]:
+        return self.arguments_of.param_names()
+
+    def declared_specs(self) -> list[ArgSpec] | None:
+        return self.arguments_of.declared_specs()
+
+    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
+        return self.arguments_of.specs_for(args)
+
+    def arity(self, args: Sequence[Any]) -> int:
+        return self.arguments_of.arity(args)
 
 
 class Derived(Function):
