@@ -33,6 +33,7 @@ from ._arrays import Batch, adapt, read_args
 from ._cache import Counter
 from ._codegen.batch import spec_of_expr
 from ._signature import ArgSpec, default_float, default_int
+from ._tangent.parse import real_func_refusal
 from ._tree import Tree, unflatten
 
 
@@ -255,6 +256,8 @@ def as_function(f: Any, call: str) -> Function:
     """What every transform does first: take a Function, or wrap a ``@ti.func`` (once per func)."""
     if isinstance(f, Function):
         return f
+    if getattr(f, "_is_real_function", False):
+        raise TypeError(f"{call}: {real_func_refusal(f)}")
     if getattr(f, "_is_taichi_function", False):
         made = getattr(f, "_tidiff_function", None)
         if made is None:

@@ -653,6 +653,9 @@ class Transformer:
             raise self.error(node, "a call with *args", "pass the arguments one by one")
         if callable_rule(callee) is not None:
             return callable_positional(node, callee, self.error)
+        if getattr(callee, "_is_real_function", False):
+            raise self.error(node, f"the call `{ast.unparse(node)}` of a @ti.real_func",
+                             "make it a @ti.func: tidiff transforms the source it inlines")
         try:
             return positional(node, callee, self.bind_value)
         except TypeError as e:
