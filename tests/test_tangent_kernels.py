@@ -306,3 +306,23 @@ def test_ndarray_kernel_refusals_name_file_line(kernel, constants, construct, hi
         td.jvp(fn, (np.ones(4),), (np.ones(4),))
     assert construct in str(info.value) and hint in str(info.value)
     assert "test_tangent_kernels.py:" in str(info.value) and info.value.lineno is not None
+
+
+# --- names: a parameter named like what the launcher reads cannot shadow it (issue 12 item 6) ------
+named_in = ti.field(ti.f64, shape=5)
+named_out = ti.field(ti.f64, shape=5)
+
+
+@ti.kernel
+def scale_into(src: ti.template(), dst: ti.template(), tangent_of: ti.f64, scale_into_jvp: ti.f64):
+    for i in src:
+        dst[i] = tangent_of * src[i] ** 2 + scale_into_jvp * ti.sin(src[i])
+
+
+def launch_scale_into():
+    scale_into(named_in, named_out, 0.5, 2.0)
+
+
+def test_template_kernel_parameters_named_like_the_launchers_names():
+    program = Program(launch_scale_into, inputs=[named_in], outputs=[named_out])
+    assert_tangents_match_reverse(program, [np.linspace(-1, 1, 5)])

@@ -266,14 +266,19 @@ def _transform_kernel(kernel: Any, tangents: FieldTangents, owner: object = None
 
 
 def _launcher(g: Any, transformer: KernelTransformer, tangents: FieldTangents) -> Any:
-    """``k(*args)`` -> ``k_jvp(*args, *tangents of the template arguments)``, looked up at launch."""
-    params = transformer.params
-    name = transformer.tree.name
-    extra = [f"tangent_of({p})" for p in transformer.template_params]
-    text = f"def {name}({', '.join(params)}):\n    return {name}_jvp({', '.join(params + extra)})\n"
-    namespace = {"__name__": "tidiff_generated", f"{name}_jvp": g, "tangent_of": tangents.tangent_of}
-    launch = compile_source(text, name, namespace, tag="jvp-launch")
-    launch._tidiff_source = g._tidiff_source + "\n\n" + text
+    """``k(*args)`` -> ``k_jvp(*args, *tangents of the template arguments)``, looked up at launch.
+
+    Built as an AST; the names it reads (the tangent kernel, the lookup) come
+    from the transformer's namer, so no parameter name can shadow them.
+    """
+    params, name = transformer.params, transformer.tree.name
+    kernel, lookup = transformer.jvp_name, transformer.namer.fresh("tangent_of")
+    args = [_name(p) for p in params] + [ast.Call(_name(lookup), [_name(p)], []) for p in transformer.template_params]
+    launch_def = ast.FunctionDef(name, ast.arguments([], [ast.arg(p) for p in params], None, [], [], None, []),
+                                 [ast.Return(ast.Call(_name(kernel), args, []))], [], None)
+    namespace = {"__name__": "tidiff_generated", kernel: g, lookup: tangents.tangent_of}
+    launch = compile_source(launch_def, name, namespace, tag="jvp-launch")
+    launch._tidiff_source = g._tidiff_source + "\n\n" + launch._tidiff_source
     launch._tidiff_primal = g._tidiff_primal
     return launch
 
@@ -348,7 +353,9 @@ class KernelTransformer(Transformer):
     def run(self) -> ast.FunctionDef:
         if self.is_kernel:
             self._check_parameters()
-        return super().run()
+        tree = super().run()
+        self.jvp_name = tree.name  # taken in the namer: no parameter or global has it
+        return tree
 
     def _parameters(self) -> list[inspect.Parameter]:
         """The kernel's parameters (a class kernel's ``self`` is bound, not one)."""
