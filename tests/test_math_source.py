@@ -42,8 +42,8 @@ def rotations(a: ti.f64, axis: vec3) -> ti.f64:
 
 CASES = [  # function, argument shapes, domain, reversible
     (scalar_functions, [(), ()], (0.3, 2.0), True),
-    (reflect_refract, [(3,), (3,)], (0.3, 1.0), False),
-    (complex_functions, [(2,), (2,)], (0.3, 1.0), False),
+    (reflect_refract, [(3,), (3,)], (0.3, 1.0), True),  # refract branches on a value
+    (complex_functions, [(2,), (2,)], (0.3, 1.0), True),
     (rotations, [(), (3,)], (0.3, 1.0), True),
 ]
 

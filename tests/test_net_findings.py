@@ -1,6 +1,7 @@
 """Bugs the conformance net (tests/conformance) found, each as a small regression test."""
 import numpy as np
 import taichi as ti
+import torch
 
 import tidiff as td
 
@@ -46,3 +47,78 @@ def test_reverse_of_a_matrix_entry_write_at_third_order():
     for got, want in zip(third(x0, x1), forward(x0, x1), strict=True):
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+vec2d = ti.types.vector(2, ti.f64)
+
+
+@ti.func
+def unannotated(x0: vec2d, x1: ti.f64):
+    return x0[0] * x1 * ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
+
+
+@ti.kernel
+def jacrev_in_a_kernel(a0: ti.types.ndarray(dtype=vec2d, ndim=1), a1: ti.types.ndarray(dtype=ti.f64, ndim=1),
+                       o: ti.types.ndarray(dtype=ti.types.matrix(2, 2, ti.f64), ndim=1)):
+    for b in range(a0.shape[0]):
+        o[b] = td.jacrev(unannotated, argnums=1)(a0[b], a1[b])
+
+
+def test_in_kernel_transform_of_a_function_without_a_return_annotation():
+    """Inside a kernel the output of a @ti.func without a return annotation is read by calling it on zeros;
+    the zeros of its vector parameter were a Python-side ti.Vector, which Taichi refused as an argument
+    (TaichiSyntaxError "expected to be a Matrix")."""
+    o = np.zeros((2, 2, 2))
+    jacrev_in_a_kernel(np.full((2, 2), 0.5), np.array([1.0, 3.0]), o)
+    np.testing.assert_allclose(o, 0.5 * np.array([[1.0, 2.0], [3.0, 4.0]]) * np.ones((2, 1, 1)), rtol=1e-15)
+
+
+@ti.func
+def doubled(x: vec2d):
+    return 2.0 * x * x[1]
+
+
+@ti.func
+def through_jvp_of_unannotated(x: vec2d) -> ti.f64:
+    return td.jvp(doubled, (x,), (x,))[1].sum()
+
+
+def test_jvp_of_a_function_without_a_return_annotation_inside_a_func():
+    """td.jvp of an unannotated vector function inside a @ti.func (so inside the kernel tidiff compiles)."""
+    x = np.array([0.3, -0.7])
+    # doubled(x) = 2 x x1, its jvp along x is 2 x x1 + 2 x x1 = 4 x x1, summed: 4 x1 (x0 + x1)
+    np.testing.assert_allclose(td.function(through_jvp_of_unannotated)(x), 4 * x[1] * x.sum(), rtol=1e-15)
+    # gradient of 4 x1 (x0 + x1): (4 x1, 4 x0 + 8 x1)
+    np.testing.assert_allclose(td.grad(through_jvp_of_unannotated)(x), [4 * x[1], 4 * x[0] + 8 * x[1]], rtol=1e-14)
+
+
+@td.custom_vjp
+@ti.func
+def energy(x: vec2d, k: ti.f64) -> ti.f64:
+    return 0.5 * k * x.norm_sqr() + ti.sin(x[0])
+
+
+@energy.defvjp
+@ti.func
+def _energy_bwd(x, k, ct):
+    return ct * (k * x + vec2d(ti.cos(x[0]), 0.0)), ct * 0.5 * x.dot(x)
+
+
+@ti.func
+def reaches_energy(x: vec2d) -> ti.f64:
+    return energy(x, 1.5) * x[1]
+
+
+def test_third_reverse_transform_through_a_custom_vjp_rule():
+    """td.jacrev(td.jacrev(td.grad(f))) of code calling a custom_vjp function: the second-order reverse
+    function calls the rule's reverse, which returns the rule's results as a nested tuple
+    (``((a, b), ct_x, ...)``); reversing that raised td.TransformError (NOTE: [Nested results])."""
+    x = np.array([0.3, -0.7])
+
+    def twin(a):
+        return (0.5 * 1.5 * (a * a).sum() + torch.sin(a[0])) * a[1]
+
+    third = torch.autograd.functional.jacobian(
+        lambda a: torch.autograd.functional.hessian(twin, a, create_graph=True), torch.tensor(x))
+    got = td.jacrev(td.jacrev(td.grad(reaches_energy)))(x)
+    np.testing.assert_allclose(got, third.numpy(), rtol=1e-10, atol=1e-12)

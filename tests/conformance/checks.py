@@ -7,13 +7,14 @@ act per batch element; jvp and vjp linearize the whole batched function.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 
 import tidiff as td
 
-from . import oracle
+from . import kernels, oracle
 from .cases import Case
 from .compare import Mismatch, assert_fd_close, assert_tree_close, assert_values_close
 from .oracle import jac, main_output, per_element, positions, with_aux
@@ -27,12 +28,36 @@ def _aux_twin(case: Case, has_aux: bool):
     return main_output(case.twin) if has_aux else case.twin
 
 
+class TaichiPitfall(Mismatch):
+    """Taichi's own evaluation of a generated function disagrees with its torch twin: not a tidiff failure."""
+
+
+# NOTE: [Taichi pitfalls] A value that differs from the twin's is tidiff's fault only if Taichi itself,
+# evaluating the function in a plain kernel, agrees with the twin. Where Taichi's plain evaluation
+# differs too, the case is a Taichi pitfall (a miscompile, or an op Taichi defines otherwise than the
+# twin spells it): reported as TaichiPitfall, with a minimal program in tests/test_taichi_pitfalls.py
+# and a line in docs/limits.md once understood. Programs calling transforms (tgrad, tjvp) run tidiff's
+# code even in a plain kernel, so they are not classified.
+
+
 def check_value(case: Case) -> Any:
     """td.function(f)(*args) against the twin: the renderers agree before any derivative is compared."""
     with case.checking("td.function(f)(*args)"):
         got = case.fn(*case.host())
         want = per_element(case.twin, case.arrays, case.cores)
-        _compare(case, got, want, "value")
+        try:
+            _compare(case, got, want, "value")
+        except Mismatch as mismatch:
+            if {"tgrad", "tjvp"} & case.program.ops:
+                raise
+            plain = kernels.plain_values(case)
+            try:
+                assert_tree_close(tuple(plain), tuple(oracle.leaves(want)), "plain Taichi value")
+            except Mismatch as taichi:
+                raise TaichiPitfall(f"Taichi's own evaluation (a plain kernel, no tidiff) disagrees with the torch "
+                                    f"twin as tidiff's does: a Taichi pitfall, not a tidiff failure "
+                                    f"(NOTE: [Taichi pitfalls]).\n{taichi}") from mismatch
+            raise
     return want
 
 
@@ -47,6 +72,18 @@ def check_grad(case: Case, argnums: Any, has_aux: bool, kind: str = "grad") -> N
             twin = jac(_aux_twin(case, has_aux), argnums)
             twin = with_aux(twin, case.twin) if has_aux else twin
         _compare(case, got, per_element(twin, case.arrays, case.cores), kind)
+
+
+def check_grad_of_a_pair_refused(case: Case, argnums: Any, kind: str = "grad") -> None:
+    """td.grad of a function returning a pair, without has_aux, is a TypeError suggesting td.jacobian (as JAX)."""
+    with case.checking(f"td.{kind}(f, argnums={argnums!r})(*args) of a function returning a pair"):
+        try:
+            getattr(td, kind)(case.fn, argnums=argnums)(*case.host())
+        except TypeError as e:
+            if "scalar output" not in str(e) or "td.jacobian" not in str(e):
+                raise Mismatch(f"td.{kind} of a pair raised a TypeError that does not say why: {e}") from e
+            return
+        raise Mismatch(f"td.{kind} of a function returning a pair did not raise TypeError")
 
 
 def check_jacobian(case: Case, kind: str, argnums: Any, has_aux: bool) -> None:
@@ -154,6 +191,22 @@ def check_forward_refused(case: Case) -> None:
         except td.TransformError:
             return
         raise Mismatch("forward mode through a custom_vjp function without a jvp rule did not raise td.TransformError")
+
+
+@contextlib.contextmanager
+def refused_or_right(case: Case):
+    """Forward over reverse (hessian, hvp) of code reaching a custom_vjp function without a jvp rule: a
+    td.TransformError naming that function where the differentiated arguments reach it (as tidiff's own
+    tests/test_custom.py asks; JAX would differentiate the rule's fwd, which tidiff has none of), else the
+    checks inside must pass."""
+    if case.program.forward_ok:
+        yield
+        return
+    try:
+        yield
+    except td.TransformError as e:
+        if "custom_vjp function without a jvp rule" not in str(e):
+            raise
 
 
 # -- compositions -------------------------------------------------------------------------------

@@ -67,6 +67,15 @@ class EntryWrite:
 
 
 @dataclass(frozen=True)
+class Unpack:
+    """``a, b = e0, e1`` (``values``: one Expr per name) or ``a, b = h(...)`` (``values``: one ``call`` of a
+    helper returning a tuple)."""
+
+    names: tuple
+    values: tuple
+
+
+@dataclass(frozen=True)
 class If:
     cond: Expr
     threshold: float
@@ -173,6 +182,9 @@ def _walk_block(block):
         yield s
         if isinstance(s, (Assign, AugAssign, EntryWrite)):
             yield from _walk_expr(s.expr)
+        elif isinstance(s, Unpack):
+            for e in s.values:
+                yield from _walk_expr(e)
         elif isinstance(s, If):
             yield from _walk_expr(s.cond)
             yield from _walk_block(s.body)
@@ -189,7 +201,7 @@ def _walk_expr(e):
 
 # -- what may be drawn --------------------------------------------------------------------------
 
-STATEMENTS = ("assign", "aug", "entry_write", "if", "static_for", "range_for", "while")
+STATEMENTS = ("assign", "aug", "entry_write", "unpack", "if", "static_for", "range_for", "while")
 
 
 @dataclass(frozen=True)
@@ -324,6 +336,7 @@ def draw_statement(draw, scope, in_block, block_depth):
     g = scope.grammar
     kinds = [k for k in g.statements
              if (k != "assign" or not in_block or scope.locals)
+             and (k != "unpack" or not in_block or len(scope.locals) >= 2)
              and (k not in ("aug", "if", "static_for", "range_for", "while") or scope.locals)
              and (k != "entry_write" or any(s != () for _, s in scope.locals))
              and (k not in ("if", "static_for", "range_for", "while") or block_depth < 2)]
@@ -339,6 +352,8 @@ def draw_statement(draw, scope, in_block, block_depth):
         scope.env.append((name, T))
         scope.locals.append((name, T))
         return Assign(name, expr)
+    if kind == "unpack":
+        return _draw_unpack(draw, scope, in_block, depth)
     if kind == "aug":
         name, T = scope.locals[_index(draw, len(scope.locals))]
         op = draw(st.sampled_from("+-*"))
@@ -363,6 +378,53 @@ def draw_statement(draw, scope, in_block, block_depth):
     body = _draw_block(draw, scope, 1, block_depth + 1)
     scope.loops.pop()
     return Loop(loop_kind, var, count, body)
+
+
+def _draw_unpack(draw, scope, in_block, depth):
+    """``a, b = ...``: two distinct targets, each an existing local or (outside blocks: Taichi's scoping) a
+    new one; the value is a call of a helper returning a pair, or a pair of expressions. Every value is
+    drawn before a target is declared: the right-hand side reads the old values."""
+    pairs = [h for h in scope.helpers if len(h.returns) == 2]
+    helper = pairs[_index(draw, len(pairs))] if pairs and draw(st.booleans()) else None
+    targets = []
+    for k in range(2):
+        T = helper.out_shapes[k] if helper else None
+        free = [(n, s) for n, s in scope.locals if n not in [t for t, _ in targets] and T in (None, s)]
+        if free and (in_block or draw(st.booleans())):
+            targets.append(free[_index(draw, len(free))])
+        elif in_block:  # no local of the helper's shape: a pair of expressions instead
+            return _draw_unpack_values(draw, scope, depth)
+        else:
+            targets.append((None, T if helper else draw(st.sampled_from(scope.grammar.shapes))))
+    shapes = tuple(T for _, T in targets)
+    if helper:
+        args = tuple(draw_expr(draw, s, depth - 1, scope) for _, s in helper.params)
+        values = (Expr("call", args, shapes, (("func", helper.name),)),)
+    else:
+        values = tuple(draw_expr(draw, T, depth - 1, scope) for T in shapes)
+    return Unpack(_declare(scope, targets), values)
+
+
+def _draw_unpack_values(draw, scope, depth):
+    """``a, b = e0, e1`` over two existing locals."""
+    k = _index(draw, len(scope.locals))
+    first = scope.locals[k]
+    rest = scope.locals[:k] + scope.locals[k + 1:]
+    second = rest[_index(draw, len(rest))]
+    values = tuple(draw_expr(draw, T, depth - 1, scope) for _, T in (first, second))
+    return Unpack((first[0], second[0]), values)
+
+
+def _declare(scope, targets):
+    """The targets' names, new ones (name None) made and declared in the scope."""
+    names = []
+    for name, T in targets:
+        if name is None:
+            name = scope.fresh("t")
+            scope.env.append((name, T))
+            scope.locals.append((name, T))
+        names.append(name)
+    return tuple(names)
 
 
 def _entry_index(draw, T, scope):
@@ -403,7 +465,7 @@ def programs(draw, grammar=Grammar(), out_shapes=None, param_shapes=None):
     helpers = []
     for k in range(draw(st.integers(0, grammar.max_helpers))):
         shapes = draw(st.lists(st.sampled_from(grammar.shapes), min_size=1, max_size=2))
-        out = (draw(st.sampled_from(grammar.shapes)),)
+        out = tuple(draw(st.lists(st.sampled_from(grammar.shapes), min_size=1, max_size=2)))
         helpers.append(draw_func(draw, grammar, f"h{k}", tuple(helpers), tuple(shapes), out, 2))
     if param_shapes is None:
         param_shapes = st.lists(st.sampled_from(grammar.shapes), min_size=1, max_size=grammar.max_params).map(tuple)

@@ -81,3 +81,22 @@ def check_in_kernel(case: Case, call: str, host_call, extra: list | None = None)
         for k, (got, want) in enumerate(zip(outs, leaves)):
             assert_values_close(got.reshape(want.shape), want, f"in-kernel leaf {paths[k]} against the host",
                                 rtol=1e-12, atol=1e-12)
+
+
+def plain_values(case: Case) -> list:
+    """``f`` per element in a plain kernel, without tidiff: the leaves of its value, each ``batch + leaf``.
+
+    The oracle for classifying a value mismatch: where Taichi's own evaluation disagrees with the torch twin
+    too, the fault is not tidiff's (NOTE: [Taichi pitfalls] in ``checks``).
+    """
+    batch, full = oracle.broadcast_all(case.arrays, case.cores)
+    B = int(np.prod(batch))
+    flat = [np.ascontiguousarray(a.reshape((B,) + c)) for a, c in zip(full, case.cores)]
+    shapes = case.out_shapes
+    paths = [()] if len(shapes) == 1 else [(k,) for k in range(len(shapes))]
+    text = "f(" + ", ".join(f"a{k}[b]" for k in range(case.nargs)) + ")"
+    ns = {"ti": ti, "td": td, "f": case.f}
+    run = compile_text(kernel_source(text, case.cores, list(shapes), paths), "run", ns, "plain")
+    outs = [np.zeros((B,) + (c if len(c) <= 2 else (int(np.prod(c)),))) for c in shapes]
+    run(*flat, *outs)
+    return [o.reshape(batch + c) for o, c in zip(outs, shapes)]

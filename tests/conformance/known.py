@@ -16,19 +16,10 @@ from __future__ import annotations
 from . import library
 from .grammar import Grammar
 
-KNOWN_FAILING: dict[str, str] = {
-    "tjvp_unannotated": "a transform called inside a kernel (td.jvp in a @ti.func included) of a @ti.func with no "
-                        "return annotation and a non-scalar output raises TaichiSyntaxError",
-    "in_kernel_unannotated": "as tjvp_unannotated, for the transforms the in-kernel test calls",
-}
+KNOWN_FAILING: dict[str, str] = {}
 """feature -> what goes wrong. Remove an entry when its xfail test in test_known_failures.py passes."""
 
-REVERSE_GAPS: dict[str, str] = {
-    "if": "the reverse transform takes no branch on a value (docs/limits.md)",
-    "while": "the reverse transform takes no while loop (docs/limits.md)",
-    "lib_softsign": "the reverse transform takes no call of a td.custom_jvp function (docs/limits.md)",
-    "lib_swirl": "the reverse transform takes no call of a td.custom_jvp function (docs/limits.md)",
-}
+REVERSE_GAPS: dict[str, str] = {}
 """construct -> why tidiff cannot differentiate it in code that also reaches a custom_vjp without a jvp rule."""
 
 FIELD_REVERSE_GAPS: dict[str, str] = {

@@ -268,8 +268,8 @@ OPS: dict[str, Op] = {
     "length": Op("ti.math.length({0} + 0.7391)", "_norm({0} + 0.7391)", reduce_vector),
     "distance": Op("ti.math.distance({0}, {1} + 0.7391)", "_norm({0} - {1} - 0.7391)", pair_vectors),
     "cross2": Op("{0}.cross({1})", "_cross2({0}, {1})", cross2),
-    "determinant": Op("{0}.determinant()", "torch.linalg.det({0})", reduce_square),
-    "determinant_fn": Op("ti.math.determinant({0})", "torch.linalg.det({0})", reduce_square),
+    "determinant": Op("{0}.determinant()", "_det({0})", reduce_square),
+    "determinant_fn": Op("ti.math.determinant({0})", "_det({0})", reduce_square),
     "trace": Op("{0}.trace()", "torch.trace({0})", reduce_square),
     # vectors
     "cross3": Op("{0}.cross({1})", "torch.linalg.cross({0}, {1})", cross3),

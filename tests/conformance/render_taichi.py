@@ -15,7 +15,7 @@ import taichi as ti
 import tidiff as td
 
 from . import library
-from .grammar import Assign, AugAssign, EntryWrite, Expr, If, Loop
+from .grammar import Assign, AugAssign, EntryWrite, Expr, If, Loop, Unpack
 from .ops import MATRIX_SHAPES, OPS, VECTOR_SIZES, taichi_annotation
 
 _files = itertools.count()
@@ -52,6 +52,8 @@ def statements(block, indent):
     for s in block:
         if isinstance(s, Assign):
             lines.append(f"{pad}{s.name} = {expr(s.expr)}")
+        elif isinstance(s, Unpack):
+            lines.append(f"{pad}{', '.join(s.names)} = {', '.join(expr(e) for e in s.values)}")
         elif isinstance(s, AugAssign):
             lines.append(f"{pad}{s.name} {s.op}= {expr(s.expr)}")
         elif isinstance(s, EntryWrite):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import library
-from .grammar import Assign, AugAssign, EntryWrite, Expr, If, Loop
+from .grammar import Assign, AugAssign, EntryWrite, Expr, If, Loop, Unpack
 from .ops import OPS
 from .render_taichi import compile_text
 
@@ -52,6 +52,15 @@ def _cross2(a, b):
     return a[0] * b[1] - a[1] * b[0]
 
 
+def _det(m):
+    """The determinant as the cofactor polynomial Taichi computes: its derivatives of every order are
+    polynomials too (torch.linalg.det's are NaN at singular matrices from the fourth order on)."""
+    if m.shape[0] == 2:
+        return m[0, 0] * m[1, 1] - m[0, 1] * m[1, 0]
+    return (m[0, 0] * (m[1, 1] * m[2, 2] - m[1, 2] * m[2, 1]) - m[0, 1] * (m[1, 0] * m[2, 2] - m[1, 2] * m[2, 0])
+            + m[0, 2] * (m[1, 0] * m[2, 1] - m[1, 1] * m[2, 0]))
+
+
 def _eye(n):
     return torch.eye(n, dtype=F64)
 
@@ -81,7 +90,7 @@ def _jvp(fn, primals, tangents):
         return torch.autograd.functional.jvp(fn, primals, tangents, create_graph=True)[1]
 
 
-HELPERS = {f.__name__: f for f in (_set, _clamp, _smoothstep, _mix, _norm_sqr, _norm, _normalized, _cross2, _eye,
+HELPERS = {f.__name__: f for f in (_set, _clamp, _smoothstep, _mix, _norm_sqr, _norm, _normalized, _cross2, _det, _eye,
                                    _matrix, _grad, _jvp)}
 """What twin source may call besides torch and the library."""
 
@@ -118,6 +127,8 @@ def statements(block, indent):
     for s in block:
         if isinstance(s, Assign):
             lines.append(f"{pad}{s.name} = {expr(s.expr)}")
+        elif isinstance(s, Unpack):
+            lines.append(f"{pad}{', '.join(s.names)} = {', '.join(expr(e) for e in s.values)}")
         elif isinstance(s, AugAssign):
             lines.append(f"{pad}{s.name} = {s.name} {s.op} {expr(s.expr)}")
         elif isinstance(s, EntryWrite):

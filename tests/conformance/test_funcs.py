@@ -34,7 +34,9 @@ def run_first_order(data, case, kind):
         checks.check_vjp(case, rng, has_aux)
     else:
         argnums = data.draw(cases.argnums(case.nargs), label="argnums")
-        if kind in ("grad", "value_and_grad"):
+        if kind in ("grad", "value_and_grad") and len(case.out_shapes) == 2 and not has_aux:
+            checks.check_grad_of_a_pair_refused(case, argnums, kind)
+        elif kind in ("grad", "value_and_grad"):
             checks.check_grad(case, argnums, has_aux, kind)
         else:
             checks.check_jacobian(case, kind, argnums, has_aux)
@@ -54,12 +56,16 @@ def test_first_order(data):
 def test_second_order(data):
     out_shapes = st.one_of(grammar.SCALAR_OUT, grammar.SCALAR_WITH_AUX)
     case = draw_case(data, out_shapes=out_shapes)
+    if not case.program.forward_ok:  # second order pushes tangents through the gradient: refused, as in JAX
+        checks.check_forward_refused(case)
+        return
     kinds = [k for k in ("hessian", "hvp") if known.enabled(k)]
     kind = data.draw(st.sampled_from(kinds), label="transform")
-    if kind == "hvp":
-        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
-        if len(case.out_shapes) == 1:
-            checks.check_hvp(case, rng, fd=case.program.smooth)
-    else:
-        has_aux = len(case.out_shapes) == 2  # the Hessian is of a scalar function: (scalar, aux) needs has_aux
-        checks.check_jacobian(case, "hessian", data.draw(cases.argnums(case.nargs), label="argnums"), has_aux)
+    with checks.refused_or_right(case):
+        if kind == "hvp":
+            rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+            if len(case.out_shapes) == 1:
+                checks.check_hvp(case, rng, fd=case.program.smooth)
+        else:
+            has_aux = len(case.out_shapes) == 2  # the Hessian of a scalar function: (scalar, aux) needs has_aux
+            checks.check_jacobian(case, "hessian", data.draw(cases.argnums(case.nargs), label="argnums"), has_aux)

@@ -19,8 +19,6 @@ def test_transforms_in_kernel(data):
     one_output = st.sampled_from(grammar.SHAPES).map(lambda s: (s,))
     case = draw_case(data, out_shapes=st.one_of(grammar.SCALAR_OUT, one_output), param_shapes=SMALL_PARAMS)
     scalar = case.out_shapes == ((),)
-    if not (scalar or case.program.main.annotate_return or known.enabled("in_kernel_unannotated")):
-        return
     kinds = [k for k in KINDS if known.enabled("in_kernel_" + k)
              and (scalar or k in ("jacfwd", "jacrev", "jacobian", "jvp"))
              and (case.program.forward_ok or k not in FORWARD)]

@@ -107,20 +107,3 @@ def test_reverse_gap(construct):
     check(*CASES[construct])
 
 
-@ti.func
-def unannotated(x0: vec2, x1: ti.f64):
-    return x0[0] * x1 * ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
-
-
-@ti.kernel
-def jacrev_in_a_kernel(a0: ti.types.ndarray(dtype=vec2, ndim=1), a1: ti.types.ndarray(dtype=ti.f64, ndim=1),
-                       o: ti.types.ndarray(dtype=ti.types.matrix(2, 2, ti.f64), ndim=1)):
-    for b in range(a0.shape[0]):
-        o[b] = td.jacrev(unannotated, argnums=1)(a0[b], a1[b])
-
-
-@pytest.mark.xfail(strict=True, raises=ti.TaichiSyntaxError, reason=known.KNOWN_FAILING["in_kernel_unannotated"])
-def test_in_kernel_transform_of_a_function_without_a_return_annotation():
-    o = np.zeros((2, 2, 2))
-    jacrev_in_a_kernel(np.full((2, 2), 0.5), np.ones(2), o)
-    np.testing.assert_allclose(o[0], 0.5 * np.array([[1.0, 2.0], [3.0, 4.0]]), rtol=1e-12)

@@ -28,6 +28,7 @@ import tidiff as td
 
 from . import budget, grammar, known, render_taichi
 from .cases import Case, draw_case
+from .compare import as_numpy
 
 N = 4
 RTOL, ATOL = 1e-8, 1e-10
@@ -111,7 +112,8 @@ def tensors(*arrays):
 
 
 def close(got, want):
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
+    """``want`` may be a tensor still on a graph (a twin calling a transform keeps create_graph)."""
+    np.testing.assert_allclose(np.asarray(got), as_numpy(want), rtol=RTOL, atol=ATOL)
 
 
 @budget.examples(ci=2, share=0.05)

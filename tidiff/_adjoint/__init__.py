@@ -1,4 +1,4 @@
-"""Source-to-source reverse mode for straight-line ``@ti.func`` code: ``vjp_func(f, active, n_outputs)``."""
+"""Source-to-source reverse mode for ``@ti.func`` code: ``vjp_func(f, active, n_outputs)``."""
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +21,7 @@ def _made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
 
 
 def vjp_func(f: Any, active: Sequence[bool], n_outputs: int = 1) -> Any:
-    """The reverse function of a ``@ti.func``, or None when ``f`` is not straight-line code.
+    """The reverse function of a ``@ti.func``, or None when the reverse transform does not take ``f``.
 
     Args:
         f: a ``@ti.func`` (or one tidiff generated, or a plain Python helper).

@@ -1,27 +1,30 @@
-"""A straight-line ``@ti.func`` -> its reverse (vjp) function, or the reason it has none.
+"""A ``@ti.func`` -> its reverse (vjp) function, or the reason it has none.
 
 The reverse function of ``f(x, mu)`` with ``x`` active reads::
 
     @ti.func
     def f_vjp(x, mu, ct_out):
-        <f's statements, one op per line, each variable assigned once>
+        <f's statements, one op per line, each variable assigned once outside blocks>
         <for each op, last first: add its operands' cotangents>
         return (out, ct_x)
 
 Supported: assignments (plain, augmented, annotated, tuple to tuple, and
 into an entry, ``v[i, j] = e``), one final ``return``,
 the ops with a rule in ``rules.py``, calls of other reversible
-``@ti.func`` s, ``for`` loops over ranges of constants (unrolled) and ``if``
-on a condition of constants (after unrolling: ``ti.static(i == j)``). Other
-loops and branches and custom rules make a function not reversible: its
-derivatives then come from forward pushes (``_codegen/bodies.py``), which handle
-everything.
+``@ti.func`` s, of ``td.custom_vjp`` functions (their ``bwd``) and of
+``td.custom_jvp`` functions (their jvp rule transposed, ``linearize.py``),
+``for`` loops over ranges of constants (unrolled), ``if`` on a condition of
+constants (after unrolling: ``ti.static(i == j)``), and branches on values,
+runtime ``for`` loops and ``while`` loops (``control.py``, NOTE: [Reverse
+control flow]). ``break``, ``continue`` and loops with ``else`` make a
+function not reversible: its derivatives then come from forward pushes
+(``_codegen/bodies.py``), which handle everything.
 """
 import ast
 import builtins
 import functools
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 import taichi as ti
 
@@ -34,9 +37,16 @@ from .._tangent.rules import lookup as forward_rule
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from .._tangent.transform import _callee_hint, callable_positional
 from . import rules
+from .control import Branch, ControlFlow, Loop
+from .linearize import linearized
+from .nodes import assign as _assign
+from .nodes import name as _name
 from .rules import ADJOINTS, is_constructor
 
 USES_BWD = "_tidiff_uses_bwd"
+RECOMPUTES = "_tidiff_recomputes"
+"""Attribute of a reverse function that reverses a runtime loop by recomputing it (NOTE: [Loops in reverse
+cost their square] in ``_modes``)."""
 """Attribute of a generated reverse function that calls a td.custom_vjp rule (see NOTE: [Mode choice])."""
 
 
@@ -63,22 +73,12 @@ class Op:
         return self.outputs or [self.target]
 
 
-def _name(identifier):
-    return ast.Name(identifier, ast.Load())
-
-
-def _assign(target, value, annotation=None):
-    if annotation is not None:
-        return ast.AnnAssign(ast.Name(target, ast.Store()), annotation, value, 1)
-    return ast.Assign([ast.Name(target, ast.Store())], value)
-
-
 _SIMPLE = (ast.Name, ast.Constant, ast.Attribute)
 _COMPONENTS = {"x": 0, "y": 1, "z": 2, "w": 3}
 _ZERO_ATTRIBUTES = {"n", "m", "shape", "dtype", "ndim"}
 
 
-class Reverser:
+class Reverser(ControlFlow):
     """Builds the reverse function of one parsed ``@ti.func`` for one activity pattern."""
 
     def __init__(self, parsed, active, n_outputs, vjp_of):
@@ -92,9 +92,11 @@ class Reverser:
         self.defined = set(self.params)
         self.active = {p for p, a in zip(self.params, active, strict=False) if a}
         self.temps = set()
-        self.tuples = {}  # SSA name of a tuple-valued call result -> the names of its elements
+        self.tuples = {}  # SSA name of a tuple-valued call result -> {index path: the name of that element}
         self.uses_bwd = False  # whether a custom_vjp rule is called (here or in a callee's reverse)
-        self.forward, self.backward, self.ops = [], [], []
+        self.recomputes = False  # whether a runtime loop is reversed by recomputation (here or in a callee)
+        self.forward, self.backward, self.ops = [], [], []  # the forward lists are the current block's
+        self.cts = {}  # SSA name -> the name of its cotangent, in the reverse sweep
         self.helpers = {}
         self.taichi_name = taichi_name(self.namer, parsed.namespace)
 
@@ -143,11 +145,11 @@ class Reverser:
             raise NotReversible("a chained assignment")
         target = node.targets[0]
         if isinstance(target, ast.Name):
-            count = self.returned_count(node.value)
-            if count > 1 and self.reads_active(node.value):  # r = h(x), h returning a tuple; r[k] later
-                names = self.call_outputs(node.value, count)
+            paths = self.returned_paths(node.value)
+            if len(paths) > 1 and self.reads_active(node.value):  # r = h(x), h returning a tuple; r[k] later
+                names = self.call_outputs(node.value, paths)
                 self.bind(target.id, _name(self.ops[-1].target))
-                self.tuples[self.env[target.id]] = names
+                self.tuples[self.env[target.id]] = dict(zip(paths, names, strict=True))
                 return
             return self.bind(target.id, self.value(node.value))
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
@@ -158,7 +160,7 @@ class Reverser:
             return
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, ast.Call) \
                 and _all_names(target.elts):
-            for t, v in zip(target.elts, self.call_outputs(node.value, len(target.elts)), strict=False):
+            for t, v in zip(target.elts, self.call_outputs(node.value, _top_level(len(target.elts))), strict=False):
                 self.bind(t.id, v)
             return
         if isinstance(target, (ast.Subscript, ast.Attribute)):
@@ -213,22 +215,37 @@ class Reverser:
         pass
 
     def stmt_For(self, node):
-        """A loop over a range of constants, unrolled: the counter is a constant in each copy."""
+        """A loop over a range of constants, unrolled: the counter is a constant in each copy; a loop over
+        ``range(n)`` with ``n`` known only at run time is a runtime loop (NOTE: [Reverse control flow])."""
         values = self.constant(node.iter, "range")
-        if node.orelse or not isinstance(node.target, ast.Name) or values is None:
-            raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` (not a range of constants)")
-        for value in values:
-            self.env[node.target.id] = ast.Constant(value)
-            for stmt in node.body:
-                self.statement(stmt)
+        if not isinstance(node.target, ast.Name) or node.orelse:
+            raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` with this target or an else")
+        if values is not None:
+            for value in values:
+                self.env[node.target.id] = ast.Constant(value)
+                for stmt in node.body:
+                    self.statement(stmt)
+            return
+        bounds = self.runtime_range(node.iter)
+        if bounds is None:
+            raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` (not a range)")
+        self.loop(node, node.target.id, bounds)
+
+    def stmt_While(self, node):
+        self.loop(node)
 
     def stmt_If(self, node):
-        """A branch on a condition of constants (``ti.static(i == j)`` in an unrolled loop): the taken side."""
+        """A branch on a condition of constants (``ti.static(i == j)`` in an unrolled loop): the taken side;
+        on a value, both sides (NOTE: [Reverse control flow])."""
         taken = self.constant(node.test, "test")
         if taken is None:
-            raise NotReversible(f"an `If` statement on `{ast.unparse(node.test)}`")
+            return self.branch(node)
         for stmt in node.body if taken else node.orelse:
             self.statement(stmt)
+
+    @staticmethod
+    def not_reversible(construct):
+        return NotReversible(construct)
 
     def constant(self, node, kind):
         """The value of ``range(...)`` (a list) or a condition made of constants, else None."""
@@ -278,13 +295,15 @@ class Reverser:
 
     def outputs(self, node):
         if self.n_outputs > 1 and isinstance(node, ast.Call):  # return h(x), h returning a tuple
-            return self.call_outputs(node, self.n_outputs)
+            return self.call_outputs(node, _top_level(self.n_outputs))
         if isinstance(node, ast.Name) and self.env.get(node.id) in self.tuples:
-            names = self.tuples[self.env[node.id]]
+            names = list(self.tuples[self.env[node.id]].values())
             if len(names) != self.n_outputs:
                 raise NotReversible(f"a return of {len(names)} values where {self.n_outputs} are expected")
             return names
         values = node.elts if isinstance(node, ast.Tuple) else [node]
+        if len(values) != self.n_outputs and len(_leaves(node)) == self.n_outputs:
+            values = _leaves(node)  # NOTE: [Nested results]
         if len(values) != self.n_outputs:
             raise NotReversible(f"a return of {len(values)} values where {self.n_outputs} are expected")
         return [self.operand(v) for v in values]
@@ -409,7 +428,7 @@ class Reverser:
         if hashable(callee) and callee in CUSTOM_VJPS:
             return self.call_function(node, callee)
         if hashable(callee) and callee in CUSTOM_JVPS:
-            raise NotReversible(f"a call of `{ast.unparse(func)}`, which has a custom derivative rule")
+            return self.call_function(node, callee)
         if callable_rule(callee) is not None:  # a tidiff Function
             return self.call_function(node, callee)
         if any(isinstance(a, ast.Starred) for a in node.args):
@@ -540,6 +559,11 @@ class Reverser:
         if hashable(callee) and callee in CUSTOM_VJPS:
             reverse, hint, positions = CUSTOM_VJPS[callee], base + "_bwd", list(range(len(args)))
             self.uses_bwd = True
+        elif hashable(callee) and callee in CUSTOM_JVPS:  # its jvp rule, transposed
+            mask = tuple(self.is_active(a) for a in args)
+            reverse = linearized(callee, CUSTOM_JVPS[callee], mask, n_outputs)
+            rank = iter(range(1, len(args) + 1))
+            hint, positions = base + "_linear_vjp", [next(rank) if active else None for active in mask]
         else:
             mask = tuple(self.is_active(a) for a in args)
             reverse = (
@@ -548,6 +572,7 @@ class Reverser:
             if reverse is None:
                 raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
             self.uses_bwd = self.uses_bwd or getattr(reverse, USES_BWD, False)
+            self.recomputes = self.recomputes or getattr(reverse, RECOMPUTES, False)
             rank = iter(range(1, len(args) + 1))  # the result is (out, ct of each active operand...)
             hint, positions = base + "_vjp", [next(rank) if active else None for active in mask]
         helper = helper_name(self.helpers, self.namer, reverse, hint)
@@ -581,31 +606,34 @@ class Reverser:
         index = self.rename(node.slice)
         if names is None or not (isinstance(index, ast.Constant) and isinstance(index.value, int)):
             return None
-        return names[index.value]
+        if (index.value,) not in names:  # a nested tuple of results (NOTE: [Nested results])
+            raise NotReversible(f"the read of `{ast.unparse(node)}`, a tuple inside a call's results")
+        return names[(index.value,)]
 
-    def returned_count(self, node):
-        """How many values a call returns: the length of its callee's final ``return (a, b, ...)``, else 1."""
+    def returned_paths(self, node):
+        """Index paths of the values a call returns: ``[(0,), (1,)]`` for a callee's final ``return (a, b)``,
+        ``[(0, 0), (0, 1), (1,)]`` for ``return ((a, b), c)`` (NOTE: [Nested results]), ``[()]`` for one value."""
         if not isinstance(node, ast.Call):
-            return 1
+            return [()]
         made = self._made_callee(node.func)
         if made is not MISSING:
-            return callable_rule(made).outputs(made)
+            return _top_level(callable_rule(made).outputs(made))
         if self._is_local(node.func):
-            return 1
+            return [()]
         callee = resolve(node.func, self.parsed.namespace)
         if callable_rule(callee) is not None:
-            return callable_rule(callee).outputs(callee)
-        if hashable(callee) and callee in CUSTOM_VJPS:
+            return _top_level(callable_rule(callee).outputs(callee))
+        if hashable(callee) and (callee in CUSTOM_VJPS or callee in CUSTOM_JVPS):
             callee = callee.tifunc
         if hashable(callee) and getattr(rules.lookup(callee), "n_outputs", 1) > 1:  # U, S, V = ti.svd(A)
-            return rules.lookup(callee).n_outputs
+            return _top_level(rules.lookup(callee).n_outputs)
         if not transformable(callee):  # a @ti.func or a helper (NOTE: [Python helpers])
-            return 1
+            return [()]
         body = parse(callee).tree.body
         last = body[-1] if body else None
         if isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple):
-            return len(last.value.elts)
-        return 1
+            return _paths(last.value)
+        return [()]
 
     def _made_callee(self, func):
         """A callee made by a call of module-level objects (``td.grad(E)``) that the transforms call
@@ -613,22 +641,23 @@ class Reverser:
         made = static_call(func, self.parsed.namespace, set(self.env) | self.defined)
         return made if callable_rule(made) is not None else MISSING
 
-    def call_outputs(self, node, count):
-        """``a, b = h(x)`` for a @ti.func (or custom_vjp function, or tidiff Function) returning
-        ``count`` values: one call op whose results are bound to names of their own."""
+    def call_outputs(self, node, paths):
+        """``a, b = h(x)`` for a @ti.func (or custom_vjp function, or tidiff Function) returning the values at
+        these index ``paths``: one call op whose results are bound to names of their own."""
+        count = len(paths)
         func = node.func
         callee = self._made_callee(func)
         if callee is MISSING:
             callee = MISSING if self._is_local(func) else resolve(func, self.parsed.namespace)
-        custom = (hashable(callee) and callee in CUSTOM_VJPS) or callable_rule(callee) is not None
-        reversible = transformable(callee) and hashable(callee) and forward_rule(callee) is None \
-            and callee not in CUSTOM_JVPS
+        custom = (hashable(callee) and (callee in CUSTOM_VJPS or callee in CUSTOM_JVPS)) \
+            or callable_rule(callee) is not None
+        reversible = transformable(callee) and hashable(callee) and forward_rule(callee) is None
         rule = rules.lookup(callee) if hashable(callee) else None
         if not (custom or reversible or getattr(rule, "n_outputs", 1) == count):
             raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
         if not any(self.reads_active(a) for a in node.args + [k.value for k in node.keywords]):
             value = self.operand(node)
-            return [ast.Subscript(value, ast.Constant(k), ast.Load()) for k in range(count)]
+            return [_element(value, path) for path in paths]
         if rule is not None and not (custom or reversible):  # an op with a rule: U, S, V = ti.svd(A)
             if any(self.reads_active(k.value) for k in node.keywords):
                 raise NotReversible(f"the call `{ast.unparse(node)}`")
@@ -639,9 +668,9 @@ class Reverser:
             tuple_name = self.call_function(node, callee, n_outputs=count)
         op = self.ops[-1]
         op.outputs = []
-        for k in range(count):
-            name = self.namer.fresh(f"{tuple_name.id}_{k}")
-            self.forward.append(_assign(name, ast.Subscript(tuple_name, ast.Constant(k), ast.Load())))
+        for path in paths:
+            name = self.namer.fresh(f"{tuple_name.id}_{'_'.join(map(str, path))}")
+            self.forward.append(_assign(name, _element(tuple_name, path)))
             self.active.add(name)
             self.defined.add(name)
             op.outputs.append(name)
@@ -655,20 +684,31 @@ class Reverser:
     # --- the reverse sweep ---------------------------------------------------------
     def sweep(self, outputs, ct_params):
         """Cotangent statements, last op first; returns {SSA name: the name of its cotangent}."""
-        cts: dict[str, Any] = {}
-
-        def add(variable, contribution):
-            if variable in cts:
-                value = ast.BinOp(_name(cts[variable]), ast.Add(), contribution.node)
-            else:
-                cts[variable] = self.namer.fresh("ct_" + variable)
-                value = contribution.node
-            self.backward.append(_assign(cts[variable], value))
-
         for out, ct in zip(outputs, ct_params, strict=False):
             if self.is_active(out):
-                add(out.id, Sym(_name(ct)))
-        for op in reversed(self.ops):
+                self.add(out.id, Sym(_name(ct)))
+        self.sweep_ops(self.ops)
+        return self.cts
+
+    def add(self, variable, contribution):
+        """``ct_variable += contribution`` (declared by its first contribution)."""
+        if variable in self.cts:
+            value = ast.BinOp(_name(self.cts[variable]), ast.Add(), contribution.node)
+        else:
+            self.cts[variable] = self.namer.fresh("ct_" + variable)
+            value = contribution.node
+        self.backward.append(_assign(self.cts[variable], value))
+
+    def sweep_ops(self, ops):
+        """The adjoints of a block's ops, last first, into ``self.backward``."""
+        cts = self.cts
+        for op in reversed(ops):
+            if isinstance(op, Branch):
+                self.reverse_branch(op)
+                continue
+            if isinstance(op, Loop):
+                self.reverse_loop(op)
+                continue
             if not any(r in cts for r in op.results()):
                 continue
             if op.callee is not None:
@@ -685,12 +725,39 @@ class Reverser:
                 contributions = op.rule(g, Sym(_name(op.target)), *[Sym(a) for a in op.args])
             for arg, contribution in zip(op.args, contributions, strict=False):
                 if contribution is not None and self.is_active(arg):
-                    add(arg.id, contribution)
-        return cts
+                    self.add(arg.id, contribution)
 
 
 _OP_HINTS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow",
              ast.MatMult: "matmul", ast.Mod: "mod"}
+
+
+# NOTE: [Nested results] The reverse function of a function returning several values returns them as one
+# tuple before the cotangents: ``((a, b), ct_x, ...)``. Reversing code that calls such a reverse function
+# (a third reverse transform through a custom_vjp rule, whose reverse returns the rule's results so) binds
+# each leaf of the call's results to a name (``r_0_0 = r[0][0]``), and the callee's reverse takes one
+# cotangent per leaf: its results count as their leaves.
+
+
+def _top_level(count):
+    return [()] if count == 1 else [(k,) for k in range(count)]
+
+
+def _paths(node, path=()):
+    """Index paths of the leaves of a tuple expression."""
+    if not isinstance(node, ast.Tuple):
+        return [path]
+    return [p for k, e in enumerate(node.elts) for p in _paths(e, path + (k,))]
+
+
+def _leaves(node):
+    return [e for sub in node.elts for e in _leaves(sub)] if isinstance(node, ast.Tuple) else [node]
+
+
+def _element(value, path):
+    for k in path:
+        value = ast.Subscript(value, ast.Constant(k), ast.Load())
+    return value
 
 
 def _call_hint(func, args):

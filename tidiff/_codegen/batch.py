@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import taichi as ti
+from taichi.lang.matrix import make_matrix
 from taichi.lang.util import to_numpy_type, to_taichi_type
 
 from .._signature import ArgSpec
@@ -86,13 +87,21 @@ def probe_in_kernel(body: Any, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpe
 
 
 def _zero_expr(spec: ArgSpec) -> Any:
+    """A zero of ``spec`` as a Taichi expression of the kernel being compiled.
+
+    NOTE: [Probe zeros are expressions] ``ti.Vector([...])`` called from Python
+    code while a kernel compiles gives a Python-side ``Matrix``, not an
+    expression; a ``@ti.func`` with a vector or matrix parameter refuses it
+    ("expected to be a Matrix"). ``make_matrix`` builds the expression the
+    kernel's own ``ti.Vector(...)`` would.
+    """
     dtype = to_taichi_type(spec.dtype)
     shape = kernel_shape(spec)
     if shape == ():
         return ti.cast(0, dtype)
     if len(shape) == 1:
-        return ti.Vector([0] * shape[0], dt=dtype)
-    return ti.Matrix([[0] * shape[1] for _ in range(shape[0])], dt=dtype)
+        return make_matrix([0] * shape[0], dt=dtype)
+    return make_matrix([[0] * shape[1] for _ in range(shape[0])], dt=dtype)
 
 
 class _Source:

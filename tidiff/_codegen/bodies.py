@@ -18,7 +18,7 @@ NOTE: [Flat values] A spec with more than two dims is stored as a flat
 
 NOTE: [Reverse bodies] A gradient by forward pushes costs one push per
 input component, and a Hessian built on it one second-order push per pair:
-81 for a 3x3 argument. When the parent is straight-line code, its reverse
+81 for a 3x3 argument. When the reverse transform takes the parent, its reverse
 function gives all of a gradient in one call, and the Hessian becomes one
 forward push through that call per input component (forward over reverse,
 as JAX's ``hessian``). W2, the Neo-Hookean Hessian at B=1e5 on this 2-core

@@ -62,7 +62,8 @@ def compile_source(source: str | ast.Module | ast.stmt, name: str, namespace: di
 # 4x4x8x4x8 block): frontend 1.1 s over 13,000 nodes (1.6 s before lines were
 # wrapped), IR passes 2.0 s (CSE 0.6 s, store-to-load 0.5 s) over four
 # copies of the reverse function's tangent, one per output component;
-# LLVM 0.1 s. ``td.hessian`` of a 64-vector function: 0.7 s in all.
+# LLVM 0.1 s. ``td.hessian`` of a 64-vector function: 0.7 s in all. The
+# copies are gone (NOTE: [Nested blocks] in ``nested``): 0.5-0.7 s.
 # bench/compile_scaling.py measures tidiff against JAX and hand-written Taichi.
 
 

@@ -82,6 +82,8 @@ def generate(f: Any, active: tuple[bool, ...], make: Callable[[Parsed, tuple[boo
         g._tidiff_lane_cost = transformer.lane_cost
     if getattr(transformer, "uses_bwd", False):
         g._tidiff_uses_bwd = True
+    if getattr(transformer, "recomputes", False):
+        g._tidiff_recomputes = True
     return g
 
 

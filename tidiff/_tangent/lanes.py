@@ -64,6 +64,7 @@ class Lanes:
 
     def __init__(self, namer: Namer, width: int) -> None:
         self.width = width
+        self.namer = namer
         self.names = {d: [namer.fresh(f"{d}_{k}") for k in range(width)] for d in namer.tangents.values()}
 
     def lane(self, node: ASTNode, k: int) -> ASTNode:
@@ -103,7 +104,11 @@ class Lanes:
         assert isinstance(y, ast.Name) and isinstance(dy, ast.Name)
         primals, tangents = call.args[:n_primals], call.args[n_primals:]
         if custom:
-            return [ast.Assign([ast.Tuple([y, self.lane(dy, k)], ast.Store())],
+            # every lane's call reads the primals as they were: the result goes to y from the last lane only
+            # (``y = c(y)`` would otherwise feed lane 0's result to lane 1)
+            scratch = self.namer.fresh(f"{y.id}_lane")
+            return [ast.Assign([ast.Tuple([y if k == self.width - 1 else ast.Name(scratch, ast.Store()),
+                                           self.lane(dy, k)], ast.Store())],
                                ast.Call(call.func, primals + [self.lane(t, k) for t in tangents], []))
                     for k in range(self.width)]
         lanes = [self.lane(t, k) for k in range(self.width) for t in tangents]

@@ -250,3 +250,91 @@ def col_of(m, j: ti.template()):  # type: ignore[valid-type]
     """Column ``j`` of the matrix ``m`` as a vector: the cotangent of ``cols[j]`` in ``ti.Matrix.cols(cols)``."""
     return ti.Vector([m[i, j] for i in ti.static(range(m.n))])
 
+
+
+# --- tapes of loop-carried values (``_adjoint/control.py``) ------------------
+# A reverse sweep through a runtime loop needs the values its iterations started
+# from. NOTE: [Tapes] Taichi lowers a runtime index into a local matrix to code
+# whose size grows with the whole matrix (a 64 x 32 tape written and read once
+# per entry compiled for 7 s), so a tape is one local vector of rows per entry
+# of the value (0.8 s): a Python list of Taichi variables (``impl.expr_init``)
+# that Taichi holds while it compiles, indexed ``tape[j][row]`` with ``j``
+# static, in the generated code itself (a list passed to a ``@ti.func`` is
+# copied entry by entry, slowly, and writes to the copy are lost). Shapes are
+# known only when Taichi compiles. What is left of the cost is Taichi's
+# store-to-load forwarding over the tape's entries, which grows with their
+# number times the reverse code's blocks (NOTE: [Reverse control flow]).
+def _compile_time(fn):
+    """A Python function Taichi calls while it compiles, without its warning of a non-taichi function."""
+    fn._is_taichi_function = True
+    fn.func = type("func", (), {"has_print": False})
+    return fn
+
+
+@_compile_time
+def dtype_of(x):
+    """The element type of a Taichi value while a kernel compiles."""
+    from taichi.lang.expr import Expr
+
+    if isinstance(x, Expr):
+        kind = x.ptr.get_rvalue_type()
+        return kind.element_type() if x.is_tensor() else kind
+    if isinstance(x, ti.Matrix):
+        return x.entries[0].ptr.get_rvalue_type() if isinstance(x.entries[0], Expr) else ti.f64
+    return ti.f64 if isinstance(x, float) else ti.i32
+
+
+@_compile_time
+def size_of(x):
+    """How many entries a Taichi value has: 1 for scalars."""
+    size = 1
+    for n in shape_of(x):
+        size *= n
+    return size
+
+
+@_compile_time
+def tape_of(x, rows):
+    """A zero tape for ``x``: one local vector of ``rows`` entries per entry of ``x`` (NOTE: [Tapes])."""
+    from taichi.lang import impl
+
+    return [impl.expr_init(ti.Vector.zero(dtype_of(x), rows)) for _ in range(size_of(x))]
+
+
+@ti.func
+def entries(x):
+    """The entries of a scalar, vector or matrix as a vector (matrices row by row)."""
+    if ti.static(len(shape_of(x)) == 0):
+        return ti.Vector([x])
+    else:
+        return flat(x)
+
+
+@ti.func
+def unflat_any(v, like):
+    """The vector ``v`` of entries back in the shape of ``like`` (the inverse of :func:`entries`)."""
+    if ti.static(len(shape_of(like)) == 0):
+        return v[0]
+    else:
+        return unflat(v, like)
+
+
+# --- linearizing a td.custom_jvp rule for the reverse sweep -------------------
+@ti.func
+def basis(like, k: ti.template()):  # type: ignore[valid-type]
+    """The ``k``-th unit value shaped like ``like`` (entries counted row by row)."""
+    if ti.static(len(shape_of(like)) == 0):
+        return ti.cast(1, dtype_of(like))
+    else:
+        e = entries(like) * 0
+        e[k] = 1
+        return unflat(e, like)
+
+
+@ti.func
+def inner(a, b):
+    """The sum of the entrywise products of two values of one shape."""
+    if ti.static(len(shape_of(a)) == 0):
+        return a * b
+    else:
+        return (entries(a) * entries(b)).sum()

@@ -201,8 +201,9 @@ class Transformer:
         target = node.targets[0]
         if isinstance(target, (ast.Tuple, ast.List)):
             return self.unpack(target, node.value)
-        if isinstance(target, ast.Name) and self._nested_callee(node.value) is not None:
-            return self.call_function(node.value, self._nested_callee(node.value),
+        callee = self._nested_callee(node.value) if isinstance(target, ast.Name) else None
+        if callee is not None:  # y = h(x): the call's results go straight into y, dy
+            return self.call_function(node.value, callee, custom=_custom_jvp(callee),
                                       into=(target.id, self.namer.tangent(target.id)))
         self.assign(target, *self.expr(node.value))
 
@@ -286,12 +287,21 @@ class Transformer:
         self.emit(ast.If(node.test, self.nested(node.body), self.nested(node.orelse) if node.orelse else []))
 
     def stmt_For(self, node):
-        if self.is_active(node.iter):
+        if self.is_active(node.iter) and not self._is_range(node.iter):
             raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
                              "loop over indices instead: for i in ti.static(range(n))")
         self.emit(
             ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else [])
         )
+
+    def _is_range(self, node):
+        """``range(...)`` or ``ti.static(range(...))``: its integers carry no derivative, whatever they are
+        computed from (``range(x.n)``)."""
+        if isinstance(node, ast.Call) and len(node.args) == 1 and not self._is_local(node.func) \
+                and resolve(node.func, self.parsed.namespace) is ti.static:
+            node = node.args[0]
+        return isinstance(node, ast.Call) and not self._is_local(node.func) \
+            and resolve(node.func, self.parsed.namespace) is range
 
     def stmt_While(self, node):
         self.emit(ast.While(node.test, self.nested(node.body), []))
@@ -526,8 +536,8 @@ class Transformer:
             return node, None
         if len(node.args) > 2 and hashable(callee) and lookup(callee) in (RULES[min], RULES[max]):
             node = self._pairwise(node)
-        if hashable(callee) and callee in CUSTOM_JVPS:
-            return self.call_function(node, callee, custom=CUSTOM_JVPS[callee])
+        if _custom_jvp(callee) is not None:
+            return self.call_function(node, callee, custom=_custom_jvp(callee))
         if hashable(callee) and callee in CUSTOM_VJPS:
             raise NoForwardRule(
                 getattr(callee, "name", ast.unparse(func)), self.parsed.filename, self.parsed.lineno(node)
@@ -661,6 +671,17 @@ class Transformer:
         except TypeError as e:
             raise self.error(node, f"the call `{ast.unparse(node)}` ({e})",
                              "pass the arguments the callee takes") from None
+
+
+def _custom_jvp(callee):
+    """The jvp rule of a td.custom_jvp (or custom_vjp with defjvp) callee, or None.
+
+    NOTE: [Custom rules wherever called] Every call of such a callee calls its
+    rule, bound to a name (``y = c(x)``) as well as inside an expression: a
+    custom Function is also a tidiff Function, and calling through that (its
+    widened tangent call) is neither the rule itself nor differentiable again.
+    """
+    return CUSTOM_JVPS.get(callee) if hashable(callee) else None
 
 
 def callable_positional(node, callee, error):

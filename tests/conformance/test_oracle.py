@@ -1,0 +1,62 @@
+"""The oracle itself: where torch's own derivatives are wrong, the twin must not use them; and how a value
+mismatch is classified (tidiff's fault, or Taichi's own)."""
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+
+import tidiff as td
+
+from .cases import Case
+from .checks import TaichiPitfall, check_value
+from .compare import Mismatch
+from .grammar import Expr, Func, Program
+from .ops import OPS
+from .render_torch import namespace
+
+
+@ti.func
+def det_of_a_singular_cube(x0: ti.types.vector(1, ti.f64)) -> ti.f64:
+    m = ti.Matrix([[x0[0], x0[0], x0[0]], [x0[0], x0[0], x0[0]], [x0[0], x0[0], x0[0]]]) * 1.7
+    return ti.math.determinant(ti.pow(m, 3))
+
+
+def test_determinant_twin_has_finite_derivatives_at_singular_matrices():
+    """Found by the long run: torch.linalg.det's fourth derivative of a determinant that is 0 for every x
+    is NaN; the twin's cofactor polynomial gives the true 0 (tidiff's answer)."""
+    det = eval("lambda m: " + OPS["determinant_fn"].torch.format("m"), namespace())
+
+    def twin(x):
+        return det((1.7 * x[0] * torch.ones(3, 3, dtype=torch.float64)) ** 3)
+
+    x = torch.tensor([1.2695181265981104], dtype=torch.float64)
+    d = twin
+    for _ in range(4):
+        d = (lambda g: lambda y: torch.autograd.functional.jacobian(g, y, create_graph=True))(d)
+    fourth = d(x)
+    np.testing.assert_array_equal(fourth.detach().numpy(), np.zeros((1, 1, 1, 1)))
+    got = td.jacfwd(td.jacobian(td.hessian(det_of_a_singular_cube)))(x.numpy())
+    np.testing.assert_array_equal(got, np.zeros((1, 1, 1, 1)))
+
+
+def _sine_case():
+    x0 = Expr("var", (), (), (("name", "x0"),))
+    program = Program((), Func("f", (("x0", ()),), (), (Expr("sin", (x0,), ()),)))
+    return Case(program, [np.array([0.3, -0.4])], [False])
+
+
+def test_a_value_taichi_itself_gets_otherwise_is_a_taichi_pitfall():
+    """NOTE: [Taichi pitfalls]: where Taichi's plain evaluation disagrees with the twin too, the net says so."""
+    case = _sine_case()
+    check_value(case)
+    case.twin = torch.cos  # Taichi (sin) now disagrees with the "twin", in a plain kernel as through tidiff
+    with pytest.raises(TaichiPitfall, match="Taichi's own evaluation"):
+        check_value(case)
+
+
+def test_a_value_only_tidiff_gets_wrong_is_a_tidiff_failure():
+    case = _sine_case()
+    case.fn = lambda x: np.sin(x) + 1.0  # as if tidiff's evaluation were wrong while Taichi's is right
+    with pytest.raises(Mismatch) as raised:
+        check_value(case)
+    assert not isinstance(raised.value, TaichiPitfall)

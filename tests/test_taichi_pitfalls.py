@@ -1,0 +1,132 @@
+"""Taichi 1.7.4 behaviours that give wrong values with no tidiff code involved, each as a minimal program.
+
+Each test asserts what Taichi does today, so it fails (and says so) once a Taichi release fixes it; the
+conformance net classifies programs that hit them as Taichi pitfalls, not tidiff failures (NOTE: [Taichi
+pitfalls] in tests/conformance/checks.py), and docs/limits.md lists them.
+"""
+import numpy as np
+import taichi as ti
+
+M22 = ti.types.matrix(2, 2, ti.f64)
+
+
+@ti.func
+def in_a_loop(x):
+    v = ti.Matrix([[x, 2.0 * x], [3.0, x * x]])
+    for _ in range(1):
+        v = v * 0.5 + ti.Matrix([[v[0, 1], x], [x, x]]).transpose() * (x - 1.5)
+        v[1, 1] += v[0, 1]
+    return v
+
+
+@ti.func
+def straight_line(x):
+    v = ti.Matrix([[x, 2.0 * x], [3.0, x * x]])
+    v = v * 0.5 + ti.Matrix([[v[0, 1], x], [x, x]]).transpose() * (x - 1.5)
+    v[1, 1] += v[0, 1]
+    return v
+
+
+@ti.kernel
+def both(x: ti.types.ndarray(dtype=ti.f64, ndim=1), looped: ti.types.ndarray(dtype=M22, ndim=1),
+         straight: ti.types.ndarray(dtype=M22, ndim=1)):
+    for b in range(x.shape[0]):
+        looped[b] = in_a_loop(x[b])
+        straight[b] = straight_line(x[b])
+
+
+def test_entry_read_after_a_whole_matrix_write_with_a_transpose_in_a_loop_reads_the_old_entry():
+    """Inside a runtime loop, ``v = ... + M(v).transpose() * w`` followed by a read of an entry of ``v``
+    reads the entry as it was before the write (found by the conformance net's long run).
+
+    At x = 1.5 the weight is 0: v becomes v / 2 = [[0.75, 1.5], [1.5, 1.125]], and v[1, 1] += v[0, 1]
+    gives 2.625. In the loop Taichi adds the old v[0, 1] = 3.0 instead: 4.125.
+    """
+    x = np.array([1.5])
+    looped, straight = np.zeros((1, 2, 2)), np.zeros((1, 2, 2))
+    both(x, looped, straight)
+    np.testing.assert_array_equal(straight[0], [[0.75, 1.5], [1.5, 2.625]])  # right
+    np.testing.assert_array_equal(looped[0], [[0.75, 1.5], [1.5, 4.125]])  # Taichi 1.7.4: the old v[0, 1]
+
+
+@ti.func
+def added_in_a_loop(x):
+    v = ti.Matrix([[x, 2.0 * x], [3.0, x * x]])
+    for _ in range(1):
+        v += ti.Matrix([[v[1, 0], v[0, 0]], [v[1, 0], x]])
+        v[1, 0] *= v[0, 1]
+    return v
+
+
+@ti.func
+def added_straight(x):
+    v = ti.Matrix([[x, 2.0 * x], [3.0, x * x]])
+    v += ti.Matrix([[v[1, 0], v[0, 0]], [v[1, 0], x]])
+    v[1, 0] *= v[0, 1]
+    return v
+
+
+@ti.kernel
+def both_added(x: ti.types.ndarray(dtype=ti.f64, ndim=1), looped: ti.types.ndarray(dtype=M22, ndim=1),
+               straight: ti.types.ndarray(dtype=M22, ndim=1)):
+    for b in range(x.shape[0]):
+        looped[b] = added_in_a_loop(x[b])
+        straight[b] = added_straight(x[b])
+
+
+def test_entry_update_after_adding_a_matrix_of_own_entries_in_a_loop_reads_the_old_entry():
+    """The same family, with ``v += ti.Matrix([[v[1, 0], ...]])`` (``v = v + ...`` is right).
+
+    At x = 1.5: v = [[1.5, 3], [3, 2.25]] + [[3, 1.5], [3, 1.5]] = [[4.5, 4.5], [6, 3.75]], then
+    v[1, 0] *= v[0, 1] gives 27. In the loop Taichi multiplies the old v[1, 0] = 3: 13.5.
+    """
+    x = np.array([1.5])
+    looped, straight = np.zeros((1, 2, 2)), np.zeros((1, 2, 2))
+    both_added(x, looped, straight)
+    np.testing.assert_array_equal(straight[0], [[4.5, 4.5], [27.0, 3.75]])  # right
+    np.testing.assert_array_equal(looped[0], [[4.5, 4.5], [13.5, 3.75]])  # Taichi 1.7.4: the old v[1, 0]
+
+
+V1 = ti.types.vector(1, ti.f64)
+
+
+@ti.func
+def scaled_twice(x):
+    v = ti.Vector([x])
+    v -= 0.5
+    v *= ti.Matrix([[v[0], x], [v[0], x]]).min()
+    v -= 0.5
+    v *= ti.Matrix([[v[0], x], [v[0], x]]).min()
+    return v
+
+
+@ti.func
+def scaled_twice_by_assignment(x):
+    v = ti.Vector([x])
+    v = v - 0.5
+    v = v * ti.Matrix([[v[0], x], [v[0], x]]).min()
+    v = v - 0.5
+    v = v * ti.Matrix([[v[0], x], [v[0], x]]).min()
+    return v
+
+
+@ti.kernel
+def both_scaled(x: ti.types.ndarray(dtype=ti.f64, ndim=1), augmented: ti.types.ndarray(dtype=V1, ndim=1),
+                assigned: ti.types.ndarray(dtype=V1, ndim=1)):
+    for b in range(x.shape[0]):
+        augmented[b] = scaled_twice(x[b])
+        assigned[b] = scaled_twice_by_assignment(x[b])
+
+
+def test_second_identical_literal_of_own_entries_after_an_augmented_write_reads_the_old_entry():
+    """Straight-line code too: ``v *= ti.Matrix([[v[0], x], [v[0], x]]).min()`` written twice, with
+    ``v -= 0.5`` between, gives the second literal the v[0] of the first (found by the net).
+
+    At x = 0.7: v = 0.2, then 0.2 * min(0.2, 0.7) = 0.04, then -0.46, then -0.46 * min(-0.46, 0.7)
+    = 0.2116. Taichi multiplies by the old v[0] = 0.2 the second time: -0.092.
+    """
+    x = np.array([0.7])
+    augmented, assigned = np.zeros((1, 1)), np.zeros((1, 1))
+    both_scaled(x, augmented, assigned)
+    np.testing.assert_allclose(assigned[0], [0.2116], rtol=1e-14)  # right
+    np.testing.assert_allclose(augmented[0], [-0.092], rtol=1e-14)  # Taichi 1.7.4: the old v[0]

@@ -1,0 +1,375 @@
+"""Branches on values and runtime loops in the reverse transform (a mixin of ``Reverser``).
+
+NOTE: [Reverse control flow] The forward sweep keeps Taichi's block structure:
+a variable a branch or loop assigns gets one name that lives outside it (its
+*phi*), declared before and written at the end of each side or iteration;
+names made inside a block live only there, as Taichi's scoping wants. The
+reverse sweep rebuilds those inner values where it needs them instead of
+keeping them:
+
+- a branch saves its condition in a local (``cond``); the reverse sweep runs
+  ``if cond:`` again, recomputes the taken side's forward statements and runs
+  their adjoints there, seeding the cotangent of each phi into the value the
+  side left in it (the old value, for a side that does not assign it);
+- a runtime loop (``for i in range(n)`` with ``n`` known only when it runs,
+  and ``while``) counts its iterations. The reverse sweep runs them
+  backwards: for iteration k it recomputes the loop-carried values from the
+  ones the loop started with (single-assignment names keep those), runs
+  iteration k's body again and its adjoints, the carried cotangents flowing
+  from iteration k to k - 1. That is about ``n * n / 2`` runs of the body
+  for ``n`` iterations, in code of two copies of the body, with no storage.
+
+  With ``TAPE_ROWS`` > 0 the forward sweep also saves the start values of
+  every ``stride``-th iteration on a per-thread *tape* of that many rows in
+  local memory (NOTE: [Tapes] in ``_tangent/rule_helpers.py``): a ``for``
+  loop picks ``stride`` from its trip count, a ``while`` loop thins a full
+  tape and doubles it. The reverse sweep then recomputes from the nearest
+  saved iteration, ``n * stride / 2`` runs. It is off because tapes cost
+  Taichi's compile time far more than the recomputation costs at run time:
+  every access is a runtime index into a local array, and Taichi's
+  store-to-load forwarding compares such accesses pairwise across the
+  kernel, so tapes in nested loops, copied into each reverse call of a
+  Jacobian, compiled for more than ten minutes (a generated program of the
+  conformance net: nested while loops over a 3x2 matrix; the same test run
+  took 61 s in all without tapes). ``td.grad`` of a recurrence over a
+  32-vector with a 32-iteration loop (``bench/reverse_loops.py``, B = 1000),
+  first call / warm: no tape 0.68 s / 152 ms, 16 rows 1.8 s / 23 ms,
+  64 rows 17 s / 31 ms; forward pushes 0.80 s / 287 ms.
+
+Cotangents of values from outside a block that the block's adjoints add to
+are declared (zero) before the block's reverse code, so that they outlive it.
+Names are single-assignment outside blocks, so a recomputed side or body
+reads exactly the values the forward sweep read.
+"""
+import ast
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._tangent.activity import assignments
+from .._tangent.parse import resolve
+from .._tangent.sym import RULE_HELPERS, Sym
+from .nodes import assign, name, statements, zero_of
+
+TAPE_ROWS = 0
+"""Rows of a loop's tape: how many iterations' start values are kept (even). 0, the default, keeps none: the
+reverse sweep recomputes each iteration from the loop's start (NOTE: [Reverse control flow])."""
+
+
+@dataclass
+class Block:
+    """The statements of a branch side or loop body, in the forward sweep."""
+
+    forward: list
+    ops: list
+    defined: set = field(default_factory=set)  # SSA names made inside (they live only there)
+
+
+@dataclass
+class Branch:
+    """``if cond:`` on a value; ``phis[v]`` holds ``v`` after it, ``finals[k][v]`` what side ``k`` left in it."""
+
+    test: str
+    sides: list  # two Blocks (the second empty for an if without else)
+    finals: list  # per side: {variable: SSA name}
+    phis: dict
+    prevs: dict  # variable -> SSA name before the branch
+
+
+@dataclass
+class Loop:
+    """A runtime ``for`` or ``while`` loop: the body and how its carried variables are kept (NOTE above)."""
+
+    body: Block
+    phis: dict  # carried variable -> the name holding it between iterations (and after the loop)
+    prevs: dict  # carried variable -> SSA name before the loop
+    ins: dict  # carried variable -> the name of its value at the start of an iteration
+    finals: dict  # carried variable -> SSA name at the end of the body
+    tapes: dict
+    count: str
+    stride: str
+    counter: str | None = None  # for loops: the counter's name, and the name of the range's start
+    start: str | None = None
+
+
+def uses(ops):
+    """Names the adjoints of ``ops`` may send cotangents to (operands, values flowing into blocks)."""
+    names = set()
+    for op in ops:
+        if isinstance(op, Branch):
+            for side, final in zip(op.sides, op.finals, strict=True):
+                names |= uses(side.ops) | set(final.values())
+            names |= set(op.prevs.values())
+        elif isinstance(op, Loop):
+            names |= uses(op.body.ops) | set(op.finals.values()) | set(op.prevs.values())
+        else:
+            names |= {a.id for a in op.args if isinstance(a, ast.Name)}
+    return names
+
+
+class ControlFlow:
+    """The Reverser's statements for branches and loops, and their reverse sweeps."""
+
+    # what the Reverser this is mixed into holds and does (``transform.py``)
+    parsed: Any
+    namer: Any
+    env: dict[str, Any]
+    defined: set[str]
+    active: set[str]
+    temps: set[str]
+    tuples: dict
+    forward: list[ast.stmt]
+    ops: list[Any]
+    backward: list[ast.stmt]
+    cts: dict[str, str]
+    recomputes: bool
+    statement: Callable[[ast.stmt], None]
+    rename: Callable[[ast.expr], ast.expr]
+    is_active: Callable[[ast.expr], bool]
+    add: Callable[[str, Sym], None]
+    sweep_ops: Callable[[list], None]
+    not_reversible: Callable[[str], Exception]
+    _is_local: Callable[[ast.expr], bool]
+
+    # --- forward sweep ------------------------------------------------------------
+    def nested(self, stmts):
+        """Transform a block into a Block of its own (the current lists are kept aside meanwhile)."""
+        outer, before = (self.forward, self.ops), set(self.defined)
+        self.forward, self.ops = [], []
+        for stmt in stmts:
+            self.statement(stmt)
+        block = Block(self.forward, self.ops, self.defined - before)
+        self.forward, self.ops = outer
+        return block
+
+    def fresh(self, hint):
+        identifier = self.namer.fresh(hint)
+        self.defined.add(identifier)
+        return identifier
+
+    def carried(self, stmts):
+        """Variables defined before ``stmts`` that they assign: their new values flow out of the block."""
+        writes, _ = assignments(stmts)
+        variables = sorted({v for targets, _ in writes for v in targets if isinstance(self.env.get(v), str)})
+        for v in variables:
+            if self.env[v] in self.tuples:
+                raise self.not_reversible(f"the tuple `{v}` assigned inside a branch or loop")
+        return variables
+
+    def branch(self, node):
+        """``if test: ... else: ...`` on a value (NOTE: [Reverse control flow])."""
+        test = self.fresh("cond")
+        self.forward.append(assign(test, self.rename(node.test)))
+        variables = self.carried(node.body + node.orelse)
+        prevs = {v: self.env[v] for v in variables}
+        phis = {v: self.fresh(v) for v in variables}
+        self.forward.extend(assign(phis[v], name(prevs[v])) for v in variables)
+        env, sides, finals = self.env, [], []
+        for stmts in (node.body, node.orelse):
+            self.env = dict(env)
+            block = self.nested(stmts)
+            final = {v: self.env[v] for v in variables}
+            merges = [assign(phis[v], name(final[v])) for v in variables if final[v] != prevs[v]]
+            sides.append((block, merges))
+            finals.append(final)
+        self.env = env
+        self.env.update(phis)
+        for v in variables:
+            if any(self.is_active(name(n)) for n in [prevs[v]] + [f[v] for f in finals]):
+                self.active.add(phis[v])
+        (body, body_merges), (orelse, orelse_merges) = sides
+        self.forward.append(ast.If(name(test), body.forward + body_merges or [ast.Pass()],
+                                   orelse.forward + orelse_merges))
+        self.ops.append(Branch(test, [body, orelse], finals, phis, prevs))
+
+    def runtime_range(self, node):
+        """The arguments of ``range(stop)`` or ``range(start, stop)``, else None."""
+        if not (isinstance(node, ast.Call) and not self._is_local(node.func) and not node.keywords
+                and resolve(node.func, self.parsed.namespace) is range and 1 <= len(node.args) <= 2):
+            return None
+        return node.args
+
+    def loop(self, node, counter=None, bounds=None):
+        """A runtime ``for`` (``counter``, ``bounds``) or ``while`` loop (NOTE: [Reverse control flow])."""
+        if node.orelse:
+            raise self.not_reversible("a loop with an `else` block")
+        variables = self.carried(node.body)
+        if counter in variables:
+            raise self.not_reversible(f"an assignment to the loop counter `{counter}`")
+        prevs = {v: self.env[v] for v in variables}
+        start = stop = None
+        if counter is not None:
+            start, stop = self.fresh("start"), self.fresh("stop")
+            self.forward.append(assign(start, self.rename(bounds[0]) if len(bounds) == 2 else ast.Constant(0)))
+            self.forward.append(assign(stop, self.rename(bounds[-1])))
+        phis = {v: self.fresh(v) for v in variables}
+        count, stride = self.fresh("count"), self.fresh("stride")
+        for v in variables:
+            self.forward.append(assign(phis[v], name(prevs[v])))
+            if self.is_active(name(prevs[v])):
+                self.active.add(phis[v])
+        self.forward.append(assign(count, ast.Constant(0)))
+        env = dict(self.env)
+        env.update(phis)
+        self.env = dict(env)
+        test = None if counter is not None else self.rename(node.test)
+        while True:  # until the activity of the carried values settles: y = 0.0; y += x makes y active
+            saved = set(self.active), set(self.temps), dict(self.tuples)
+            self.env = dict(env)
+            ins = {v: self.fresh(v + "_in") for v in variables}
+            for v in variables:
+                if phis[v] in self.active:
+                    self.active.add(ins[v])
+            self.env.update(ins)
+            counter_name = None
+            if counter is not None:
+                counter_name = self.fresh(counter)
+                self.env[counter] = counter_name
+            body = self.nested(node.body)
+            body.defined |= set(ins.values()) | ({counter_name} if counter_name else set())
+            finals = {v: self.env[v] for v in variables}
+            late = [v for v in variables if self.is_active(name(finals[v])) and phis[v] not in self.active]
+            if not late:
+                break
+            self.active, self.temps, self.tuples = saved
+            self.active.update(phis[v] for v in late)
+        self.env = env
+        tapes = {}  # none where no cotangent can leave the loop: its reverse sweep never runs
+        if not TAPE_ROWS and any(phis[v] in self.active for v in variables):
+            self.recomputes = True  # NOTE: [Loops in reverse cost their square] in tidiff/_modes.py
+        if TAPE_ROWS and any(phis[v] in self.active for v in variables):
+            tapes = {v: self.fresh("tape_" + v) for v in variables}
+            for v in variables:
+                self.forward.append(assign(tapes[v], Sym(name(RULE_HELPERS)).tape_of(name(phis[v]), TAPE_ROWS).node))
+            if counter is not None:  # the trip count is known: every stride-th iteration fits the tape
+                self.forward += statements("{stride} = {ti}.max(1, ({stop} - {start} + {rows} - 1) // {rows})",
+                                           stride=stride, stop=stop, start=start, rows=TAPE_ROWS)
+            else:  # a while loop: the stride grows as the tape fills
+                self.forward.append(assign(stride, ast.Constant(1)))
+        loop = Loop(body, phis, prevs, ins, finals, tapes, count, stride, counter_name, start)
+        stmts = (self.checkpoint(loop) + [assign(ins[v], name(phis[v])) for v in variables] + body.forward
+                 + [assign(phis[v], name(finals[v])) for v in variables]
+                 + [ast.AugAssign(ast.Name(count, ast.Store()), ast.Add(), ast.Constant(1))])
+        if counter_name is not None:
+            iterate = ast.Call(name("range"), [name(start), name(stop)], [])
+            self.forward.append(ast.For(ast.Name(counter_name, ast.Store()), iterate, stmts, []))
+        else:
+            assert test is not None  # a while loop
+            self.forward.append(ast.While(test, stmts, []))
+        self.ops.append(loop)
+
+    def checkpoint(self, loop):
+        """Save the carried values at the start of every ``stride``-th iteration; in a while loop a full
+        tape keeps every other row and doubles ``stride`` (NOTE: [Reverse control flow], [Tapes])."""
+        if not loop.tapes:
+            return []
+        r, j = self.namer.fresh("r"), self.namer.fresh("j")
+        rows = {v: self.namer.fresh("row_" + v) for v in loop.tapes}
+        names = dict(count=loop.count, stride=loop.stride, size=TAPE_ROWS, half=TAPE_ROWS // 2, r=r, j=j)
+        thin = ""
+        if loop.counter is None:
+            thin = ("    if {count} == {size} * {stride}:\n"
+                    "        for {r} in range({half}):\n"
+                    + "".join(f"            for {{j}} in {{ti}}.static(range(len({t}))):\n"
+                              f"                {t}[{{j}}][{{r}}] = {t}[{{j}}][2 * {{r}}]\n"
+                              for t in loop.tapes.values())
+                    + "        {stride} *= 2\n")
+        save = "".join(f"    {rows[v]} = {{rules}}.entries({loop.phis[v]})\n"
+                       f"    for {{j}} in {{ti}}.static(range(len({t}))):\n"
+                       f"        {t}[{{j}}][{{count}} // {{stride}}] = {rows[v]}[{{j}}]\n"
+                       for v, t in loop.tapes.items())
+        return statements("if {count} % {stride} == 0:\n" + thin + save, **names)
+
+    def restore(self, loop, state, c):
+        """``state_v = <tape row c of v>`` for each carried variable (NOTE: [Tapes])."""
+        stmts = []
+        for v, tape in loop.tapes.items():
+            row, j = self.namer.fresh("row_" + v), self.namer.fresh("j")
+            stmts += statements("{row} = {ti}.zero({rules}.entries({phi}))\n"
+                                "for {j} in {ti}.static(range(len({tape}))):\n"
+                                "    {row}[{j}] = {tape}[{j}][{c}]\n"
+                                "{state} = {rules}.unflat_any({row}, {phi})\n",
+                                row=row, j=j, phi=loop.phis[v], tape=tape, c=c, state=state[v])
+        return stmts
+
+    # --- reverse sweep --------------------------------------------------------------
+    def emitted(self, write):
+        """The reverse statements ``write()`` emits, as a list of their own."""
+        outer, self.backward = self.backward, []
+        write()
+        stmts, self.backward = self.backward, outer
+        return stmts
+
+    def declare(self, names):
+        """Zero cotangents, here, for the active names a block's adjoints will add to (they must outlive it)."""
+        for n in sorted(names):
+            if n not in self.cts and self.is_active(name(n)):
+                self.cts[n] = self.namer.fresh("ct_" + n)
+                self.backward.append(assign(self.cts[n], zero_of(n)))
+
+    def flowing(self, phis):
+        return [v for v, phi in phis.items() if phi in self.cts and self.is_active(name(phi))]
+
+    def reverse_branch(self, branch):
+        flowing = self.flowing(branch.phis)
+        if not flowing:
+            return  # no cotangent leaves the branch
+        for side, final in zip(branch.sides, branch.finals, strict=True):
+            self.declare((uses(side.ops) | {final[v] for v in flowing}) - side.defined)
+
+        def adjoint(side, final):
+            for v in flowing:
+                if self.is_active(name(final[v])):
+                    self.add(final[v], Sym(name(self.cts[branch.phis[v]])))
+            self.sweep_ops(side.ops)
+
+        code = [copy.deepcopy(side.forward) + self.emitted(lambda s=side, f=final: adjoint(s, f))
+                for side, final in zip(branch.sides, branch.finals, strict=True)]
+        self.backward.append(ast.If(name(branch.test), code[0] or [ast.Pass()], code[1]))
+
+    def reverse_loop(self, loop):
+        if not self.flowing(loop.phis):
+            return  # no cotangent leaves the loop
+        body = loop.body
+        carried = [v for v, phi in loop.phis.items() if self.is_active(name(phi))]
+        self.declare({loop.phis[v] for v in carried})
+        self.declare((uses(body.ops) | set(loop.finals.values())) - body.defined)
+        ct = {v: self.cts[loop.phis[v]] for v in carried}
+        r, k, c, m = (self.namer.fresh(h) for h in ("r", "k", "c", "m"))
+        state = {v: self.namer.fresh("state_" + v) for v in loop.phis}
+
+        def adjoint():
+            for v in carried:
+                if self.is_active(name(loop.finals[v])):
+                    self.add(loop.finals[v], Sym(name(ct[v])))
+            self.sweep_ops(body.ops)
+            for v in carried:  # the cotangent of the values iteration k started from goes to iteration k - 1
+                started = loop.ins[v]
+                self.backward.append(assign(ct[v], name(self.cts[started]) if started in self.cts
+                                            else zero_of(loop.phis[v])))
+
+        rerun = [assign(loop.ins[v], name(state[v])) for v in loop.phis]
+        if loop.counter is not None:
+            rerun.append(assign(loop.counter, ast.BinOp(name(loop.start), ast.Add(), name(m))))
+        rerun += copy.deepcopy(body.forward)
+        rerun.append(ast.If(ast.Compare(name(m), [ast.Eq()], [name(k)]), self.emitted(adjoint), []))
+        rerun += [assign(state[v], name(loop.finals[v])) for v in loop.phis]
+        names = dict(r=r, k=k, c=c, m=m, count=loop.count, stride=loop.stride)
+        if loop.tapes:  # from the nearest saved iteration
+            iteration = statements("{k} = {count} - 1 - {r}\n{c} = {k} // {stride}\n", **names)
+            iteration += self.restore(loop, state, c)
+            recompute = statements("for {m} in range({c} * {stride}, {k} + 1):\n    pass\n", **names)[0]
+        else:  # from the values the loop started with
+            iteration = statements("{k} = {count} - 1 - {r}\n", **names)
+            iteration += [assign(state[v], name(loop.prevs[v])) for v in loop.phis]
+            recompute = statements("for {m} in range({k} + 1):\n    pass\n", **names)[0]
+        recompute.body = rerun
+        iteration.append(recompute)
+        outer = statements("for {r} in range({count}):\n    pass\n", **names)[0]
+        outer.body = iteration
+        self.backward.append(outer)
+        for v in carried:
+            if self.is_active(name(loop.prevs[v])):
+                self.add(loop.prevs[v], Sym(name(ct[v])))
+
