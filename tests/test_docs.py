@@ -205,6 +205,52 @@ def test_links_point_at_files_and_headings_that_exist(path):
             assert anchor in anchors(linked), f"{path.name}: no heading of {linked.name} has the anchor #{anchor}"
 
 
+PACKAGE = ROOT / "tidiff"
+HOW_IT_WORKS = ROOT / "docs" / "how-it-works.md"
+
+
+def layout_modules(block: str) -> set[str]:
+    """The modules a layout block (``tidiff/`` then one entry per line) lists, as paths in the package.
+
+    A line indented two spaces names a top-level module or opens a package
+    (``_tangent/``); the ``*.py`` names on it and on the lines under it that
+    follow belong to that package.
+    """
+    found, package = set(), ""
+    for line in block.splitlines()[1:]:
+        if not line.strip():
+            continue
+        if len(line) - len(line.lstrip()) == 2:
+            head = line.split()[0]
+            package = head if head.endswith("/") else ""
+        found.update(package + name for name in re.findall(r"\b\w+\.py\b", line))
+    return found
+
+
+def test_how_it_works_diagrams_name_real_modules_and_the_layout_lists_every_one():
+    """Issue 12: the diagrams of docs/how-it-works.md match the files of the package."""
+    modules = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+    packages = {p.relative_to(PACKAGE).as_posix() + "/" for p in PACKAGE.iterdir() if p.is_dir()
+                and p.name != "__pycache__"}
+    diagrams = [b for b in blocks(HOW_IT_WORKS.read_text()) if b.language == "text" and not b.output]
+    for block in diagrams:
+        for path in re.findall(r"(?<![\w./])((?:_?\w+/)*\w+\.py)\b", block.code):
+            assert any(m == path or m.endswith("/" + path) for m in modules), \
+                f"how-it-works.md, line {block.line}: {path} is no module of tidiff/"
+        for package in re.findall(r"(?<![\w./])(_\w+/)(?![\w.])", block.code):
+            assert package in packages, f"how-it-works.md, line {block.line}: {package} is no package of tidiff/"
+    (layout,) = [b for b in diagrams if b.code.startswith("tidiff/")]
+    listed = layout_modules(layout.code)
+    assert listed <= modules, f"the layout lists modules that do not exist: {sorted(listed - modules)}"
+    unlisted = {m for m in modules - listed if not m.endswith("/__init__.py")}
+    assert not unlisted, f"the layout in how-it-works.md misses {sorted(unlisted)}"
+
+
+def test_layout_modules_reads_packages_and_their_lines():
+    block = "tidiff/\n  __init__.py   api\n  _a/   x.py, y.py\n    z.py   more\n  b.py   top\n"
+    assert layout_modules(block) == {"__init__.py", "_a/x.py", "_a/y.py", "_a/z.py", "b.py"}
+
+
 def test_blocks_markers_output_matching_and_anchors():
     text = "\n".join([
         "# Page",                    # 1

@@ -94,3 +94,23 @@ def test_nan_and_inf_flow_through():
     assert np.isnan(out[0]) and np.isnan(out[1])  # inf * inf + sin(inf)
     g = td.grad(vector)(x, 1.0)
     assert np.isnan(g[0, 0]) and g.shape == (2, 3)
+
+
+@ti.real_func
+def real_square(x: ti.f64) -> ti.f64:
+    return x * x
+
+
+@ti.func
+def calls_real_square(x: ti.f64) -> ti.f64:
+    return real_square(x) + 1.0
+
+
+def test_a_real_func_is_refused_by_its_name_and_the_users_call():
+    """Issue 12 item 9: the message names td.grad and the function, never tidiff's internals."""
+    with pytest.raises(TypeError, match=r"td\.grad: real_square is a @ti\.real_func.*make it a @ti\.func") as info:
+        td.grad(real_square)(2.0)
+    assert "jvp_func" not in str(info.value)
+    with pytest.raises(td.TransformError, match=r"the call `real_square\(x\)` of a @ti\.real_func") as info:
+        td.grad(calls_real_square)(2.0)
+    assert "test_errors.py:" in str(info.value) and "jvp_func" not in str(info.value)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import taichi as ti
 import torch
-from test_tangent_harness import assert_close, evaluate, flatten, structure, torch_jvp, torch_second
+from tangent_harness import assert_close, evaluate, flatten, structure, torch_jvp, torch_second
 
 from tidiff._errors import TransformError
 from tidiff._tangent import jvp_func, register_jvp, source, stop_gradient
@@ -389,3 +389,15 @@ def golden_jvp(x, y, dx, dy):
 
 def test_golden_source():
     assert source(jvp_func(golden)) == GOLDEN
+
+
+# --- the harness itself -------------------------------------------------------------------------
+@ti.func
+def _pack(s, v, m):
+    return s, (v, m)
+
+
+def test_evaluate_reads_and_writes_every_leaf():
+    v, m = np.arange(3.0), np.arange(4.0).reshape(2, 2)
+    leaves = evaluate(_pack, [(), (3,), (2, 2)], [(), [(3,), (2, 2)]], [7.0, v, m])
+    assert_close(leaves, [7.0, v, m], "harness round trip")

@@ -1,4 +1,5 @@
-"""The tangent transform of kernels over global fields, through the public API.
+"""The tangent transform of kernels over global fields (and over ndarrays: the same transformer),
+through the public API.
 
 Each program's tangent program (every kernel replaced by its tangent kernel,
 tidiff._fields.tangent) must give ``td.jvp`` equal to reverse mode by the
@@ -234,3 +235,94 @@ def test_unsupported_constructs_name_file_line(kernel, construct):
         jvp_kernel(kernel, tangents)
     assert construct in str(info.value)
     assert "test_tangent_kernels.py:" in str(info.value) and info.value.lineno is not None
+
+
+# --- kernels over ndarrays: the same transformer, paired by parameter ------------------------------
+scale = ti.field(ti.f64, shape=4)  # a global field an ndarray kernel reads: a constant
+
+
+@ti.func
+def scaled_sin(a, i):
+    return scale[i] * ti.sin(a)
+
+
+@ti.kernel
+def through_a_field_reading_func(a: ti.types.ndarray(), out: ti.types.ndarray()):
+    for i in a:
+        out[None] += scaled_sin(a[i], i) * a[i]
+
+
+def test_an_ndarray_kernel_calls_a_func_that_reads_a_constant_field():
+    """A @ti.func reaching a global field is transformed with field accesses in an ndarray kernel too."""
+    import torch
+
+    import tidiff as td
+
+    scale.from_numpy(np.array([0.5, -1.0, 2.0, 1.5]))
+    fn = td.function(through_a_field_reading_func, inputs=["a"], outputs={"out": ()})
+    a, t = np.array([0.3, -0.7, 1.1, 2.0]), np.array([1.0, -2.0, 0.5, 0.25])
+
+    def reference(a):
+        return (torch.tensor(scale.to_numpy()) * torch.sin(a) * a).sum()
+
+    _, jvp_out = td.jvp(fn, (a,), (t,))
+    _, expected = torch.autograd.functional.jvp(reference, (torch.tensor(a),), (torch.tensor(t),))
+    np.testing.assert_allclose(jvp_out, expected.numpy(), rtol=1e-12)
+    expected_h = torch.autograd.functional.hessian(reference, torch.tensor(a))
+    np.testing.assert_allclose(td.hessian(fn)(a), expected_h.numpy(), rtol=1e-12, atol=1e-14)
+
+
+@ti.kernel
+def writes_an_unlisted_parameter(a: ti.types.ndarray(), spare: ti.types.ndarray(), out: ti.types.ndarray()):
+    for i in a:
+        spare[i] = a[i] * 2.0
+        out[None] += a[i]
+
+
+@ti.kernel
+def writes_a_global_field(a: ti.types.ndarray(), out: ti.types.ndarray()):
+    for i in a:
+        scale[i] = a[i]
+        out[None] += a[i]
+
+
+@ti.kernel
+def returns_a_value(a: ti.types.ndarray(), out: ti.types.ndarray()) -> ti.f64:
+    for i in a:
+        out[None] += a[i]
+    return 1.0
+
+
+@pytest.mark.parametrize("kernel, constants, construct, hint", [
+    (writes_an_unlisted_parameter, {"spare": np.zeros(4)}, "a write to parameter `spare`", "list 'spare' in outputs="),
+    (writes_a_global_field, {}, "a write to the global `scale`", "list it in outputs="),
+    (returns_a_value, {}, "a kernel over ndarrays that returns a value", "output ndarray"),
+])
+def test_ndarray_kernel_refusals_name_file_line(kernel, constants, construct, hint):
+    import tidiff as td
+
+    fn = td.function(kernel, inputs=["a"], outputs={"out": ()}, constants=constants)
+    with pytest.raises(TransformError) as info:
+        td.jvp(fn, (np.ones(4),), (np.ones(4),))
+    assert construct in str(info.value) and hint in str(info.value)
+    assert "test_tangent_kernels.py:" in str(info.value) and info.value.lineno is not None
+
+
+# --- names: a parameter named like what the launcher reads cannot shadow it (issue 12 item 6) ------
+named_in = ti.field(ti.f64, shape=5)
+named_out = ti.field(ti.f64, shape=5)
+
+
+@ti.kernel
+def scale_into(src: ti.template(), dst: ti.template(), tangent_of: ti.f64, scale_into_jvp: ti.f64):
+    for i in src:
+        dst[i] = tangent_of * src[i] ** 2 + scale_into_jvp * ti.sin(src[i])
+
+
+def launch_scale_into():
+    scale_into(named_in, named_out, 0.5, 2.0)
+
+
+def test_template_kernel_parameters_named_like_the_launchers_names():
+    program = Program(launch_scale_into, inputs=[named_in], outputs=[named_out])
+    assert_tangents_match_reverse(program, [np.linspace(-1, 1, 5)])

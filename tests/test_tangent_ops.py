@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import taichi as ti
 import torch
-from test_tangent_harness import assert_close, evaluate, flatten, structure, torch_jvp, torch_second
+from tangent_harness import assert_close, evaluate, flatten, structure, torch_jvp, torch_second
 
 from tidiff._tangent import jvp_func
 

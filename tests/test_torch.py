@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import pytest
 import taichi as ti
 import torch
 
@@ -151,32 +152,6 @@ def test_compiles_once_across_calls_and_batch_sizes():
     assert info.calls >= 42 and info.calls - info.hits <= 2
 
 
-def _second_derivative_sum(fn, z, s):
-    """``d/dz sum(d/dz sum(fn(z, s)))``: the Hessian times ones, as a function of ``z``."""
-    (g,) = torch.autograd.grad(fn(z, s).sum(), z, create_graph=True)
-    (h,) = torch.autograd.grad(g.sum(), z, create_graph=True)
-    return h
-
-
-def test_every_order_of_the_torch_op():
-    """Backward of backward of backward, and forward over them: each rule is the op of another
-    Function (NOTE: [One recursion] in tidiff/_torch.py), so no order is special."""
-    s = torch.tensor(0.7, dtype=F64)
-    x = _rand(3)
-    xr = x.detach().clone().requires_grad_(True)
-    got, want = op(x, s), f_torch(xr, s)
-    for _ in range(3):
-        (got,) = torch.autograd.grad(got.sum(), x, create_graph=True)
-        (want,) = torch.autograd.grad(want.sum(), xr, create_graph=True)
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    t = _rand(3, seed=4, grad=False)
-    with torch.autograd.forward_ad.dual_level():
-        dual = torch.autograd.forward_ad.make_dual(x.detach().clone(), t).requires_grad_(True)
-        tangent = torch.autograd.forward_ad.unpack_dual(_second_derivative_sum(op, dual, s)).tangent
-    third = torch.autograd.functional.jacobian(lambda z: _second_derivative_sum(f_torch, z, s), x.detach())
-    torch.testing.assert_close(tangent, third @ t, rtol=1e-10, atol=1e-12)
-
-
 x_field = ti.field(ti.f64, shape=4)
 w_field = ti.field(ti.f64, shape=())
 loss_field = ti.field(ti.f64, shape=())
@@ -191,6 +166,61 @@ def cubic_energy():
 energy = td.torch.function(cubic_energy, inputs=[x_field, w_field], outputs=[loss_field])
 
 
+@ti.kernel
+def sin_energy():
+    for i in x_field:
+        loss_field[None] += w_field[None] * ti.sin(x_field[i]) * x_field[i] ** 2
+
+
+@ti.kernel
+def sin_energy_ndarray(x: ti.types.ndarray(), w: ti.types.ndarray(), out: ti.types.ndarray()):
+    for i in x:
+        out[None] += w[None] * ti.sin(x[i]) * x[i] ** 2
+
+
+def _sin_energy_torch(x, w):
+    return w * (torch.sin(x) * x**2).sum()
+
+
+W = torch.tensor(0.7, dtype=F64)
+field_energy = td.torch.function(sin_energy, inputs=[x_field, w_field], outputs=[loss_field])
+ndarray_energy = td.torch.function(sin_energy_ndarray, inputs=["x", "w"], outputs={"out": ()})
+KINDS = {  # one differentiable argument x (the other held): (the torch op of x, the same in torch)
+    "ti.func": (lambda x: op(x, W), lambda x: f_torch(x, W)),
+    "field program": (lambda x: field_energy(x, W), lambda x: _sin_energy_torch(x, W)),
+    "ndarray kernel": (lambda x: ndarray_energy(x, W), lambda x: _sin_energy_torch(x, W)),
+}
+
+
+def _second_derivative_sum(fn, z):
+    """``d/dz sum(d/dz sum(fn(z)))``: the Hessian times ones, as a function of ``z``."""
+    (g,) = torch.autograd.grad(fn(z).sum(), z, create_graph=True)
+    (h,) = torch.autograd.grad(g.sum(), z, create_graph=True)
+    return h
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_order_of_the_torch_op(kind):
+    """Backward of backward of backward, and forward over them, for every kind: each rule is the op
+    of another Function (NOTE: [One recursion] in tidiff/_torch.py), so no order or kind is special."""
+    fn, fn_torch = KINDS[kind]
+    x = _rand(3 if kind == "ti.func" else 4)
+    xr = x.detach().clone().requires_grad_(True)
+    got, want = fn(x), fn_torch(xr)
+    for _ in range(3):
+        (got,) = torch.autograd.grad(got.sum(), x, create_graph=True)
+        (want,) = torch.autograd.grad(want.sum(), xr, create_graph=True)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    t = _rand(x.shape[0], seed=4, grad=False)
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x.detach().clone(), t).requires_grad_(True)
+        tangent = torch.autograd.forward_ad.unpack_dual(_second_derivative_sum(fn, dual)).tangent
+    third = torch.autograd.functional.jacobian(lambda z: _second_derivative_sum(fn_torch, z), x.detach())
+    torch.testing.assert_close(tangent, third @ t, rtol=1e-10, atol=1e-12)
+    # the third derivative against central differences of the second (torch's own checker)
+    assert torch.autograd.gradgradcheck(lambda z: torch.autograd.grad(fn(z).sum(), z, create_graph=True)[0], (x,))
+
+
 def test_field_program_gradcheck_with_forward_ad():
     x, w = _rand(4), _rand(seed=1)
     torch.testing.assert_close(energy(x, w), w * (x**3).sum(), rtol=1e-12, atol=1e-12)
@@ -201,7 +231,7 @@ def test_field_program_gradcheck_with_forward_ad():
 
 
 def test_field_program_gradgradcheck():
-    # double backward runs on the field program's second-order engine (FieldFunction.second_order_jvp/vjp)
+    # double backward is the backward of the operator of the program's cotangent map (NOTE: [One recursion])
     assert torch.autograd.gradgradcheck(energy, (_rand(4), _rand(seed=1)))
 
 

@@ -168,6 +168,18 @@ def _as_tuple(values: Any, name: str, call: str) -> tuple[Any, ...]:
     return tuple(values)
 
 
+def _primals_and_tangents(f: Any, primals: Any, tangents: Any,
+                          transform: str) -> tuple[Function, str, tuple[Any, ...], tuple[Any, ...]]:
+    """What ``td.jvp`` and ``td.hvp`` check first: the Function, the call's name, and one tangent per primal."""
+    fn = as_function(f, transform)
+    call = f"{transform}({fn.name})"
+    primals = _as_tuple(primals, "primals", call)
+    tangents = _as_tuple(tangents, "tangents", call)
+    if len(tangents) != len(primals):
+        raise TypeError(f"{call}: got {len(primals)} primals but {len(tangents)} tangents")
+    return fn, call, primals, tangents
+
+
 def _with_tangents(batch: Batch, tangents: Sequence[Any], call: str, what: str = "tangents") -> tuple[Any, ...]:
     """One array per float primal: its tangent (None: zeros), checked to have the primal's shape."""
     out = []
@@ -216,12 +228,7 @@ def jvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any], has_aux: bool =
     Example:
         >>> td.jvp(p, (1.0,), (1.0,))     # (array(1.), array(4.))
     """
-    fn = as_function(f, "td.jvp")
-    call = f"td.jvp({fn.name})"
-    primals = _as_tuple(primals, "primals", call)
-    tangents = _as_tuple(tangents, "tangents", call)
-    if len(tangents) != len(primals):
-        raise TypeError(f"{call}: got {len(primals)} primals but {len(tangents)} tangents")
+    fn, call, primals, tangents = _primals_and_tangents(f, primals, tangents, "td.jvp")
     if ti.lang.impl.inside_kernel():
         outs, touts, tree = _jvp_in_kernel(fn, primals, tangents)
     else:
@@ -362,12 +369,7 @@ def hvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, t
     Example:
         >>> value, hv = td.hvp(f, (x, s), (v, 0.0))
     """
-    fn = as_function(f, "td.hvp")
-    call = f"td.hvp({fn.name})"
-    primals = _as_tuple(primals, "primals", call)
-    tangents = _as_tuple(tangents, "tangents", call)
-    if len(tangents) != len(primals):
-        raise TypeError(f"{call}: got {len(primals)} primals but {len(tangents)} tangents")
+    fn, call, primals, tangents = _primals_and_tangents(f, primals, tangents, "td.hvp")
     specs = fn.specs_for(primals)
     floats = tuple(k for k, s in enumerate(specs) if s.is_float)
     if not floats:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from taichi.lang.util import to_numpy_type, to_pytorch_type, to_taichi_type
 
 from ._signature import ArgSpec, default_float
 
@@ -24,6 +25,24 @@ def _torch() -> Any:
 def torch_module() -> Any:
     """torch, which is imported wherever a tensor exists (tidiff never imports it for NumPy callers)."""
     return sys.modules["torch"]
+
+
+def numpy_dtype(dtype: Any) -> np.dtype:
+    """The NumPy dtype of a NumPy, torch or Taichi dtype, by Taichi's type maps.
+
+    Taichi has no complex types: a complex torch dtype gives NumPy's complex
+    of its size, which the readers of arguments refuse by name.
+    """
+    if isinstance(dtype, np.dtype):
+        return dtype
+    if getattr(dtype, "is_complex", False):
+        return np.dtype(f"c{dtype.itemsize}")
+    return np.dtype(to_numpy_type(to_taichi_type(dtype)))
+
+
+def torch_dtype(dtype: Any) -> Any:
+    """The torch dtype of a NumPy, torch or Taichi dtype, by Taichi's type maps."""
+    return to_pytorch_type(to_taichi_type(dtype))
 
 
 def is_tensor(value: Any) -> bool:
@@ -90,7 +109,7 @@ def adapt(spec: ArgSpec, value: Any) -> ArgSpec:
     dtype = getattr(value, "dtype", None)
     if dtype is None or isinstance(value, (float, int)):
         return spec if spec.dtype == default_float() else ArgSpec(spec.name, spec.shape, default_float())
-    dtype = np.dtype(str(dtype).removeprefix("torch.")) if not isinstance(dtype, np.dtype) else dtype
+    dtype = numpy_dtype(dtype)
     if dtype.kind == "f" and dtype != spec.dtype:
         return ArgSpec(spec.name, spec.shape, dtype)
     return spec
@@ -145,11 +164,6 @@ def unbroadcast(array: Any, shape: Sequence[int]) -> np.ndarray:
     array = array.sum(axis=tuple(range(lead))) if lead else array
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and array.shape[i] != 1)
     return np.asarray(array.sum(axis=axes, keepdims=True)) if axes else np.asarray(array)
-
-
-def contiguous(array: Any) -> np.ndarray:
-    """A C-contiguous array of the same shape (``np.ascontiguousarray`` turns 0-d into 1-d)."""
-    return np.require(array, requirements="C")
 
 
 def owned_copy(array: Any) -> Any:

@@ -20,27 +20,20 @@ from typing import Any
 import numpy as np
 
 from ._arrays import Batch, is_tensor
+from ._derived import SameArguments
 from ._errors import describe_shape
 from ._protocol import Function, as_function
 from ._signature import ArgSpec
 from ._tree import Tree
 
 
-class Compose(Function):
+class Compose(SameArguments):
     """``x -> g(y[wiring[0]], y[wiring[1]], ...)`` with ``y = f(x)`` (see the module docstring)."""
 
     def __init__(self, g: Function, f: Function, wiring: Sequence[int], name: str, *, listed: bool = True) -> None:
         super().__init__(name, listed=listed)
         self.g, self.f, self.wiring = g, f, tuple(wiring)
-
-    def param_names(self) -> list[str]:
-        return self.f.param_names()
-
-    def declared_specs(self) -> list[ArgSpec] | None:
-        return self.f.declared_specs()
-
-    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        return self.f.specs_for(args)
+        self.arguments_of = f
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         call = call or self.name

@@ -33,10 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import Batch, is_tensor, torch_module
+from ._arrays import Batch, is_tensor, torch_dtype, torch_module
+from ._derived import CotangentMapSignature, Derived, TangentSignature
 from ._pointwise import cotangent_map
 from ._protocol import Function
-from ._signature import ArgSpec
+from ._signature import ArgSpec, with_tangents
 from ._tree import Tree
 
 
@@ -129,7 +130,7 @@ class Composite:
         """The function a call runs forward and its primal arguments: a cotangent map runs its parent."""
         fn, args = call.fn, call.args
         if isinstance(fn, CotangentMap):
-            args = args[: fn.arity()]
+            args = args[: fn.primal_count(self._specs(call))]
             fn = fn.parent
         return fn, tuple(a if isinstance(a, int) else id(a) for a in args)
 
@@ -226,32 +227,12 @@ class Composed(Function):
         return self.derived["tangent"]
 
 
-class Derived(Function):
-    """A function made from a ``parent``, taking the parent's primals first: the parent reads them."""
-
-    def __init__(self, name: str, parent: Function, *, listed: bool = True) -> None:
-        super().__init__(name, listed=listed)
-        self.parent = parent
-
-    def arity(self) -> int:
-        """How many of a call's arguments are the parent's primals."""
-        declared = self.parent.declared_specs()
-        return len(declared) if declared is not None else len(self.parent.param_names())
-
-    def specs_of(self, primal: list[ArgSpec]) -> list[ArgSpec]:
-        """All input specs, from the parent's primal specs."""
-        raise NotImplementedError
-
-    def declared_specs(self) -> list[ArgSpec] | None:
-        primal = self.parent.declared_specs()
-        return None if primal is None else self.specs_of(list(primal))
-
-    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        return self.specs_of(self.parent.specs_for(args[: self.arity()]))
+class DerivedWithoutBody(Derived):
+    """A function derived from one without a body: the parent reads its primals."""
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         """The parent reads its primals (fixed shapes, tensors where it takes them); the rest follow their specs."""
-        n = self.arity()
+        n = self.primal_count(args)
         inner = self.parent.read(args[:n], call or self.name)
         specs = self.specs_of(list(inner.specs))
         if len(args) != len(specs):
@@ -268,54 +249,26 @@ def like(value: Any, spec: ArgSpec, inner: Batch) -> Any:
         torch = torch_module()
         t = value if is_tensor(value) else torch.as_tensor(np.asarray(value))
         device = next(a.device for a in inner.arrays if is_tensor(a))
-        return t.detach().to(device=device, dtype=getattr(torch, spec.dtype.name)).expand(spec.shape)
+        return t.detach().to(device=device, dtype=torch_dtype(spec.dtype)).expand(spec.shape)
     if is_tensor(value):
         value = value.detach().cpu().numpy()
     return np.broadcast_to(np.asarray(value, spec.dtype), spec.shape)
 
 
-def _tangent_specs(specs: Sequence[ArgSpec]) -> list[ArgSpec]:
-    """``specs``, then one tangent spec (same shape and dtype) per float spec."""
-    return list(specs) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in specs if s.is_float]
-
-
-class ComposedTangent(Derived, Composed):
+class ComposedTangent(TangentSignature, DerivedWithoutBody, Composed):
     """The tangent of a :class:`Composed` function: its composite's tangent, for each input specs."""
-
-    def __init__(self, parent: Composed) -> None:
-        super().__init__(f"jvp({parent.name})", parent, listed=False)
-
-    def param_names(self) -> list[str]:
-        return self.parent.param_names() + [f"d{n}" for n in self.parent.param_names()]
-
-    def specs_of(self, primal: list[ArgSpec]) -> list[ArgSpec]:
-        return _tangent_specs(primal)
 
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
         assert isinstance(self.parent, Composed)
-        return self.parent.composite(specs[: self.arity()]).tangent()
+        return self.parent.composite(specs[: self.primal_count(specs)]).tangent()
 
 
-class CotangentMap(Derived):
+class CotangentMap(CotangentMapSignature, DerivedWithoutBody):
     """``vjp_fn(f)`` of a function without a body: ``(x..., c...) -> J^T c`` (NOTE: [Cotangent map without a body])."""
-
-    def __init__(self, parent: Function) -> None:
-        super().__init__(f"vjp_fn({parent.name})", parent)
-
-    def param_names(self) -> list[str]:
-        return self.parent.param_names() + ["cotangents"]
-
-    def specs_of(self, primal: list[ArgSpec]) -> list[ArgSpec]:
-        outs, _ = self.parent.signature(primal)
-        return list(primal) + [ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in outs]
-
-    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs = [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in in_specs[: self.arity()] if s.is_float]
-        return outs, tuple(range(len(outs)))
 
     def split(self, batch: Batch) -> tuple[Batch, list[Any]]:
         """The parent's primals as a batch of their own, and the cotangents."""
-        n = self.arity()
+        n = self.primal_count(batch.specs)
         return Batch(batch.arrays[:n], batch.specs[:n], (), batch.device), list(batch.arrays[n:])
 
     def evaluate(self, batch: Batch) -> list[Any]:
@@ -335,13 +288,13 @@ class CotangentMap(Derived):
         r = [np.zeros(inner.specs[k].shape, inner.specs[k].dtype) if c is None else c
              for k, c in zip(floats, cotangents, strict=True)]
         tangent = self.tangent()
-        specs = _tangent_specs(batch.specs)
+        specs = with_tangents(batch.specs)
         extra = r + [None] * (len(specs) - len(batch.specs) - len(r))  # dc = 0
         on_x = iter(tangent.evaluate(Batch(
             batch.arrays + tuple(like(v, s, inner) for v, s in zip(extra, specs[len(batch.specs):], strict=True)),
             tuple(specs), (), batch.device))[len(floats):])
         T = self.parent.tangent()
-        t_specs = _tangent_specs(inner.specs)
+        t_specs = with_tangents(inner.specs)
         t_outs = T.evaluate(Batch(
             inner.arrays + tuple(like(v, s, inner) for v, s in zip(r, t_specs[len(inner.specs):], strict=True)),
             tuple(t_specs), (), batch.device))
@@ -350,7 +303,7 @@ class CotangentMap(Derived):
         return [next(on_x) if s.is_float else None for s in inner.specs] + on_c
 
 
-class CotangentMapTangent(Derived, Composed):
+class CotangentMapTangent(DerivedWithoutBody, Composed):
     """The tangent of ``V = vjp_fn(f)``: ``(x, c, dx, dc) -> (J^T c, J^T dc + sum_k c_k H_k dx)``.
 
     One call of the cotangent map of ``f``'s tangent (NOTE: [Cotangent map without a body]).
@@ -364,11 +317,11 @@ class CotangentMapTangent(Derived, Composed):
         names = self.vjp_map.param_names()
         return names + [f"d{n}" for n in names]
 
-    def specs_of(self, primal: list[ArgSpec]) -> list[ArgSpec]:
-        return _tangent_specs(self.vjp_map.specs_of(primal))
+    def specs_of(self, primal: Sequence[ArgSpec]) -> list[ArgSpec]:
+        return with_tangents(self.vjp_map.specs_of(primal))
 
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
-        n = self.arity()
+        n = self.primal_count(specs)
         primal = specs[:n]
         m = len(self.vjp_map.specs_of(primal)) - n
         cts = specs[n:n + m]

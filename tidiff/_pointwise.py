@@ -30,6 +30,7 @@ from ._arrays import Batch, unbroadcast
 from ._cache import uses
 from ._codegen.batch import BatchKernel, ScalarKernel, flatten_batch, identifier
 from ._codegen.bodies import BodyWriter, cotangent_blocks, tangent_body
+from ._derived import CotangentMapSignature, Derived, TangentSignature
 from ._protocol import Function
 from ._signature import ArgSpec
 from ._tree import Tree
@@ -97,17 +98,8 @@ def cotangent_map(fn: Pointwise) -> PointwiseCotangentMap:
     return fn.derived["cotangent map"]  # type: ignore[return-value]
 
 
-class Derived(Pointwise):
-    """A pointwise function made from a ``parent``: arity and names follow from the parent's."""
-
-    def __init__(self, name: str, parent: Function, *, listed: bool = True) -> None:
-        super().__init__(name, listed=listed)
-        self.parent = parent
-
-    def arity(self) -> int:
-        """How many of a call's arguments are the parent's primals."""
-        declared = self.parent.declared_specs()
-        return len(declared) if declared is not None else len(self.parent.param_names())
+class PointwiseDerived(Derived, Pointwise):
+    """A pointwise function made from a pointwise ``parent``: its body calls the parent's."""
 
     def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
         return self.memo.get(("body", tuple(in_specs)), lambda: self.make_body(list(in_specs)))
@@ -116,65 +108,26 @@ class Derived(Pointwise):
         raise NotImplementedError
 
 
-class PointwiseTangent(Derived):
+class PointwiseTangent(TangentSignature, PointwiseDerived):
     """``(x..., dx for each float x...) -> (y_1..y_m, dy_1..dy_m)``, flat: a pointwise function's tangent."""
 
-    def __init__(self, parent: Function) -> None:
-        super().__init__(f"jvp({parent.name})", parent, listed=False)
-
-    def param_names(self) -> list[str]:
-        return self.parent.param_names() + [f"d{n}" for n in self.parent.param_names()]
-
-    def specs_of(self, primal: Sequence[ArgSpec]) -> list[ArgSpec]:
-        """Primal specs, then one tangent spec (same shape and dtype) per float primal."""
-        return list(primal) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in primal if s.is_float]
-
-    def declared_specs(self) -> list[ArgSpec] | None:
-        primal = self.parent.declared_specs()
-        return None if primal is None else self.specs_of(primal)
-
-    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        return self.specs_of(self.parent.specs_for(args[: self.arity()]))
-
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs, _ = self.parent.signature(in_specs[: self.arity()])
+        outs, _ = self.parent.signature(in_specs[: self.primal_count(in_specs)])
         flat = list(outs) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in outs]
         return flat, tuple(range(len(flat)))
 
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        primal = in_specs[: self.arity()]
+        primal = in_specs[: self.primal_count(in_specs)]
         outs, tree = self.parent.signature(primal)
         return tangent_body(identifier(self.name), self.parent.body_for(primal), primal, len(outs),
                             not isinstance(tree, tuple))
 
 
-class PointwiseCotangentMap(Derived):
+class PointwiseCotangentMap(CotangentMapSignature, PointwiseDerived):
     """``(x..., one cotangent per output) -> (J^T c for each float x, ...)``, per element: ``vjp_fn(f)``."""
 
-    def __init__(self, parent: Function) -> None:
-        super().__init__(f"vjp_fn({parent.name})", parent)
-
-    def param_names(self) -> list[str]:
-        return self.parent.param_names() + ["cotangents"]
-
-    def specs_of(self, primal: Sequence[ArgSpec]) -> list[ArgSpec]:
-        """Primal specs, then one cotangent spec per output."""
-        outs, _ = self.parent.signature(primal)
-        return list(primal) + [ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in outs]
-
-    def declared_specs(self) -> list[ArgSpec] | None:
-        primal = self.parent.declared_specs()
-        return None if primal is None else self.specs_of(primal)
-
-    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        return self.specs_of(self.parent.specs_for(args[: self.arity()]))
-
-    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs = [ArgSpec(f"ct_{s.name}", s.shape, s.dtype) for s in in_specs[: self.arity()] if s.is_float]
-        return outs, tuple(range(len(outs)))
-
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        n = self.arity()
+        n = self.primal_count(in_specs)
         primal = in_specs[:n]
         outs, tree = self.parent.signature(primal)
         w = BodyWriter(identifier(self.name), [s.name for s in primal] + [f"ct_{o.name}" for o in outs])
@@ -187,16 +140,16 @@ class PointwiseValueAndCotangents(PointwiseCotangentMap):
     """``(x..., one cotangent per output) -> (outputs..., J^T c for each float x...)``, flat."""
 
     def __init__(self, parent: Function) -> None:
-        Derived.__init__(self, f"value_and_vjp_fn({parent.name})", parent, listed=False)
+        PointwiseDerived.__init__(self, f"value_and_vjp_fn({parent.name})", parent, listed=False)
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs, _ = self.parent.signature(in_specs[: self.arity()])
+        outs, _ = self.parent.signature(in_specs[: self.primal_count(in_specs)])
         grads, _ = super().signature(in_specs)
         flat = list(outs) + grads
         return flat, tuple(range(len(flat)))
 
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        n = self.arity()
+        n = self.primal_count(in_specs)
         primal = in_specs[:n]
         outs, tree = self.parent.signature(primal)
         V = cotangent_map(self.parent)  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ from ._arrays import Batch, adapt, read_args
 from ._cache import Counter
 from ._codegen.batch import spec_of_expr
 from ._signature import ArgSpec, default_float, default_int
+from ._tangent.parse import real_func_refusal
 from ._tree import Tree, unflatten
 
 
@@ -119,6 +120,16 @@ class Function:
     def declared_specs(self) -> list[ArgSpec] | None:
         """Input specs known without a call, or None (then each call's arguments give them)."""
         return None
+
+    def arity(self, args: Sequence[Any]) -> int:
+        """How many arguments a call takes, told by its leading ones (values or their specs).
+
+        The count can depend on the arguments: a cotangent map takes one
+        cotangent per output of its parent, whose count may depend on the
+        parent's input dtypes (a cotangent map of a cotangent map).
+        """
+        declared = self.declared_specs()
+        return len(declared) if declared is not None else len(self.param_names())
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
         """``(out_specs, out_tree)`` for the given input specs."""
@@ -214,6 +225,7 @@ class Function:
 
 _MISSING = object()
 
+
 # -- kinds -----------------------------------------------------------------------
 _KINDS: list[tuple[str, Callable[..., bool], Callable[..., Function]]] = []
 
@@ -244,6 +256,8 @@ def as_function(f: Any, call: str) -> Function:
     """What every transform does first: take a Function, or wrap a ``@ti.func`` (once per func)."""
     if isinstance(f, Function):
         return f
+    if getattr(f, "_is_real_function", False):
+        raise TypeError(f"{call}: {real_func_refusal(f)}")
     if getattr(f, "_is_taichi_function", False):
         made = getattr(f, "_tidiff_function", None)
         if made is None:

@@ -63,6 +63,12 @@ class ArgSpec(NamedTuple):
         return ArgSpec(name, self.shape, self.dtype)
 
 
+def with_tangents(specs: Sequence[ArgSpec]) -> list[ArgSpec]:
+    """``specs``, then the spec of a tangent (``d<name>``, same shape and dtype) for each float one:
+    the inputs of a tangent function."""
+    return list(specs) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in specs if s.is_float]
+
+
 def default_float() -> np.dtype:
     return np.dtype(to_numpy_type(impl.get_runtime().default_fp))
 

@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._arrays import torch_dtype
 from ._composed import cotangent_map_of
 from ._protocol import Function, as_function
 from ._protocol import function as _td_function
@@ -155,7 +156,7 @@ def _declared_tree(fn: Function) -> Tree | None:
 @torch.compiler.assume_constant_result
 def _default_dtypes() -> tuple[torch.dtype, torch.dtype]:
     """The torch dtypes Python numbers take (Taichi's ``default_fp``, ``default_ip``)."""
-    return _torch_dtype(default_float()), _torch_dtype(default_int())
+    return torch_dtype(default_float()), torch_dtype(default_int())
 
 
 def _as_tensors(args: Sequence[Any]) -> list[torch.Tensor]:
@@ -173,10 +174,6 @@ def _as_tensors(args: Sequence[Any]) -> list[torch.Tensor]:
     return out
 
 
-def _torch_dtype(dtype: Any) -> torch.dtype:
-    return getattr(torch, np.dtype(dtype).name)
-
-
 # -- engines on tensors ---------------------------------------------------------
 def _device_of(args: Sequence[Any]) -> torch.device:
     for a in args:
@@ -190,10 +187,7 @@ def _to_torch(array: Any, device: torch.device, inputs: Sequence[torch.Tensor]) 
     if isinstance(array, torch.Tensor):
         t = array
     else:
-        array = np.asarray(array)
-        if not (array.flags.c_contiguous and array.flags.writeable):
-            array = np.array(array, order="C")
-        t = torch.from_numpy(array)
+        t = torch.from_numpy(np.require(array, requirements=("C", "W")))
     if t.device != device:
         return t.to(device)
     if t.numel() and any(t.untyped_storage().data_ptr() == a.untyped_storage().data_ptr() for a in inputs):
@@ -226,7 +220,7 @@ def _fake(fn: Function, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         batch = tuple(torch.broadcast_shapes(*[a.shape[: a.ndim - len(s.shape)]
                                                for a, s in zip(args, specs, strict=True)]))
     device = _device_of(args)
-    return [torch.empty(batch + tuple(s.shape), dtype=_torch_dtype(s.dtype), device=device) for s in out_specs]
+    return [torch.empty(batch + tuple(s.shape), dtype=torch_dtype(s.dtype), device=device) for s in out_specs]
 
 
 class _Concrete:
@@ -333,7 +327,7 @@ class Operator:
         specs = self.fn.specs_for(primals)
         out_specs, _ = self.fn.signature(specs)
         device = _device_of(primals)
-        cts = [torch.zeros(tuple(shape), dtype=_torch_dtype(s.dtype), device=device) if g is None else g
+        cts = [torch.zeros(tuple(shape), dtype=torch_dtype(s.dtype), device=device) if g is None else g
                for g, s, shape in zip(grads, out_specs, out_shapes, strict=True)]
         per_element = iter(operator_of(cotangent_map_of(self.fn), self.owner)(*primals, *cts))
         return tuple(_sum_to(next(per_element), p.shape) if s.is_float else None
@@ -341,7 +335,7 @@ class Operator:
 
     def jvp(self, primals: Sequence[torch.Tensor], tangents: Sequence[Any]) -> tuple[torch.Tensor, ...]:
         specs = self.fn.specs_for(primals)
-        ts = [torch.zeros(p.shape, dtype=_torch_dtype(s.dtype), device=p.device) if t is None else t
+        ts = [torch.zeros(p.shape, dtype=torch_dtype(s.dtype), device=p.device) if t is None else t
               for p, t, s in zip(primals, tangents, specs, strict=True) if s.is_float]
         flat = operator_of(self.fn.tangent(), self.owner)(*primals, *ts)
         m = len(flat) // 2

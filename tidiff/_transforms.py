@@ -32,6 +32,7 @@ from ._codegen.blocks import BlocksKernel
 from ._codegen.bodies import BodyWriter, LocalBlocks, jacobian_blocks
 from ._codegen.nested import nested_blocks
 from ._composed import Call, Composite, Const, Output
+from ._derived import SameArguments
 from ._protocol import Function
 from ._signature import ArgSpec
 from ._tree import Tree, leaves
@@ -155,7 +156,7 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
     return Layout(argnums, tuple(items), flat, node)
 
 
-class Jacobian(Function):
+class Jacobian(SameArguments):
     """A transform of ``parent`` (see the module docstring); kinds in :data:`KINDS`."""
 
     def __init__(self, kind: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
@@ -164,15 +165,7 @@ class Jacobian(Function):
         label = "" if argnums == 0 else f", argnums={argnums}"
         Function.__init__(self, f"{kind}({parent.name}{label}{', has_aux=True' if has_aux else ''})")
         self.kind, self.parent, self.has_aux = kind, parent, has_aux
-
-    def param_names(self) -> list[str]:
-        return self.parent.param_names()
-
-    def declared_specs(self) -> list[ArgSpec] | None:
-        return self.parent.declared_specs()
-
-    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        return self.parent.specs_for(args)
+        self.arguments_of = parent
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         return self.parent.read(args, call or self.name)
@@ -198,7 +191,7 @@ class Jacobian(Function):
         return list(lay.specs), lay.tree
 
 
-class PointwiseJacobian(Jacobian, _pointwise.Derived):
+class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
     """A Jacobian of a pointwise parent: a generated ``@ti.func`` body (one launch on the host)."""
 
     def __init__(self, kind: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:

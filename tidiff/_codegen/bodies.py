@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import taichi as ti
+from taichi.lang.util import to_taichi_type
 
 from .. import _modes
 from .._signature import ArgSpec
@@ -48,7 +49,7 @@ TI = Sym(ast.Name("ti", ast.Load()))
 
 def scalar_type(dtype: Any) -> Sym:
     """``ti.f64`` for float64, and so on."""
-    return getattr(TI, np.dtype(dtype).name.replace("float", "f").replace("int", "i"))
+    return getattr(TI, to_taichi_type(np.dtype(dtype)).to_string())
 
 
 def _subscript(value: Sym, index: Sequence[Any]) -> Sym:

@@ -14,10 +14,10 @@
   outputs (so ``+=`` accumulates from zero) and clears gradients or duals:
   nothing of one call is visible in the next.
 - Reverse mode records the launches and replays their adjoints backwards
-  (:mod:`.tape`). ``jvp`` drives ``ti.ad.FwdMode`` with float64 tangents in
-  the twins' duals (:mod:`.forward`); tidiff's forward mode uses the tangent
-  program instead (``tangent()``, :mod:`.tangent`).
-- Each kernel compiles once per variant (primal, adjoint, forward); later
+  (:mod:`.tape`). Forward mode is the tangent program (:mod:`.tangent`):
+  every kernel replaced by its tangent kernel (``_tangent/kernels.py``);
+  ``ti.ad.FwdMode`` is not used.
+- Each kernel compiles once per variant (primal, adjoint, tangent); later
   calls with new values compile nothing.
 
 Limitations:
@@ -34,9 +34,8 @@ Limitations:
       Struct fields and quantized types are not supported.
     - Python-scope element writes inside a Python program (``x[None] = 0``)
       are not recorded for reverse mode and carry no tangent in forward
-      mode, as with ``ti.ad.Tape``/``FwdMode``; use ``x.fill(0)`` or a
-      kernel. ``from_numpy`` inside the program cannot run under forward
-      mode.
+      mode, as with ``ti.ad.Tape``; use ``x.fill(0)`` or a kernel. Forward
+      mode has the tangent program's limits (:mod:`.tangent`).
     - ``ti.ad.grad_replaced``/``grad_for`` functions are honoured as ``ti.ad.Tape``
       does (their backward is the gradient; ``no_grad`` stops it); forward mode
       of a program calling one is refused, naming it.
@@ -45,8 +44,6 @@ Limitations:
       zeros and its cotangent is ignored.
     - Taichi's global data access rules apply as usual; breaking them
       gives wrong gradients silently (taichi #3885).
-    - Forward mode compiles with ``force_scalarize_matrix`` on (Taichi's
-      forward pass is wrong on unscalarized matrices, see :mod:`.forward`).
     - Each call moves data field by field (load, zero, read: about 10-25
       small launches, 1-5 ms on CPU for a handful of fields); one fused
       kernel per program would cut that.

@@ -83,8 +83,7 @@ class Twins:
 
 def load(twin, array):
     """Write a NumPy array (already of the twin's shape and dtype) into a twin or its grad."""
-    # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
-    twin.from_numpy(array if array.flags.c_contiguous else array.copy(order="C"))
+    twin.from_numpy(np.require(array, requirements="C"))  # np.ascontiguousarray would make 0-d arrays 1-d
 
 
 def read(twin):

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import Batch, contiguous
+from .._arrays import Batch
 from .._cache import uses
 from .._errors import describe_shape
 from .._fields import FieldProgram
@@ -66,7 +66,8 @@ class FieldFunction(Function):
                     raise ValueError(f"{call}: argument {spec.name!r} (a field): expected {describe_shape(spec.shape)},"
                                      f" got {describe_shape(shape)}{extra}")
         batch = super().read(args, call)
-        arrays = tuple(contiguous(np.broadcast_to(a, s.shape)) for a, s in zip(batch.arrays, self._in, strict=True))
+        arrays = tuple(np.require(np.broadcast_to(a, s.shape), requirements="C")
+                       for a, s in zip(batch.arrays, self._in, strict=True))
         return Batch(arrays, batch.specs, (), batch.device)
 
     def evaluate(self, batch: Batch) -> list[Any]:
@@ -75,7 +76,7 @@ class FieldFunction(Function):
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         uses(self.program)
-        cts = [None if c is None else contiguous(np.broadcast_to(np.asarray(c), s.shape))
+        cts = [None if c is None else np.require(np.broadcast_to(c, s.shape), requirements="C")
                for c, s in zip(cotangents, self._out, strict=True)]
         _, grads = self.program.vjp(batch.arrays, cts)
         return list(grads)
@@ -96,7 +97,7 @@ class FieldFunction(Function):
     def _program_cotangents(self, cotangents: Sequence[Any]) -> list[Any]:
         """Cotangents of the program's outputs: each in its output's shape (those of zero outputs dropped)."""
         specs = self.signature(self._in)[0]
-        by_output = [None if c is None else contiguous(np.broadcast_to(np.asarray(c), s.shape))
+        by_output = [None if c is None else np.require(np.broadcast_to(c, s.shape), requirements="C")
                      for c, s in zip(cotangents, specs, strict=True)]
         kept: list[Any] = [None] * len(self.program.out_specs)
         for o, c in zip(self.program_outputs(), by_output, strict=True):
@@ -142,7 +143,7 @@ class FieldTangent(FieldFunction):
         m = len(self._primal_out)
         kept = list(cotangents[:m]) + [cotangents[m + o] for o in self._float_outputs()]
         uses(self.program)
-        cts = [None if c is None else contiguous(np.broadcast_to(np.asarray(c), s.shape))
+        cts = [None if c is None else np.require(np.broadcast_to(c, s.shape), requirements="C")
                for c, s in zip(kept, self.program.out_specs, strict=True)]
         _, grads = self.program.vjp(batch.arrays, cts)
         return list(grads)

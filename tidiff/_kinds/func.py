@@ -17,6 +17,7 @@ from .._codegen.batch import identifier, probe_in_kernel, probe_outputs
 from .._pointwise import Pointwise
 from .._protocol import register_kind
 from .._signature import ArgSpec, input_specs, output_specs, parameter_names, result_float
+from .._tangent.parse import real_func_refusal
 from .._tree import Tree, flat_tree
 
 
@@ -87,6 +88,8 @@ def _make(f: Any, *, inputs: Any = None, outputs: Any = None, signature: Any = N
             "td.function: inputs=/outputs=/constants= are for kernels over fields or ndarrays; "
             "a @ti.func takes its values as arguments"
         )
+    if getattr(f, "_is_real_function", False):
+        raise TypeError(f"td.function: {real_func_refusal(f)}")
     return FuncFunction(f, signature=signature, name=name)
 
 

@@ -16,7 +16,7 @@ a copy, and Taichi compiles the kernel once per dtype and ndim, never per shape.
 - ``evaluate``: outputs are allocated (zeroed, so ``+=`` accumulates from 0)
   and the kernel launched once;
 - ``vjp``: Taichi's ``kernel.grad`` on the tensors (NOTE: [Gradient aliases]);
-- ``tangent()``: the kernel's tangent transform (``_ndarray_kernels``), an
+- ``tangent()``: the kernel's tangent transform (``_tangent/kernels.py``), an
   ndarray kernel again (:class:`NdarrayTangent`): its vjp is Taichi's reverse
   mode over the tangent kernel, which is second order, and its own tangent
   is the tangent kernel of the tangent kernel.
@@ -48,12 +48,13 @@ import numpy as np
 from taichi.lang.util import to_numpy_type
 from taichi.types.ndarray_type import NdarrayType
 
-from .._arrays import Batch, is_tensor, to_numpy
+from .._arrays import Batch, is_tensor, numpy_dtype, to_numpy, torch_dtype
 from .._cache import uses
+from .._derived import TangentSignature
 from .._errors import taichi_cannot_reverse
-from .._ndarray_kernels import tangent_kernel
 from .._protocol import Function, register_kind
 from .._signature import ArgSpec
+from .._tangent import jvp_ndarray_kernel
 from .._tangent.parse import kernel_function
 from .._tree import Tree, flat_tree
 
@@ -95,28 +96,12 @@ def _annotation_dtype(ann: Any) -> np.dtype | None:
         return None
 
 
-def numpy_dtype(dtype: Any) -> np.dtype:
-    if isinstance(dtype, np.dtype):
-        return dtype
-    torch = _torch()
-    if isinstance(dtype, torch.dtype):
-        return np.dtype(str(dtype).replace("torch.", ""))
-    return np.dtype(dtype)
-
-
-def torch_dtype(dtype: Any) -> Any:
-    return getattr(_torch(), np.dtype(dtype).name)
-
-
 def as_tensor(a: Any) -> Any:
     """A torch view of ``a`` (no copy for contiguous, writable arrays and for tensors)."""
     torch = _torch()
     if isinstance(a, torch.Tensor):
         return a.detach() if a.is_contiguous() else a.detach().contiguous()
-    a = np.asarray(a)
-    if not (a.flags.c_contiguous and a.flags.writeable):
-        a = np.array(a, order="C")
-    return torch.from_numpy(a)
+    return torch.from_numpy(np.require(a, requirements=("C", "W")))
 
 
 def fresh(value: Any, spec: ArgSpec, device: Any) -> Any:
@@ -280,7 +265,7 @@ class NdarrayFunction(Function):
 
         def make() -> NdarrayFunction:
             active = [p for p, m in zip(self.inputs, mask, strict=True) if m]
-            kernel, d_inputs, d_outputs = tangent_kernel(self.kernel, active, self.outputs)
+            kernel, d_inputs, d_outputs = jvp_ndarray_kernel(self.kernel, active, self.outputs)
             n = len(self.inputs)
             rules: dict[str, ShapeRule] = {}
             for names in (self.outputs, d_outputs):  # outputs and their tangents: shapes from the primals
@@ -300,11 +285,11 @@ class NdarrayFunction(Function):
         return self.derived["tangent"]
 
 
-class NdarrayTangent(Function):
+class NdarrayTangent(TangentSignature):
     """``(x..., dx for each float x...) -> (y..., dy for each y...)`` of an ndarray function.
 
     For each pattern of float inputs this is a concrete :class:`NdarrayFunction`
-    over the tangent kernel (``_ndarray_kernels.tangent_kernel``), which takes
+    over the tangent kernel (``_tangent.kernels.jvp_ndarray_kernel``), which takes
     the kernel's parameters, then one tangent per float input and one per
     output, and writes outputs and their tangents. Its vjp is Taichi's reverse
     mode over the tangent kernel (second order); its tangent is this again,
@@ -312,33 +297,11 @@ class NdarrayTangent(Function):
     """
 
     native_tensors = True
-
-    def __init__(self, parent: NdarrayFunction | NdarrayTangent) -> None:
-        super().__init__(f"jvp({parent.name})", listed=False)
-        self.parent = parent
-
-    def param_names(self) -> list[str]:
-        return self.parent.param_names() + ["d" + n for n in self.parent.param_names()]
-
-    def arity(self, args: Sequence[Any]) -> int:
-        n = self.parent.arity(args)
-        return n + sum(s.is_float for s in self.parent.specs_for(args[:n]))
-
-    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        primal = self.parent.specs_for(args[: self.parent.arity(args)])
-        return primal + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in primal if s.is_float]
+    parent: NdarrayFunction | NdarrayTangent
 
     def concrete(self, specs: Sequence[ArgSpec]) -> NdarrayFunction:
-        primal = self._primal(specs)
+        primal = list(specs[: self.primal_count(specs)])
         return self.parent.concrete(primal).tangent_at(primal)
-
-    def _primal(self, specs: Sequence[ArgSpec]) -> list[ArgSpec]:
-        """The parent's specs: the first ``k`` of ``specs`` such that the rest are their float tangents."""
-        for k in range(len(specs), -1, -1):
-            head = list(specs[:k])
-            if len(head) + sum(s.is_float for s in head) == len(specs):
-                return head
-        raise ValueError(f"{self.name}: {len(specs)} specs are not primals and their tangents")
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         return self.concrete(self.specs_for(args)).read(args, call or self.name)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._arrays import Batch
+from .._derived import SameArguments
 from .._errors import describe_shape
 from .._protocol import Function, as_function
 from .._signature import ArgSpec
@@ -30,7 +31,7 @@ from .host import HostStepper
 from .schedule import Schedule, keep_checkpoints, pull_back, run
 
 
-class Scan(Function):
+class Scan(SameArguments):
     """``step`` applied ``length`` times (see :func:`scan`).
 
     ``carry[j]`` is the input of ``step`` that its output ``j`` feeds, or
@@ -46,15 +47,8 @@ class Scan(Function):
         self.schedule = Schedule.of(length, checkpoints)
         self._stepper: Any = None
         self._holder: object | None = None  # the linearization whose checkpoints the stepper holds
+        self.arguments_of = step
 
-    def param_names(self) -> list[str]:
-        return self.step.param_names()
-
-    def declared_specs(self) -> list[ArgSpec] | None:
-        return self.step.declared_specs()
-
-    def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        return self.step.specs_for(args)
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         call = call or self.name

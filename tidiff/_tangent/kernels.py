@@ -1,4 +1,4 @@
-"""Tangent of kernels over global fields: every float field ``x`` gets a tangent field ``dx``.
+"""Tangent of kernels over global fields (every float field ``x`` gets a tangent field ``dx``) or ndarrays.
 
 NOTE: [Tangent of a kernel] A kernel's inputs and results are global
 fields, so its tangent kernel pairs every float field ``x`` it touches with
@@ -32,9 +32,15 @@ first (NOTE: [Fields through objects] in :mod:`.objects`); a float field
 without a tangent field is a constant (NOTE: [Known-zero tangents] in
 :mod:`.field_flows`): reading it carries no tangent.
 
-Limitations: ndarray parameters, struct fields, reading
-``x.grad``/``x.dual`` and a ``for`` loop over a list of active fields are
-refused with a :class:`~tidiff._errors.TransformError`.
+A kernel over ``ti.types.ndarray()`` parameters (:func:`jvp_ndarray_kernel`)
+is the same transform with the pairing made by parameter instead of by
+field: each ndarray parameter named an input or an output gets a tangent
+ndarray parameter beside it (the caller allocates it, zeroed for an
+output). Global fields it reads are constants.
+
+Limitations: ndarray parameters of a kernel over fields, struct fields,
+reading ``x.grad``/``x.dual`` and a ``for`` loop over a list of active
+fields are refused with a :class:`~tidiff._errors.TransformError`.
 """
 from __future__ import annotations
 
@@ -51,6 +57,7 @@ from taichi.lang.field import Field
 from taichi.lang.matrix import MatrixType
 from taichi.lang.util import to_numpy_type
 from taichi.types.annotations import Template
+from taichi.types.ndarray_type import NdarrayType
 
 from .._codegen import compile_source
 from .activity import assignments, root_names
@@ -219,28 +226,59 @@ def jvp_kernel(kernel: Any, tangents: FieldTangents, owner: object = None) -> An
     """
     key = (kernel, id(owner))
     if key not in tangents.generated:
-        made: list[KernelTransformer] = []
-
-        def make(parsed: Parsed, active: tuple[bool, ...]) -> KernelTransformer:
-            made.append(KernelTransformer(parsed, active, tangents, kernel=kernel, owner=owner))
-            return made[0]
-
-        g = generate(Unbound(kernel) if owner is not None else kernel, (), make)
-        if made[0].template_params:
-            g = _launcher(g, made[0], tangents)
+        g, transformer = _transform_kernel(kernel, tangents, owner=owner)
+        if transformer.template_params:
+            g = _launcher(g, transformer, tangents)
         tangents.generated[key] = g
     return tangents.generated[key]
 
 
+def jvp_ndarray_kernel(kernel: Any, inputs: Sequence[str], outputs: Sequence[str]) -> tuple[Any, list[str], list[str]]:
+    """Tangent transform of a kernel over ``ti.types.ndarray()`` parameters (see NOTE: [Tangent of a kernel]).
+
+    Args:
+        kernel: a ``@ti.kernel``.
+        inputs: the ndarray parameters that carry a tangent in.
+        outputs: the ndarray parameters the kernel writes results into.
+
+    Returns:
+        ``(kernel_jvp, input_tangents, output_tangents)``: ``kernel_jvp``
+        takes the kernel's parameters, then a tangent (named as listed,
+        ``d<name>`` unless taken) for each input and each output (zeroed by
+        the caller), and writes the outputs and their tangents. Parameters not
+        listed (integer arrays, numbers) carry no tangent.
+    """
+    g, transformer = _transform_kernel(kernel, FieldTangents(()), arrays=list(inputs) + list(outputs))
+    names = transformer.namer.tangents
+    return g, [names[p] for p in inputs], [names[p] for p in outputs]
+
+
+def _transform_kernel(kernel: Any, tangents: FieldTangents, owner: object = None,
+                      arrays: Sequence[str] | None = None) -> tuple[Any, KernelTransformer]:
+    """The compiled tangent kernel and the transformer that wrote it."""
+    made: list[KernelTransformer] = []
+
+    def make(parsed: Parsed, active: tuple[bool, ...]) -> KernelTransformer:
+        made.append(KernelTransformer(parsed, active, tangents, kernel=kernel, owner=owner, arrays=arrays))
+        return made[0]
+
+    return generate(Unbound(kernel) if owner is not None else kernel, (), make), made[0]
+
+
 def _launcher(g: Any, transformer: KernelTransformer, tangents: FieldTangents) -> Any:
-    """``k(*args)`` -> ``k_jvp(*args, *tangents of the template arguments)``, looked up at launch."""
-    params = transformer.params
-    name = transformer.tree.name
-    extra = [f"tangent_of({p})" for p in transformer.template_params]
-    text = f"def {name}({', '.join(params)}):\n    return {name}_jvp({', '.join(params + extra)})\n"
-    namespace = {"__name__": "tidiff_generated", f"{name}_jvp": g, "tangent_of": tangents.tangent_of}
-    launch = compile_source(text, name, namespace, tag="jvp-launch")
-    launch._tidiff_source = g._tidiff_source + "\n\n" + text
+    """``k(*args)`` -> ``k_jvp(*args, *tangents of the template arguments)``, looked up at launch.
+
+    Built as an AST; the names it reads (the tangent kernel, the lookup) come
+    from the transformer's namer, so no parameter name can shadow them.
+    """
+    params, name = transformer.params, transformer.tree.name
+    kernel, lookup = transformer.jvp_name, transformer.namer.fresh("tangent_of")
+    args = [_name(p) for p in params] + [ast.Call(_name(lookup), [_name(p)], []) for p in transformer.template_params]
+    launch_def = ast.FunctionDef(name, ast.arguments([], [ast.arg(p) for p in params], None, [], [], None, []),
+                                 [ast.Return(ast.Call(_name(kernel), args, []))], [], None)
+    namespace = {"__name__": "tidiff_generated", kernel: g, lookup: tangents.tangent_of}
+    launch = compile_source(launch_def, name, namespace, tag="jvp-launch")
+    launch._tidiff_source = g._tidiff_source + "\n\n" + launch._tidiff_source
     launch._tidiff_primal = g._tidiff_primal
     return launch
 
@@ -265,23 +303,32 @@ def jvp_field_func(f: Any, active: Sequence[bool], tangents: FieldTangents) -> A
 
 
 class KernelTransformer(Transformer):
-    """The tangent of a kernel, or of a func it calls, with field accesses (see NOTE: [Tangent of a kernel])."""
+    """The tangent of a kernel, or of a func it calls, with field accesses (see NOTE: [Tangent of a kernel]).
+
+    ``arrays`` names the ndarray parameters of a kernel over ndarrays that get
+    a tangent parameter; None for a kernel over fields, whose
+    ``ti.template()`` parameters get one (looked up at launch) and which
+    takes no ndarray.
+    """
 
     def __init__(self, parsed: Parsed, active: Sequence[bool], tangents: FieldTangents, kernel: Any = None,
-                 owner: object = None) -> None:
+                 owner: object = None, arrays: Sequence[str] | None = None) -> None:
         self.field_tangents = tangents
         self.kernel = kernel  # the @ti.kernel being transformed, or None for a func
         self.owner = owner  # the object a class kernel or a func taken from an object is bound to
         self.is_kernel = kernel is not None
+        self.arrays = arrays
         bind(parsed, owner)
         super().__init__(parsed, active, self._jvp_of)
         self.locals = _bound_names(self.tree)
-        self.template_params: list[str] = []
+        self.template_params: list[str] = []  # ti.template() fields: their tangent is passed at launch
+        self.paired: list[str] = []  # a kernel's parameters with a tangent parameter beside them
         if kernel:
             self.decorator, self.returns = "kernel", parsed.tree.returns
-            for p in self._parameters():
-                if isinstance(p.annotation, Template):
-                    self.template_params.append(p.name)
+            if arrays is None:
+                self.template_params = [p.name for p in self._parameters() if isinstance(p.annotation, Template)]
+            paired = self.template_params if arrays is None else arrays
+            self.paired = self.active_params = [p for p in self.params if p in paired]
         # sources: global names whose use carries a tangent (float fields, lists of them, funcs reaching them)
         self.sources: set[str] = set()
         self.fields: dict[str, Any] = {}
@@ -295,10 +342,7 @@ class KernelTransformer(Transformer):
                     self.helpers[self.namer.tangent(name)] = tangent
             elif any(tangents.touches(c) for c in _callees(obj)):  # a func, helper or table of them
                 self.sources.add(name)
-        # a ti.template() parameter is taken for a field: its tangent is a parameter beside it
-        if kernel:
-            self.active_params = list(self.template_params)
-        self._field_names = set(self.fields) | set(self.template_params)
+        self._field_names = set(self.fields) | set(self.paired)
         self.active = self._activity()
 
     def _jvp_of(self, callee: Any, active: Sequence[bool]) -> Any:
@@ -309,16 +353,24 @@ class KernelTransformer(Transformer):
     def run(self) -> ast.FunctionDef:
         if self.is_kernel:
             self._check_parameters()
-        return super().run()
+        tree = super().run()
+        self.jvp_name = tree.name  # taken in the namer: no parameter or global has it
+        return tree
 
     def _parameters(self) -> list[inspect.Parameter]:
         """The kernel's parameters (a class kernel's ``self`` is bound, not one)."""
         return list(inspect.signature(self.kernel.__wrapped__).parameters.values())[self.owner is not None:]
 
     def _check_parameters(self) -> None:
+        args = self.tree.args
+        if args.defaults:
+            raise self.error(self.tree, "a kernel parameter list with defaults",
+                             "give the kernel plain positional parameters")
         for p in self._parameters():
             ann = p.annotation
             if ann in (int, float) or isinstance(ann, (type(ti.f64), MatrixType, Template)):
+                continue
+            if self.arrays is not None and isinstance(ann, NdarrayType):
                 continue
             raise self.error(
                 self.tree, f"the kernel parameter `{p.name}` of kind {type(ann).__name__}",
@@ -384,12 +436,23 @@ class KernelTransformer(Transformer):
                                      "(td.function(kernel, inputs=[...], outputs={...}))")
 
     def _check_store(self, target: ast.expr, value: ast.expr) -> None:
-        """A store of an active value into a field known to have a zero tangent would drop it: refuse."""
+        """A store of an active value into data without a tangent (a constant field, an ndarray
+        parameter that is not an output) would drop it: refuse."""
         roots = root_names(target)
-        if roots and roots[0] in self.fields and roots[0] not in self.sources and self.is_active(value):
+        if not roots or not self.is_active(value):
+            return
+        root = roots[0]
+        if root in self.fields and root not in self.sources:
+            if self.arrays is not None:
+                raise self.error(target, f"a write to the global `{root}` from differentiable values",
+                                 "make it an ndarray parameter and list it in outputs=")
             raise self.error(target, f"a store of a differentiable value into `{ast.unparse(target)}`, "
                              "a field found not to depend on the inputs",
                              "this is a tidiff bug in its activity analysis; please report it")
+        if self.arrays is not None and root in self.params and root not in self.active_params \
+                and not isinstance(target, ast.Name):
+            raise self.error(target, f"a write to parameter `{root}` from differentiable values",
+                             f"list {root!r} in outputs= (or inputs=)")
 
     def stmt_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
@@ -408,13 +471,16 @@ class KernelTransformer(Transformer):
                 and isinstance(self.fields.get(iterated.id), (list, tuple)):
             raise self.error(node, f"a for loop over the fields of `{ast.unparse(iterated)}`",
                              "loop over indices instead: for k in ti.static(range(len(fields))): fields[k][i]")
-        if self._loads(node.iter) & (self.active - self.sources - set(self.template_params)):
+        if self._loads(node.iter) & (self.active - self.sources - set(self.paired)):
             raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
                              "loop over indices instead: for i in ti.static(range(n))")
         self.emit(ast.For(node.target, node.iter, self.nested(node.body),
                           self.nested(node.orelse) if node.orelse else []))
 
     def stmt_Return(self, node: ast.Return) -> None:
+        if self.is_kernel and self.arrays is not None and node.value is not None:
+            raise self.error(node, "a kernel over ndarrays that returns a value",
+                             "write results into an output ndarray")
         if self.is_kernel or node.value is None:
             return self.emit(node)  # a kernel's result (a number) and a bare return carry no tangent
         return super().stmt_Return(node)

@@ -40,12 +40,18 @@ def python_function(f: Any) -> types.FunctionType:
     if is_helper(f):
         return f
     if not is_taichi_func(f):
-        raise TypeError(
-            f"jvp_func(f): f must be a @ti.func or a plain Python function, got {f!r}; decorate it with @ti.func"
-        )
+        raise TypeError(f"tidiff differentiates @ti.func code and plain Python functions, got {f!r}; "
+                        "decorate it with @ti.func")
     if getattr(f, "_is_real_function", False):
-        raise TypeError("jvp_func(f): real functions (@ti.real_func) are not supported")
+        raise TypeError(real_func_refusal(f))
     return f.__wrapped__
+
+
+def real_func_refusal(f: Any) -> str:
+    """Why a ``@ti.real_func`` has no derivative here, naming it."""
+    name = getattr(f, "__name__", None) or getattr(getattr(f, "__wrapped__", None), "__name__", repr(f))
+    return (f"{name} is a @ti.real_func, which tidiff cannot differentiate (a real function is compiled on "
+            "its own, not inlined into the code tidiff transforms); make it a @ti.func")
 
 
 def kernel_function(k: Any) -> types.FunctionType:

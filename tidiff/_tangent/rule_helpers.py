@@ -9,6 +9,7 @@ seconds. The cofactors are written out instead; the rule's tangent-free part
 from typing import Any
 
 import taichi as ti
+from taichi.lang import impl
 from taichi.lang.expr import Expr
 from taichi.types import primitive_types
 
@@ -274,8 +275,6 @@ def _compile_time(fn):
 @_compile_time
 def dtype_of(x):
     """The element type of a Taichi value while a kernel compiles."""
-    from taichi.lang.expr import Expr
-
     if isinstance(x, Expr):
         kind = x.ptr.get_rvalue_type()
         return kind.element_type() if x.is_tensor() else kind
@@ -296,8 +295,6 @@ def size_of(x):
 @_compile_time
 def tape_of(x, rows):
     """A zero tape for ``x``: one local vector of ``rows`` entries per entry of ``x`` (NOTE: [Tapes])."""
-    from taichi.lang import impl
-
     return [impl.expr_init(ti.Vector.zero(dtype_of(x), rows)) for _ in range(size_of(x))]
 
 

@@ -7,6 +7,7 @@ Expressions without an active variable are copied verbatim: conditions, loop
 ranges, integer arithmetic and ``ti.static`` stay exactly as written.
 """
 import ast
+import copy
 import functools
 
 import taichi as ti
@@ -32,7 +33,7 @@ _OP_NAMES = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", as
 
 def load(node):
     """A copy of an assignment target usable as an expression."""
-    node = _copy(node)
+    node = copy.deepcopy(node)
     for sub in ast.walk(node):
         if hasattr(sub, "ctx"):
             sub.ctx = ast.Load()
@@ -41,18 +42,14 @@ def load(node):
 
 def store(node):
     """A copy of a target expression usable on the left of ``=``."""
-    node = _copy(node)
+    node = copy.deepcopy(node)
     node.ctx = ast.Store()
     return node
 
 
-def _copy(node):
-    return ast.parse(ast.unparse(node), mode="eval").body
-
-
 def retarget(target, name):
     """``v[i]`` with its root variable replaced: ``dv[i]``."""
-    node = _copy(target)
+    node = copy.deepcopy(target)
     inner = node
     while isinstance(inner, (ast.Subscript, ast.Attribute)) and not isinstance(inner.value, ast.Name):
         inner = inner.value
@@ -90,10 +87,6 @@ def _assign(target, value):
 
 def _name(identifier):
     return ast.Name(identifier, ast.Load())
-
-
-def _is_taichi_func(obj):
-    return getattr(obj, "_is_taichi_function", False) and hasattr(obj, "__wrapped__")
 
 
 class Transformer:
@@ -670,6 +663,9 @@ class Transformer:
             raise self.error(node, "a call with *args", "pass the arguments one by one")
         if callable_rule(callee) is not None:
             return callable_positional(node, callee, self.error)
+        if getattr(callee, "_is_real_function", False):
+            raise self.error(node, f"the call `{ast.unparse(node)}` of a @ti.real_func",
+                             "make it a @ti.func: tidiff transforms the source it inlines")
         try:
             return positional(node, callee, self.bind_value)
         except TypeError as e:

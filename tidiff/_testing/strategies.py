@@ -75,9 +75,8 @@ def arguments(f: Any, *, batch_shapes: SearchStrategy[tuple[int, ...]] | None = 
         )
     else:
         specs = declared
-    takes_batches = _takes_batches(fn)
-    if batch_shapes is None:
-        batch_shapes = globals()["batch_shapes"]() if takes_batches else st.just(())
+    if batch_shapes is None:  # only pointwise functions (@ti.func code) map over leading batch dims
+        batch_shapes = globals()["batch_shapes"]() if fn.pointwise else st.just(())
     float_default = st.floats(-2.0, 2.0, allow_nan=False, allow_infinity=False, allow_subnormal=False)
     int_default = st.integers(-3, 3)
 
@@ -95,7 +94,7 @@ def arguments(f: Any, *, batch_shapes: SearchStrategy[tuple[int, ...]] | None = 
     @st.composite
     def draw_args(draw: st.DrawFn) -> tuple[np.ndarray, ...]:
         batch = tuple(draw(batch_shapes))
-        if batch and not takes_batches:
+        if batch and not fn.pointwise:
             raise ValueError(f"td.testing.arguments: {fn.name} is a field program; it takes no batch dims")
         out = []
         for spec in specs:
@@ -110,11 +109,6 @@ def arguments(f: Any, *, batch_shapes: SearchStrategy[tuple[int, ...]] | None = 
         return tuple(out)
 
     return draw_args()
-
-
-def _takes_batches(fn: Function) -> bool:
-    """Whether ``fn`` maps over leading batch dims (a pointwise function: ``@ti.func`` code)."""
-    return fn.pointwise
 
 
 def _names(fn: Function, n: int) -> list[str]:
