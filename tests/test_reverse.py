@@ -161,7 +161,10 @@ def test_while_loops_and_branches_on_values_are_reversed():
     for f in (looped, branched):  # tests/test_reverse_control.py takes them further
         assert why_not(f, (True,)) is None
     x = np.array([0.4, -0.8, 1.5])
-    assert "looped_vjp(" in td.source(td.grad(looped), x)
+    # a runtime loop's reverse sweep recomputes it: forward pushes where they are possible
+    # (NOTE: [Loops in reverse cost their square] in tidiff/_modes.py); branches reverse
+    assert "looped_vjp(" not in td.source(td.grad(looped), x)
+    assert "branched_vjp(" in td.source(td.grad(branched), x)
     np.testing.assert_allclose(td.grad(looped)(x), 3 * x**2, rtol=1e-14)
     np.testing.assert_allclose(td.grad(branched)(x), 2 * x, rtol=1e-14)
 
