@@ -53,7 +53,9 @@ def train(model, rank=0, world=1):
 
 
 def rank_main(rank, world, out_dir):
-    ti.init(arch=ti.cpu, default_fp=ti.f64, offline_cache=True, log_level=ti.WARN)
+    # each rank its own offline cache: two processes writing one cache at exit can abort (SIGABRT, seen in CI)
+    ti.init(arch=ti.cpu, default_fp=ti.f64, offline_cache=True, log_level=ti.WARN,
+            offline_cache_file_path=os.path.join(out_dir, f"ticache-{rank}"))
     torch.distributed.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank,
                                          world_size=world)
     try:
@@ -61,8 +63,10 @@ def rank_main(rank, world, out_dir):
         train(ddp, rank, world)
         if rank == 0:
             torch.save({k: v.detach() for k, v in ddp.module.state_dict().items()}, os.path.join(out_dir, "ddp.pt"))
+        torch.distributed.barrier()  # no rank leaves while another still talks to it
     finally:
         torch.distributed.destroy_process_group()
+        ti.reset()  # Taichi's runtime ends before the process does (a rank aborted at exit without it)
 
 
 if __name__ == "__main__":
