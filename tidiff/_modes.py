@@ -125,7 +125,9 @@ def jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgS
 
 
 def cotangent_mode(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Mode:
-    """How a cotangent-map (vjp) body computes ``J^T c``: one reverse call whenever there is a reverse function."""
+    """How a cotangent-map (vjp) body computes ``J^T c``: one reverse call whenever there is a reverse function,
+    unless it would recompute a runtime loop where forward pushes are possible (NOTE: [Loops in reverse cost
+    their square])."""
     reverse = reverse_function(parent, active, n_outputs)
     if reverse is not None and not (getattr(reverse, RECOMPUTES, False) and forward_possible(parent, active)):
         return Mode("reverse", "one reverse call, whatever the sizes")
