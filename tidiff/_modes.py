@@ -138,10 +138,13 @@ def cotangent_mode(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Mod
     return Mode("forward", "no reverse function: forward pushes, transposed")
 
 
-def composed_mode(flavour: str, n_in: int, n_out: int) -> Mode:
-    """How a function without a body gets a Jacobian: tangent evaluations or vjps."""
+def composed_mode(flavour: str, n_in: int, n_out: int, reverse_refused: str | None = None) -> Mode:
+    """How a function without a body gets a Jacobian: tangent evaluations or vjps (tangent evaluations
+    whenever its vjp is refused, ``Function.reverse_refused``)."""
     if flavour == "fwd":
         return Mode("forward", "td.jacfwd pushes tangents forward")
+    if reverse_refused is not None:
+        return Mode("forward", reverse_refused)
     if flavour == "rev":
         return Mode("reverse", "a reverse-mode transform")
     if n_in <= n_out:

@@ -150,6 +150,11 @@ class Function:
         """``(x..., dx for each float x...) -> (y..., dy for each y...)``, a Function of the same kind."""
         raise NotImplementedError
 
+    def reverse_refused(self) -> str | None:
+        """Why :meth:`vjp` refuses this function (None: it does not). Jacobians of a function without a body
+        then push tangents forward (``_modes.composed_mode``)."""
+        return None
+
     def linearize(self, batch: Batch) -> tuple[list[Any], Callable[[Sequence[Any]], list[Any]]]:
         """``(outputs, pullback)`` with ``pullback(cotangents) == vjp(batch, cotangents)``.
 

@@ -279,7 +279,7 @@ class ComposedJacobian(Jacobian, _composed.Composed):
         wanted = lay.wanted()
         n_in = sum(specs[a].size for a in lay.argnums)
         n_out = sum(out_specs[o].size for o in wanted)
-        mode = _modes.composed_mode(FLAVOUR[self.kind], n_in, n_out)
+        mode = _modes.composed_mode(FLAVOUR[self.kind], n_in, n_out, self.parent.reverse_refused())
         calls: list[Call] = []
         blocks: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
         value_call = None

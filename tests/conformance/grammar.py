@@ -146,6 +146,11 @@ class Program:
         return forward_ok(self.main, self.helpers)
 
     @property
+    def reaches_rules(self):
+        """``td.stop_gradient`` or a custom rule is reached: Taichi's reverse mode refuses the program."""
+        return reaches_rules(self.main, self.helpers)
+
+    @property
     def features(self):
         """Names of what the program uses: ops, statement kinds, library functions (for reports, known.py)."""
         names = set()
@@ -175,6 +180,23 @@ def forward_ok(func, helpers):
             if name in by_name:
                 todo.append(by_name[name])
     return True
+
+
+def reaches_rules(func, helpers):
+    """Whether ``func`` reaches a derivative rule of the user's: ``td.stop_gradient`` or a custom_jvp/custom_vjp
+    function. Reverse mode by Taichi's own autodiff (field programs, ndarray kernels) refuses such code."""
+    by_name = {h.name: h for h in helpers}
+    seen, todo = set(), [func]
+    while todo:
+        f = todo.pop()
+        nodes = list(_walk_block(f.body)) + [n for e in f.returns for n in _walk_expr(e)]
+        if any(isinstance(n, Expr) and n.op in ("stop_gradient", "lib") for n in nodes):
+            return True
+        for name in _calls(f) - seen:
+            seen.add(name)
+            if name in by_name:
+                todo.append(by_name[name])
+    return False
 
 
 def _walk_block(block):

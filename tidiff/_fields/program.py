@@ -9,6 +9,7 @@ import numpy as np
 
 from . import checks
 from .graph import CodeGraph
+from .hidden_rules import refuse_hidden_rules, rules_reached
 from .parts import Part
 from .rebind import Rebinder
 from .tangent import tangent_program
@@ -74,6 +75,7 @@ class FieldProgram:
         self.out_specs = [self._spec(p) for p in self.outputs]
         self._source, self._graph = program, graph
         self._tangent = None
+        self._hidden_rules: list[tuple[str, str]] | None = None
         self._generation = 0  # how many times the twins were loaded: a pullback checks it is still its run
 
     def _spec(self, part):
@@ -99,11 +101,23 @@ class FieldProgram:
             self._run()
         return self._read_outputs()
 
+    def hidden_rules(self):
+        """The derivative rules the program reaches that Taichi's reverse mode cannot apply (NOTE: [Rules
+        Taichi's reverse mode cannot see]): found once; the tangent program has its primal program's."""
+        if self._hidden_rules is None:
+            self._hidden_rules = rules_reached(self._source)
+        return self._hidden_rules
+
+    def check_reverse(self):
+        """Raise ``td.TransformError`` when reverse mode would ignore a rule (see :meth:`hidden_rules`)."""
+        refuse_hidden_rules(self.hidden_rules(), f"the field program `{self.name}`")
+
     def vjp(self, args, cotangents):
         """``(outputs, grads)``: ``grads[i]`` is the cotangents pulled back to input ``i``.
 
         A ``None`` cotangent is a zero one; an integer input's grad is ``None``.
         """
+        self.check_reverse()
         args = self._convert_args("vjp", args)
         cotangents = self._convert("vjp", "cotangents", self.outputs, cotangents, tangent=True)
         self._prepare(args)
@@ -122,6 +136,7 @@ class FieldProgram:
         stand when no other call loaded them since; otherwise it runs the
         program again (``vjp``). It may be called several times.
         """
+        self.check_reverse()
         converted = self._convert_args("vjp", args)
         self._prepare(converted)
         generation = self._generation
@@ -153,6 +168,7 @@ class FieldProgram:
         if self._tangent is None:
             try:
                 self._tangent = tangent_program(self)
+                self._tangent[0]._hidden_rules = self.hidden_rules()
             except Exception as error:  # noqa: BLE001 -- remembered, re-raised: a retry would allocate again
                 self._tangent = error
         if isinstance(self._tangent, Exception):

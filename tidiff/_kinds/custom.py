@@ -61,6 +61,12 @@ class CustomJvpFunction(FuncFunction):
     def call_in_kernel(self, *args: Any) -> Any:
         return self.tifunc(*args)
 
+    @property
+    def _tidiff_derivative_rule(self) -> str:
+        """The rule this function stands for (``RULE_ATTRIBUTE``: NOTE: [Rules Taichi's reverse mode cannot
+        see] in ``_fields/hidden_rules``)."""
+        return f"the {'td.custom_vjp' if self.bwd is not None else 'td.custom_jvp'} function `{self.name}`"
+
 
 class CustomVjpFunction(CustomJvpFunction):
     """A ``@ti.func`` whose cotangent map is given by a rule (see :func:`custom_vjp`)."""

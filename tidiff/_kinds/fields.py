@@ -25,6 +25,7 @@ from .._arrays import Batch
 from .._cache import uses
 from .._errors import describe_shape
 from .._fields import FieldProgram
+from .._fields.hidden_rules import describe
 from .._protocol import Function, register_kind
 from .._signature import ArgSpec
 from .._tree import Tree, flat_tree
@@ -80,6 +81,9 @@ class FieldFunction(Function):
                for c, s in zip(cotangents, self._out, strict=True)]
         _, grads = self.program.vjp(batch.arrays, cts)
         return list(grads)
+
+    def reverse_refused(self) -> str | None:
+        return describe(self.program.hidden_rules())
 
     def program_outputs(self) -> list[int | None]:
         """Per output, the program output holding it (None: zeros, not computed)."""

@@ -52,6 +52,7 @@ from .._arrays import Batch, is_tensor, numpy_dtype, to_numpy, torch_dtype
 from .._cache import uses
 from .._derived import TangentSignature
 from .._errors import taichi_cannot_reverse
+from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
 from .._protocol import Function, register_kind
 from .._signature import ArgSpec
 from .._tangent import jvp_ndarray_kernel
@@ -145,6 +146,17 @@ class NdarrayFunction(Function):
         self.frozen = list(frozen) if frozen is not None else [
             getattr(_annotation(kernel, n), "needs_grad", None) is False for n in self.inputs]
         self.zeroed = list(zeroed) if zeroed is not None else [False] * len(self.inputs)
+        self._hidden_rules: list[tuple[str, str]] | None = None
+
+    def hidden_rules(self) -> list[tuple[str, str]]:
+        """The derivative rules the kernel reaches that Taichi's reverse mode cannot apply (NOTE: [Rules
+        Taichi's reverse mode cannot see]): found once; a tangent kernel has its primal kernel's."""
+        if self._hidden_rules is None:
+            self._hidden_rules = rules_reached(self.kernel)
+        return self._hidden_rules
+
+    def reverse_refused(self) -> str | None:
+        return describe(self.hidden_rules())
 
     # -- signature -----------------------------------------------------------
     def param_names(self) -> list[str]:
@@ -236,6 +248,7 @@ class NdarrayFunction(Function):
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         """Input cotangents by Taichi's ``kernel.grad`` (NOTE: [Gradient aliases]); outputs are not recomputed."""
+        refuse_hidden_rules(self.hidden_rules(), f"the ndarray kernel `{self.name}`")
         ins, out_specs, device, as_numpy = self._inputs(batch)
         tensors: dict[str, Any] = {}
         grads: list[Any] = []
@@ -273,9 +286,11 @@ class NdarrayFunction(Function):
                     rule = self.shape_rules[out]
                     rules[name] = (lambda *infos, rule=rule: rule(*infos[:n])) if callable(rule) else rule
             frozen_floats = [f for f, m in zip(self.frozen, mask, strict=True) if m]
-            return NdarrayFunction(kernel, self.inputs + d_inputs, rules, self.constants, f"jvp({self.name})",
-                                   listed=False, frozen=self.frozen + frozen_floats,
-                                   zeroed=self.zeroed + frozen_floats)
+            tangent = NdarrayFunction(kernel, self.inputs + d_inputs, rules, self.constants, f"jvp({self.name})",
+                                      listed=False, frozen=self.frozen + frozen_floats,
+                                      zeroed=self.zeroed + frozen_floats)
+            tangent._hidden_rules = self.hidden_rules()
+            return tangent
 
         return self.memo.get(("tangent", mask), make)
 
@@ -319,6 +334,9 @@ class NdarrayTangent(TangentSignature):
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         return self.concrete(batch.specs).vjp(batch, cotangents)
+
+    def reverse_refused(self) -> str | None:
+        return self.parent.reverse_refused()
 
     def tangent(self) -> Function:
         if "tangent" not in self.derived:

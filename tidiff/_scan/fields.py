@@ -202,6 +202,7 @@ class FieldStepper:
 
     def seed(self, cotangents: Sequence[Any]) -> None:
         program = self.program
+        program.check_reverse()
         cts: list[Any] = [None] * len(program.outputs)
         for o, c in zip(self.where, cotangents, strict=True):
             if o is not None:

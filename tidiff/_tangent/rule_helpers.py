@@ -30,6 +30,12 @@ def stop_gradient(x):
     return x
 
 
+RULE_ATTRIBUTE = "_tidiff_derivative_rule"
+"""The attribute naming the derivative rule an object stands for (NOTE: [Rules Taichi's reverse mode cannot
+see] in ``_fields/hidden_rules``): reverse mode by Taichi's ``kernel.grad`` refuses code reaching one."""
+setattr(stop_gradient, RULE_ATTRIBUTE, "td.stop_gradient")
+
+
 @ti.func
 def inverse_by_cofactors(a):
     """``a^-1`` from the written-out cofactors: the derivative of ``ti.solve(a, b)`` applies it

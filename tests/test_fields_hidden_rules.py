@@ -1,0 +1,168 @@
+"""Reverse mode by Taichi's own autodiff refuses code reaching rules it cannot apply (found by the net).
+
+NOTE: [Rules Taichi's reverse mode cannot see] in tidiff/_fields/hidden_rules.py.
+Before: td.grad of a field program and td.vjp of an ndarray kernel calling
+``x * td.stop_gradient(x)`` or ``10 * clip_gradient(x)`` differentiated
+through both (2x and 10 where JAX gives x and 1), without an error.
+Forward mode (tidiff's tangent program) applies the rules, and so does a
+transform of the @ti.func called inside the kernel.
+"""
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+
+import tidiff as td
+
+N = 3
+A = np.array([0.3, -1.25, 2.0])
+
+
+@td.custom_vjp
+@ti.func
+def clip_gradient(x: ti.f64) -> ti.f64:
+    return x
+
+
+@clip_gradient.defvjp
+@ti.func
+def clip_gradient_bwd(x, ct):
+    return (ti.math.clamp(ct, -1.0, 1.0),)
+
+
+@td.custom_jvp
+@ti.func
+def straight_through(x: ti.f64) -> ti.f64:
+    return ti.round(x)
+
+
+@straight_through.defjvp
+@ti.func
+def straight_through_jvp(x, dx):
+    return ti.round(x), dx
+
+
+@ti.func
+def detached_square(x: ti.f64) -> ti.f64:
+    return x * td.stop_gradient(x)
+
+
+@ti.func
+def ten_clipped(x: ti.f64) -> ti.f64:
+    return 10.0 * clip_gradient(x)
+
+
+@ti.func
+def rounded(x: ti.f64) -> ti.f64:
+    return straight_through(x) * x
+
+
+@ti.func
+def plain(x: ti.f64) -> ti.f64:
+    return ti.sin(x) * x
+
+
+def field_program(f):
+    x = ti.field(ti.f64, N)
+    y = ti.field(ti.f64, ())
+
+    @ti.kernel
+    def energy():
+        for i in x:
+            y[None] += f(x[i])
+
+    return td.function(energy, inputs=[x], outputs=[y]), x
+
+
+def ndarray_kernel(f):
+    @ti.kernel
+    def apply(a: ti.types.ndarray(dtype=ti.f64, ndim=1), out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+        for i in range(a.shape[0]):
+            out[i] = f(a[i])
+
+    return td.function(apply, inputs=["a"], outputs={"out": lambda a: a.shape})
+
+
+@ti.func
+def inner_grad_of_detached(x: ti.f64) -> ti.f64:
+    return td.grad(detached_square)(x) * x
+
+
+@ti.func
+def inner_grad_of_plain(x: ti.f64) -> ti.f64:
+    return td.grad(plain)(x) * x
+
+
+CASES = [  # (element function, what the refusal names, its forward derivative at A)
+    (detached_square, "td.stop_gradient (called in `detached_square`)", A),
+    (ten_clipped, "the td.custom_vjp function `clip_gradient` (called in `ten_clipped`)", None),
+    (rounded, "the td.custom_jvp function `straight_through` (called in `rounded`)", np.round(A) + A),
+    (inner_grad_of_detached, "td.stop_gradient (called in `detached_square`)", None),
+]
+IDS = ["stop_gradient", "custom_vjp", "custom_jvp", "transform_inside"]
+SECOND = {"detached_square": 0.0, "rounded": 1.0}  # as jax.hessian gives
+
+
+@pytest.mark.parametrize("f, names, _", CASES, ids=IDS)
+def test_vjp_is_refused_naming_the_rule(f, names, _):
+    F, x = field_program(f)
+    K = ndarray_kernel(f)
+    x.from_numpy(np.full(N, 7.0))
+    for call, what in ((lambda: td.vjp(F, A)[1](np.array(1.0)), "field program `energy`"),
+                       (lambda: td.vjp(K, A)[1](np.ones(N)), "ndarray kernel `apply`")):
+        with pytest.raises(td.TransformError, match="cannot apply these rules") as info:
+            call()
+        assert names in str(info.value) and what in str(info.value)
+    np.testing.assert_array_equal(x.to_numpy(), np.full(N, 7.0))  # the user's field is left alone
+
+
+@pytest.mark.parametrize("f, names, forward", [c for c in CASES if c[2] is not None],
+                         ids=[i for i, c in zip(IDS, CASES) if c[2] is not None])
+def test_jacobians_push_forward_and_apply_the_rules(f, names, forward):
+    """Where reverse mode is refused, gradients and Jacobians are pushed forward (one tangent run per input
+    component): the rules apply, as they do in JAX."""
+    F, _ = field_program(f)
+    K = ndarray_kernel(f)
+    np.testing.assert_allclose(td.jvp(F, (A,), (np.ones(N),))[1], forward.sum(), rtol=1e-14)
+    np.testing.assert_allclose(td.grad(F)(A), forward, rtol=1e-14)
+    np.testing.assert_allclose(td.value_and_grad(F)(A)[1], forward, rtol=1e-14)
+    np.testing.assert_allclose(td.jvp(K, (A,), (np.ones(N),))[1], forward, rtol=1e-14)
+    for jac in (td.jacfwd, td.jacrev, td.jacobian):
+        np.testing.assert_allclose(jac(K)(A), np.diag(forward), rtol=1e-14)
+    # second order forward over forward: d2(x * stop(x)) = 0; d2(st(x) * x) = 1 (the rule's own code is
+    # differentiated at second order, as in JAX: its round(x) has derivative 0)
+    v = np.array([1.0, -2.0, 0.5])
+    np.testing.assert_allclose(td.hvp(F, (A,), (v,))[1][0], SECOND[f.__name__] * v, rtol=1e-14)
+    np.testing.assert_allclose(td.hessian(F)(A), np.diag(np.full(N, SECOND[f.__name__])), rtol=1e-14)
+
+
+def test_custom_vjp_without_a_jvp_rule_is_refused_both_ways():
+    F, _ = field_program(ten_clipped)
+    for call in (lambda: td.grad(F)(A), lambda: td.jacrev(ndarray_kernel(ten_clipped))(A)):
+        with pytest.raises(td.TransformError, match="clip_gradient"):
+            call()
+
+
+def test_a_transform_inside_the_kernel_applies_the_rule():
+    """The advice the refusal gives: td.grad of the func in the kernel body is tidiff's own reverse mode."""
+    K = ndarray_kernel(inner_grad_of_plain)  # no rule: Taichi's reverse over tidiff's gradient code is right
+    t = torch.tensor(A, requires_grad=True)
+    (g,) = torch.autograd.grad((torch.cos(t) * t + torch.sin(t)) * t, t, torch.ones(N))
+    np.testing.assert_allclose(td.vjp(K, A)[1](np.ones(N))[0], g.numpy(), rtol=1e-13)
+
+    @ti.kernel
+    def clipped_gradients(a: ti.types.ndarray(dtype=ti.f64, ndim=1), out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+        for i in range(a.shape[0]):
+            out[i] = td.grad(ten_clipped)(a[i])
+
+    out = np.zeros(N)
+    clipped_gradients(A, out)
+    np.testing.assert_array_equal(out, np.ones(N))  # the rule clips the cotangent 10 to 1, as in JAX
+
+
+def test_torch_backward_is_refused():
+    op = td.torch.function(ndarray_kernel(detached_square))
+    t = torch.tensor(A, requires_grad=True)
+    out = op(t)
+    with pytest.raises(td.TransformError, match="td.stop_gradient"):
+        out.sum().backward()

@@ -1,0 +1,110 @@
+"""Derivative rules Taichi's own reverse mode cannot see: refuse them by name instead of ignoring them.
+
+NOTE: [Rules Taichi's reverse mode cannot see] Reverse mode of field
+programs and ndarray kernels is Taichi's (``kernel.grad``): it differentiates
+the code as written. ``td.stop_gradient`` is the identity there, and a
+``td.custom_jvp`` / ``td.custom_vjp`` function is its own body, so Taichi
+would differentiate through the one and past the rule of the other: a wrong
+gradient without an error (``10 * clip_gradient(x)`` would give 10, not 1;
+``x * stop_gradient(x)`` 2x, not x). Taichi has no local stop-gradient op to
+lower them to (``ti.stop_grad`` takes a field), and a rule nonlinear in its
+cotangent cannot be expressed to a linear reverse pass at all. So reverse
+mode of a program or kernel that reaches one is refused, naming the rule and
+the function calling it; forward mode (tidiff's own tangent transform) takes
+them, and so does a transform of the ``@ti.func`` called inside the kernel
+(``td.vjp(f)(...)`` in the kernel body), which is tidiff's own reverse mode.
+
+An object carries the rule it stands for in ``RULE_ATTRIBUTE`` (a short
+description: ``"td.stop_gradient"``, ``"the td.custom_vjp function `clip`"``);
+a transform of a ``@ti.func`` called in a kernel (``td.grad(E)``) is followed
+to that func through its ``parent`` chain, since Taichi's reverse mode over
+the generated derivative code would differentiate through its rules too.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from .._errors import TransformError
+from .._tangent.rule_helpers import RULE_ATTRIBUTE
+from .graph import CodeGraph, python_function, slots
+
+
+def rules_reached(*roots: Any) -> list[tuple[str, str]]:
+    """``(rule, caller)`` for every derivative rule reachable from ``roots`` (see the NOTE above).
+
+    ``caller`` is the name of the function whose code calls the rule.
+    """
+    found: dict[tuple[str, str], None] = {}
+    seen: set[int] = set()
+    pending = list(roots)
+    while pending:
+        graph = CodeGraph(*pending)
+        pending = []
+        for obj in graph.nodes.values():
+            fn = python_function(obj)
+            if fn is None or id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            for value in _called(fn):
+                rule = getattr(value, RULE_ATTRIBUTE, None)
+                if isinstance(rule, str):
+                    found.setdefault((rule, fn.__name__), None)
+                    continue
+                body = _transformed_func(value)
+                if body is not None:
+                    pending.append(body)
+    return list(found)
+
+
+def _called(fn: types.FunctionType) -> list[Any]:
+    """What ``fn``'s names may refer to: its globals, cells and defaults, and attributes of modules among them
+    (``td.stop_gradient``)."""
+    values = [value for _, value in slots(fn)]
+    names = _names(fn.__code__)
+    for value in list(values):
+        if isinstance(value, types.ModuleType):
+            values.extend(getattr(value, name) for name in names if name in vars(value))
+    return values
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _transformed_func(value: Any) -> Any:
+    """The ``@ti.func`` a tidiff function made from one (``td.grad(E)``, ``td.function(E)``) runs; else None."""
+    seen = 0
+    while value is not None and seen < 64:
+        tifunc = getattr(value, "tifunc", None)
+        if tifunc is not None and getattr(type(value), "__module__", "").startswith("tidiff."):
+            return tifunc
+        value = getattr(value, "parent", None) if getattr(type(value), "__module__", "").startswith("tidiff.") \
+            else None
+        seen += 1
+    return None
+
+
+def describe(rules: list[tuple[str, str]]) -> str | None:
+    """Why Taichi's reverse mode is refused for code reaching ``rules`` (None for none)."""
+    if not rules:
+        return None
+    listed = "; ".join(f"{rule} (called in `{caller}`)" for rule, caller in rules)
+    return f"Taichi's reverse mode cannot apply {listed} (NOTE: [Rules Taichi's reverse mode cannot see])"
+
+
+def refuse_hidden_rules(rules: list[tuple[str, str]], what: str) -> None:
+    """Raise ``td.TransformError`` for reverse mode of ``what`` (a program or kernel) when it reaches rules."""
+    if not rules:
+        return
+    listed = "; ".join(f"{rule} (called in `{caller}`)" for rule, caller in rules)
+    raise TransformError(
+        f"{what} in reverse mode: it reaches {listed}. Reverse mode of field programs and ndarray kernels is "
+        "Taichi's own, which differentiates the code as written and cannot apply these rules",
+        hint="use forward mode (td.jvp, td.jacfwd), which applies them, or call a transform of the "
+             "@ti.func inside the kernel (td.vjp(f)(...) in the kernel body), which is tidiff's own reverse mode",
+    )
