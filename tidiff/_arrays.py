@@ -72,6 +72,13 @@ class Batch:
         # a broadcast view is read-only, which torch.from_numpy warns about: copied then
         return _torch().from_numpy(np.require(array, requirements=("C", "W"))).to(self.device)
 
+    def unbatched(self, call: str, what: str) -> Batch:
+        """This call itself, for a function that takes no batch dims (``what``: "a time loop"); else ValueError."""
+        if self.shape:
+            raise ValueError(f"{call}: {what} takes no batch dims; the arguments broadcast to batch shape "
+                             f"{self.shape} (call it once per element)")
+        return self
+
     def but(self, arrays: Sequence[Any], specs: Sequence[ArgSpec] | None = None) -> Batch:
         """The same call with other arrays (and specs); the batch shape is recomputed."""
         specs = tuple(self.specs if specs is None else specs)

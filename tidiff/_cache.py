@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 import weakref
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 
 class CacheInfo(NamedTuple):
@@ -81,7 +81,15 @@ def uses(thing: Any) -> None:
         counter.add(thing)
 
 
-def cache_info(fn: Any = None) -> Any:
+@overload
+def cache_info(fn: None = None) -> dict[str, CacheInfo]: ...
+
+
+@overload
+def cache_info(fn: Any) -> CacheInfo: ...
+
+
+def cache_info(fn: Any = None) -> dict[str, CacheInfo] | CacheInfo:
     """Per transformed function (by name), the kernels it compiled and its cache hits; or those of ``fn``.
 
     Returns a dict ``{name: CacheInfo(compiles, calls, hits)}``; a second

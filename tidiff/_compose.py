@@ -37,11 +37,7 @@ class Compose(SameArguments):
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         call = call or self.name
-        batch = self.f.read(args, call)
-        if batch.shape:
-            raise ValueError(f"{call}: a composition takes no batch dims; the arguments broadcast to batch "
-                             f"shape {batch.shape}")
-        return batch
+        return self.f.read(args, call).unbatched(call, "a composition")
 
     def _g_specs(self, in_specs: Sequence[ArgSpec]) -> list[ArgSpec]:
         ys = self.f.signature(in_specs)[0]

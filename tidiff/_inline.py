@@ -30,7 +30,7 @@ from ._adjoint.transform import NotReversible
 from ._pointwise import value_and_cotangents
 from ._protocol import Function, as_function, taichi_callable
 from ._tangent.rules import CALLABLE_OBJECTS, CALLABLE_TYPES
-from ._tree import Tree, unflatten
+from ._tree import Tree, flatten_like, unflatten
 
 Source = int | tuple[int, int] | None
 """Where one of ``G``'s arguments comes from: argument ``k`` of the call, entry ``j`` of its tuple
@@ -50,9 +50,7 @@ def _zero_of(value: Any) -> Any:
 
 def _flat(value: Any, tree: Tree) -> list[Any]:
     """The leaves of ``value``, structured as ``tree``, in order."""
-    if isinstance(tree, tuple):
-        return [v for t, sub in zip(tree, value, strict=True) for v in _flat(sub, t)]
-    return [value]
+    return list(flatten_like(tree, value, "a transform called in Taichi code", "its value"))
 
 
 def _body(fn: Function, args: Sequence[Any]) -> Any:

@@ -129,9 +129,10 @@ def cotangent_mode(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Mod
     unless it would recompute a runtime loop where forward pushes are possible (NOTE: [Loops in reverse cost
     their square])."""
     reverse = reverse_function(parent, active, n_outputs)
-    if reverse is not None and not (getattr(reverse, RECOMPUTES, False) and forward_possible(parent, active)):
+    forward = forward_possible(parent, active)
+    if reverse is not None and not (getattr(reverse, RECOMPUTES, False) and forward):
         return Mode("reverse", "one reverse call, whatever the sizes")
-    if not forward_possible(parent, active):
+    if not forward:
         raise neither_way(parent, active, n_outputs)
     if reverse is not None:
         return Mode("forward", LOOP_REASON)

@@ -52,11 +52,7 @@ class Scan(SameArguments):
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         call = call or self.name
-        batch = self.step.read(args, call)
-        if batch.shape:
-            raise ValueError(f"{call}: a time loop takes no batch dims; the arguments broadcast to batch "
-                             f"shape {batch.shape} (call it once per element)")
-        return batch
+        return self.step.read(args, call).unbatched(call, "a time loop")
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
         outs, tree = self.step.signature(in_specs)
