@@ -34,8 +34,9 @@ def arguments(f: Any, *, batch_shapes: SearchStrategy[tuple[int, ...]] | None = 
     """A strategy for tuples of arguments of ``f``: NumPy arrays of each argument's core shape.
 
     A batch shape is drawn once per example; each argument gets that batch
-    shape, or (with ``broadcast=True``) a shape that broadcasts to it:
-    leading dims dropped, some dims set to 1, as NumPy broadcasting allows.
+    shape, or (with ``broadcast=True``) one drawn by hypothesis's
+    ``mutually_broadcastable_shapes`` against it, with at most as many dims
+    (leading dims dropped, sides of 1): the arguments broadcast together.
     Field programs take no batch dims.
 
     Args:
@@ -96,16 +97,16 @@ def arguments(f: Any, *, batch_shapes: SearchStrategy[tuple[int, ...]] | None = 
         batch = tuple(draw(batch_shapes))
         if batch and not fn.pointwise:
             raise ValueError(f"td.testing.arguments: {fn.name} is a field program; it takes no batch dims")
+        owns: Sequence[tuple[int, ...]] = [batch] * len(specs)
+        if broadcast and batch:
+            owns = draw(hnp.mutually_broadcastable_shapes(num_shapes=len(specs), base_shape=batch,
+                                                          max_dims=len(batch), max_side=max(batch))).input_shapes
         out = []
-        for spec in specs:
-            own = batch
-            if broadcast and batch and bool(draw(st.booleans())):
-                own = batch[draw(st.integers(0, len(batch))):]
-                own = tuple(1 if draw(st.booleans()) else n for n in own)
+        for spec, own in zip(specs, owns, strict=True):
             strategy = (
                 pick(elements, float_default, spec.name) if spec.is_float else pick(integers, int_default, spec.name)
             )
-            out.append(draw(hnp.arrays(spec.dtype, own + tuple(spec.shape), elements=strategy)))
+            out.append(draw(hnp.arrays(spec.dtype, tuple(own) + tuple(spec.shape), elements=strategy)))
         return tuple(out)
 
     return draw_args()
