@@ -1,10 +1,14 @@
 """Which fields of a program depend on its inputs (NOTE: [Known-zero tangents] in ``_tangent/field_flows``)."""
+from collections.abc import Iterable, Sequence
+
+from taichi.lang.field import Field
+
 from .._tangent.field_flows import kernel_flows
-from .graph import is_field
+from .graph import CodeGraph, is_field
 from .twins import is_real
 
 
-def active_fields(graph, inputs, fields):
+def active_fields(graph: CodeGraph, inputs: Iterable[Field], fields: Iterable[Field]) -> set[int] | None:
     """Ids of the float fields that can carry a nonzero tangent, or None for all of them.
 
     Args:
@@ -18,7 +22,7 @@ def active_fields(graph, inputs, fields):
     one list are active together (a ``ti.static`` loop indexes them alike).
     A kernel taking ``ti.template()`` fields makes every float field active.
     """
-    flows = []
+    flows: list[tuple[frozenset[int], frozenset[int]]] = []
     for kernel, owner in graph.kernels_with_owners():
         summary = kernel_flows(kernel, owner)
         if summary is None:
@@ -42,7 +46,7 @@ def active_fields(graph, inputs, fields):
     return active
 
 
-def _field_lists(graph):
+def _field_lists(graph: CodeGraph) -> list[Sequence[Field]]:
     """Lists and tuples of fields the program reaches."""
     return [obj for obj in graph.nodes.values()
             if isinstance(obj, (list, tuple)) and obj and all(is_field(v) for v in obj)]

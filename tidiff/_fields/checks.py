@@ -6,8 +6,11 @@ argument (``inputs[1]``), never tidiff's own classes.
 """
 import inspect
 import types
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, overload
 
 import numpy as np
+from taichi.lang.field import Field
 from taichi.lang.kernel_impl import _BoundedDifferentiableMethod
 
 from .._errors import describe_shape
@@ -22,7 +25,7 @@ from .parts import Part, as_part
 from .twins import is_real, numpy_dtype
 
 
-def program_callable(program, call):
+def program_callable(program: Any, call: str) -> Callable[..., Any]:
     """The callable to run: a kernel, a function, a bound method (``sim.run``) or a callable object.
 
     Raises ``TypeError`` for anything else, and for a class kernel taken
@@ -40,7 +43,7 @@ def program_callable(program, call):
                     f"got {type(program).__name__}")
 
 
-def required_parameters(program):
+def required_parameters(program: Any) -> list[str]:
     """Names of the parameters a call of ``program`` must pass."""
     if isinstance(program, _BoundedDifferentiableMethod):
         fn, skip = program._primal.func, 0 if program._is_staticmethod else 1
@@ -51,7 +54,7 @@ def required_parameters(program):
             if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
-def check_program(program, call, takes=0):
+def check_program(program: Any, call: str, takes: int = 0) -> Callable[..., Any]:
     """``program`` as a callable taking ``takes`` positional parameters; else ``TypeError``."""
     program = program_callable(program, call)
     required = required_parameters(program)
@@ -64,7 +67,8 @@ def check_program(program, call, takes=0):
     return program
 
 
-def check_fields(inputs, outputs, call, state=()):
+def check_fields(inputs: Iterable[Field | Part], outputs: Iterable[Field | Part], call: str,
+                 state: Iterable[Field] = ()) -> tuple[list[Part], list[Part], list[Field]]:
     """Fields or parts, each listed once, outputs not overlapping inputs, at least one output.
 
     Returns ``(inputs, outputs, state)``: inputs and outputs as
@@ -100,12 +104,24 @@ def check_fields(inputs, outputs, call, state=()):
     return ins, outs, state
 
 
-def describe(role, position, name):
+def describe(role: str, position: int, name: str) -> str:
     """``"inputs[0] (field 'x')"``: how messages name an argument."""
     return f"{role}[{position}]" + (f" (field '{name}')" if name else "")
 
 
-def convert(call, role, position, name, part, value, tangent=False):
+# an argument (``tangent=False``) always converts to an array; a tangent or cotangent may be None
+@overload
+def convert(call: str, role: str, position: int, name: str, part: Part, value: object,
+            tangent: Literal[False] = False) -> np.ndarray: ...
+
+
+@overload
+def convert(call: str, role: str, position: int, name: str, part: Part, value: object,
+            tangent: bool) -> np.ndarray | None: ...
+
+
+def convert(call: str, role: str, position: int, name: str, part: Part, value: object,
+            tangent: bool = False) -> np.ndarray | None:
     """``value`` as a NumPy array of the part's shape and its field's dtype.
 
     A tangent or cotangent (``tangent=True``) may be ``None`` (zero) and is

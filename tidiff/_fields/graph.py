@@ -23,9 +23,9 @@ Limitations: properties are not rebuilt (they run with the rebuilt object as
 through its class (``Sim.step(self)``, ``super()``) is the class's own.
 """
 import types
-from typing import Any
+from typing import Any, TypeGuard
 
-from taichi.lang.field import ScalarField
+from taichi.lang.field import Field, ScalarField
 from taichi.lang.kernel_impl import Func, _BoundedDifferentiableMethod
 from taichi.lang.matrix import MatrixField
 
@@ -33,34 +33,40 @@ SUPPORTED_FIELDS = (ScalarField, MatrixField)
 _LIBRARIES = ("taichi", "numpy", "torch", "tidiff", "builtins", "jax", "scipy")
 _CONTAINERS = (list, tuple, dict)
 
+#: Where a node holds a value: ``(kind, key)``, e.g. ``("global", name)``, ``("cell", index)``,
+#: ``("item", key)`` (see :func:`slots` and :meth:`CodeGraph._children`); keys are names, indices or dict keys.
+Slot = tuple[str, Any]
+#: One edge of the graph: a slot and the value it holds.
+Edge = tuple[Slot, Any]
 
-def is_field(obj):
+
+def is_field(obj: object) -> bool:
     """A dense scalar, vector or matrix field: the kinds tidiff can twin."""
     return isinstance(obj, SUPPORTED_FIELDS)
 
 
-def is_kernel(obj):
+def is_kernel(obj: object) -> bool:
     """A ``@ti.kernel`` (the wrapper ``ti.kernel`` returns), of a module or of a ``@ti.data_oriented`` class."""
     return callable(obj) and getattr(obj, "_is_wrapped_kernel", False) is True
 
 
-def is_class_kernel(obj):
+def is_class_kernel(obj: object) -> bool:
     """A kernel defined in a ``@ti.data_oriented`` class (its ``self`` is bound at launch)."""
     return is_kernel(obj) and getattr(obj, "_is_classkernel", False)
 
 
-def is_taichi_func(obj):
+def is_taichi_func(obj: object) -> bool:
     """A ``@ti.func`` / ``ti.real_func`` / ``ti.pyfunc`` wrapper."""
     return getattr(obj, "_is_taichi_function", False) and isinstance(getattr(obj, "func", None), Func)
 
 
-def is_grad_replaced(obj):
+def is_grad_replaced(obj: object) -> TypeGuard[types.FunctionType]:
     """A function made by ``ti.ad.grad_replaced`` or ``ti.ad.no_grad`` (its gradient is the user's)."""
     return (isinstance(obj, types.FunctionType) and obj.__module__ == "taichi.ad._ad"
             and obj.__qualname__ in ("grad_replaced.<locals>.decorated", "no_grad.<locals>.decorated"))
 
 
-def replaced_parts(obj):
+def replaced_parts(obj: types.FunctionType) -> tuple[Any, Any]:
     """``(primal, gradient)`` of a grad_replaced function: the user's functions (the gradient None for
     no_grad, which has none, or while no ``grad_for`` was given)."""
     primal = _cell(obj, "func")
@@ -70,11 +76,13 @@ def replaced_parts(obj):
     return primal, None if grad is None else _cell(grad, "func")
 
 
-def _cell(fn, name):
-    return fn.__closure__[fn.__code__.co_freevars.index(name)].cell_contents
+def _cell(fn: types.FunctionType, name: str) -> Any:
+    """The value of ``fn``'s closure variable ``name`` (Taichi's decorators keep what they wrap in cells)."""
+    cells = fn.__closure__ or ()  # None only without free variables, where ``index`` raises first
+    return cells[fn.__code__.co_freevars.index(name)].cell_contents
 
 
-def python_function(obj):
+def python_function(obj: Any) -> types.FunctionType | None:
     """The plain Python function behind a kernel, a func, or a function itself; else None."""
     if is_kernel(obj):
         return obj.__wrapped__
@@ -85,20 +93,20 @@ def python_function(obj):
     return None
 
 
-def _is_library(obj):
+def _is_library(obj: object) -> bool:
     """Taichi's, NumPy's, torch's and tidiff's own objects are never rebuilt (nor walked: they are large)."""
     module = getattr(obj, "__module__", None) or ""
     return module.split(".")[0] in _LIBRARIES
 
 
-def is_user_object(obj):
+def is_user_object(obj: object) -> bool:
     """An instance of a user-defined class with a ``__dict__``: its attributes and methods are followed."""
     if isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
         return False
     return not _is_library(type(obj)) and hasattr(obj, "__dict__")
 
 
-def _code_names(code):
+def _code_names(code: types.CodeType) -> set[str]:
     """Every global-or-attribute name ``code`` and its nested code objects use."""
     names = set(code.co_names)
     for const in code.co_consts:
@@ -107,12 +115,12 @@ def _code_names(code):
     return names
 
 
-def slots(fn):
+def slots(fn: types.FunctionType) -> list[Edge]:
     """``(slot, value)`` for each global, closure cell and default value ``fn`` may read.
 
     A slot is ``("global", name)``, ``("cell", index)`` or ``("default", index)``.
     """
-    found = []
+    found: list[Edge] = []
     for name in sorted(_code_names(fn.__code__)):
         if name in fn.__globals__:
             found.append((("global", name), fn.__globals__[name]))
@@ -125,13 +133,13 @@ def slots(fn):
     return found
 
 
-def class_members(cls):
+def class_members(cls: type) -> dict[str, Any]:
     """``name -> value`` of the methods, kernels, funcs and other attributes a class gives its objects.
 
     The first definition along the MRO wins, as attribute lookup does;
     dunder names, properties and library base classes are left out.
     """
-    members = {}
+    members: dict[str, Any] = {}
     for klass in cls.__mro__:
         if klass is object or _is_library(klass):
             continue
@@ -142,12 +150,12 @@ def class_members(cls):
     return members
 
 
-def _name_of(slot, fn=None, parent=""):
+def _name_of(slot: Slot, fn: types.FunctionType | None = None, parent: str = "") -> str:
     """The name a slot gives its value in messages (``x``, ``v0``, ``fields[1]``)."""
     kind, key = slot[0], slot[-1]
     if kind == "global" or kind in ("attr", "member"):
         return key
-    if kind == "cell":
+    if kind == "cell" and fn is not None:  # cells are slots of functions only
         return fn.__code__.co_freevars[key]
     if kind == "item":
         return f"{parent}[{key!r}]" if parent else ""
@@ -168,14 +176,13 @@ class CodeGraph:
             gradient, hence must be rebuilt.
     """
 
-    def __init__(self, *roots):
-        self.fields: dict[int, Any] = {}
-        self.names = {}
-        self.nodes = {}
-        self.edges = {}
-        self.owners = {}
-        self.replaced = []
-        self._labels = {}
+    def __init__(self, *roots: object) -> None:
+        self.fields: dict[int, Field] = {}
+        self.names: dict[int, str] = {}
+        self.nodes: dict[int, Any] = {}
+        self.edges: dict[int, list[Edge]] = {}
+        self.owners: dict[int, list[Any]] = {}
+        self.replaced: list[types.FunctionType] = []
         for root in roots:
             if is_field(root):
                 self.fields.setdefault(id(root), root)
@@ -183,11 +190,11 @@ class CodeGraph:
                 self._visit(root, getattr(root, "__name__", "") or "")
         self.dirty = self._find_dirty()
 
-    def kernels(self):
+    def kernels(self) -> list[Any]:
         """Every reachable kernel (module kernels and class kernels)."""
         return [obj for obj in self.nodes.values() if is_kernel(obj)]
 
-    def kernels_with_owners(self):
+    def kernels_with_owners(self) -> list[tuple[Any, Any]]:
         """``(kernel, owner)`` for each reachable kernel: a class kernel once per object it is bound to."""
         pairs: list[tuple[Any, Any]] = []
         for kernel in self.kernels():
@@ -198,7 +205,7 @@ class CodeGraph:
         return pairs
 
     # --- the walk ---------------------------------------------------------------
-    def _visit(self, obj, label=""):
+    def _visit(self, obj: object, label: str = "") -> None:
         if id(obj) in self.nodes:
             return
         self.nodes[id(obj)] = obj
@@ -219,12 +226,12 @@ class CodeGraph:
                     self.owners.setdefault(id(value), []).append(obj)
 
     @staticmethod
-    def _walkable(value):
+    def _walkable(value: object) -> bool:
         return (python_function(value) is not None or is_grad_replaced(value) or is_user_object(value)
                 or isinstance(value, (types.MethodType, _BoundedDifferentiableMethod, staticmethod, classmethod))
                 or (isinstance(value, _CONTAINERS) and len(value) > 0))
 
-    def _children(self, obj):
+    def _children(self, obj: object) -> list[Edge]:
         """``(slot, value)`` pairs of one node (see the module docstring for what is followed)."""
         if is_grad_replaced(obj):
             self.replaced.append(obj)
@@ -252,7 +259,7 @@ class CodeGraph:
             return found
         return []
 
-    def _find_dirty(self):
+    def _find_dirty(self) -> set[int]:
         """Nodes from which a field, a kernel or a replaced gradient can be reached (a fixed point, cycles allowed)."""
         dirty = {key for key, obj in self.nodes.items() if is_kernel(obj) or is_grad_replaced(obj)}
         changed = True

@@ -2,22 +2,32 @@
 
 See the package docstring (:mod:`tidiff._fields`) for the semantics and limits.
 """
-from collections import namedtuple
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
+from taichi.lang.field import Field
 
 from . import checks
 from .graph import CodeGraph
 from .hidden_rules import refuse_hidden_rules, rules_reached
 from .parts import Part
 from .rebind import Rebinder
-from .tangent import tangent_program
-from .tape import LaunchGuard, recording
+from .tangent import TangentFields, tangent_program
+from .tape import LaunchGuard, Recorder, recording
 from .twins import Twins, full_shape, is_real, load, numpy_dtype, read, zero
 
-#: One argument or result: its name, NumPy shape and NumPy dtype.
-ArgSpec = namedtuple("ArgSpec", ["name", "shape", "dtype"])
+
+class ArgSpec(NamedTuple):
+    """One argument or result: its name, NumPy shape and NumPy dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+
+#: What :meth:`FieldProgram.linearize` returns beside the outputs: cotangents -> one gradient per input.
+Pullback = Callable[[Iterable[object]], list[np.ndarray | None]]
 
 
 class FieldProgram:
@@ -46,7 +56,9 @@ class FieldProgram:
         (value,), (dx, dw) = prog.vjp([np.ones(16), np.array(2.0)], [np.array(1.0)])
     """
 
-    def __init__(self, program, inputs, outputs, constants=(), state=(), name=None, call=None, takes=0):
+    def __init__(self, program: Any, inputs: Iterable[Field | Part], outputs: Iterable[Field | Part],
+                 constants: Iterable[Field] = (), state: Iterable[Field] = (), name: str | None = None,
+                 call: str | None = None, takes: int = 0) -> None:
         self.name = name or getattr(program, "__name__", None) or type(program).__name__
         self.call = call or f"td.function({self.name})"
         program = checks.check_program(program, self.call, takes)
@@ -74,26 +86,26 @@ class FieldProgram:
         self.in_specs = [self._spec(p) for p in self.inputs]
         self.out_specs = [self._spec(p) for p in self.outputs]
         self._source, self._graph = program, graph
-        self._tangent = None
+        self._tangent: tuple[FieldProgram, TangentFields] | Exception | None = None
         self._hidden_rules: list[tuple[str, str]] | None = None
         self._generation = 0  # how many times the twins were loaded: a pullback checks it is still its run
 
-    def _spec(self, part):
+    def _spec(self, part: Part) -> ArgSpec:
         return ArgSpec(part.label(self._names.get(id(part.field), "")), part.shape, numpy_dtype(part.field))
 
-    def name_of(self, field):
+    def name_of(self, field: Field) -> str:
         """The name the program uses for ``field`` ("" when it has none)."""
         return self._names.get(id(field), "")
 
-    def twin(self, field):
+    def twin(self, field: Field) -> Field:
         """The twin of one of the program's fields."""
         return self._twins[field]
 
-    def compiles(self):
+    def compiles(self) -> int:
         """How many Taichi kernels (primal and adjoint variants) this program compiled so far."""
         return sum(len(k._primal.compiled_kernels) + len(k._adjoint.compiled_kernels) for k in self._kernels)
 
-    def primal(self, args):
+    def primal(self, args: Iterable[object]) -> list[np.ndarray]:
         """The outputs at ``args`` (one array per input), as a list of arrays."""
         args = self._convert_args("primal", args)
         self._prepare(args)
@@ -101,18 +113,19 @@ class FieldProgram:
             self._run()
         return self._read_outputs()
 
-    def hidden_rules(self):
+    def hidden_rules(self) -> list[tuple[str, str]]:
         """The derivative rules the program reaches that Taichi's reverse mode cannot apply (NOTE: [Rules
         Taichi's reverse mode cannot see]): found once; the tangent program has its primal program's."""
         if self._hidden_rules is None:
             self._hidden_rules = rules_reached(self._source)
         return self._hidden_rules
 
-    def check_reverse(self):
+    def check_reverse(self) -> None:
         """Raise ``td.TransformError`` when reverse mode would ignore a rule (see :meth:`hidden_rules`)."""
         refuse_hidden_rules(self.hidden_rules(), f"the field program `{self.name}`")
 
-    def vjp(self, args, cotangents):
+    def vjp(self, args: Iterable[object],
+            cotangents: Iterable[object]) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
         """``(outputs, grads)``: ``grads[i]`` is the cotangents pulled back to input ``i``.
 
         A ``None`` cotangent is a zero one; an integer input's grad is ``None``.
@@ -129,7 +142,7 @@ class FieldProgram:
         tape.replay_adjoints()
         return outs, self.gradients()
 
-    def linearize(self, args):
+    def linearize(self, args: Iterable[object]) -> tuple[list[np.ndarray], Pullback]:
         """``(outputs, pullback)``: one recorded run; ``pullback(cotangents)`` replays its adjoints.
 
         The pullback replays the recorded launches over the twins as they
@@ -144,7 +157,7 @@ class FieldProgram:
             self._run()
         outs = self._read_outputs()
 
-        def pullback(cotangents):
+        def pullback(cotangents: Iterable[object]) -> list[np.ndarray | None]:
             if self._generation != generation:
                 return self.vjp(converted, cotangents)[1]
             cts = self._convert("vjp", "cotangents", self.outputs, cotangents, tangent=True)
@@ -155,7 +168,7 @@ class FieldProgram:
 
         return outs, pullback
 
-    def tangent(self):
+    def tangent(self) -> "FieldProgram":
         """The tangent program ``(x..., dx...) -> (y..., dy...)``, built once (see :mod:`.tangent`).
 
         ``dx`` is one tangent per float input, ``dy`` one per float output, in
@@ -175,7 +188,7 @@ class FieldProgram:
             raise self._tangent
         return self._tangent[0]
 
-    def close(self):
+    def close(self) -> None:
         """Free the twin fields; the program cannot be evaluated afterwards.
 
         Taichi recompiles every kernel of the process after a tree is freed:
@@ -188,10 +201,20 @@ class FieldProgram:
         self._twins.destroy()
 
     # --- the steps of a call (the time loop drives them one by one) -------------------------
-    def _convert_args(self, call, args):
+    def _convert_args(self, call: str, args: Iterable[object]) -> list[np.ndarray]:
         return self._convert(call, "args", self.inputs, args)
 
-    def _convert(self, call, role, parts, values, tangent=False):
+    # as :func:`.checks.convert`: arguments are arrays, tangents and cotangents may be None
+    @overload
+    def _convert(self, call: str, role: str, parts: Sequence[Part], values: Iterable[object],
+                 tangent: Literal[False] = False) -> list[np.ndarray]: ...
+
+    @overload
+    def _convert(self, call: str, role: str, parts: Sequence[Part], values: Iterable[object],
+                 tangent: bool) -> list[np.ndarray | None]: ...
+
+    def _convert(self, call: str, role: str, parts: Sequence[Part], values: Iterable[object],
+                 tangent: bool = False) -> list[np.ndarray] | list[np.ndarray | None]:
         """One checked array per part (see :func:`.checks.convert`)."""
         values = list(values)
         if len(values) != len(parts):
@@ -201,7 +224,7 @@ class FieldProgram:
             for i, (p, v) in enumerate(zip(parts, values, strict=False))
         ]
 
-    def _prepare(self, args):
+    def _prepare(self, args: Sequence[np.ndarray]) -> None:
         """Load inputs and the other fields' current values (zeros for state), zero the outputs."""
         self._generation += 1
         for p, array in zip(self.inputs, args, strict=False):
@@ -225,23 +248,23 @@ class FieldProgram:
             if p.whole:
                 zero(self._twins[p.field])
 
-    def run(self, *params):
+    def run(self, *params: object) -> Recorder:
         """Run the rebuilt program on the twins as they are, recording its launches."""
         with recording(self._guard) as tape:
             self._run(*params)
         return tape
 
-    def _read_outputs(self):
+    def _read_outputs(self) -> list[np.ndarray]:
         return [p.take(read(self._twins[p.field])) for p in self.outputs]
 
-    def clear_gradients(self, keep=()):
+    def clear_gradients(self, keep: Iterable[Field] = ()) -> None:
         """Zero the gradients of every twin (but those of the fields in ``keep``)."""
         kept = {id(self._twins[f]) for f in keep}
         for twin in self._twins.real():
             if id(twin) not in kept:
                 zero(twin.grad)
 
-    def seed(self, cotangents):
+    def seed(self, cotangents: Iterable[np.ndarray | None]) -> None:
         """Load cotangents (``None``: zero) into the outputs' gradients."""
         for p, cotangent in zip(self.outputs, cotangents, strict=False):
             if cotangent is None:
@@ -254,7 +277,7 @@ class FieldProgram:
                 whole[p.index] = cotangent
                 load(grad, whole)
 
-    def gradients(self):
+    def gradients(self) -> list[np.ndarray | None]:
         """The inputs' gradients (``None`` for integer inputs)."""
         return [p.take(read(self._twins[p.field].grad)) if is_real(p.field) else None for p in self.inputs]
 

@@ -30,7 +30,8 @@ construction are not seen either.
 """
 import functools
 import types
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from taichi.lang import impl
 from taichi.lang.exception import TaichiSyntaxError
@@ -42,6 +43,7 @@ from taichi.lang.kernel_impl import (
 )
 
 from .graph import (
+    CodeGraph,
     is_class_kernel,
     is_field,
     is_grad_replaced,
@@ -50,6 +52,8 @@ from .graph import (
     python_function,
     replaced_parts,
 )
+
+_T = TypeVar("_T")
 
 
 class Rebinder:
@@ -60,12 +64,12 @@ class Rebinder:
         twins: ``id(field) -> replacement field`` (empty: keep the fields).
     """
 
-    def __init__(self, graph, twins):
+    def __init__(self, graph: CodeGraph, twins: Mapping[int, Any]) -> None:
         self._graph = graph
         self._twins = twins
-        self._done = {}
+        self._done: dict[int, Any] = {}
 
-    def rebuild(self, obj):
+    def rebuild(self, obj: _T) -> _T:
         """The replacement of ``obj``: a twin field, a rebuilt callable or object, or ``obj`` itself."""
         if is_field(obj):
             return self._twins.get(id(obj), obj)
@@ -76,11 +80,11 @@ class Rebinder:
         return self._done[id(obj)]
 
     # --- kinds of node ------------------------------------------------------------
-    def _make(self, obj):
+    def _make(self, obj: object) -> None:
         if is_grad_replaced(obj):
             self._done[id(obj)] = self.replaced(obj)
-        elif python_function(obj) is not None:
-            self._function(obj)
+        elif (old := python_function(obj)) is not None:
+            self._function(obj, old)
         elif isinstance(obj, types.MethodType):
             self._done[id(obj)] = types.MethodType(self.rebuild(obj.__func__), self.rebuild(obj.__self__))
         elif isinstance(obj, _BoundedDifferentiableMethod):
@@ -100,8 +104,8 @@ class Rebinder:
         else:
             self._object(obj)
 
-    def _function(self, obj):
-        old = python_function(obj)
+    def _function(self, obj: object, old: types.FunctionType) -> None:
+        """Rebuild ``obj`` (a kernel, a func or a function) over ``old``, its Python function."""
         new_globals = dict(old.__globals__)
         cells = tuple(types.CellType() for _ in old.__code__.co_freevars)
         new = types.FunctionType(old.__code__, new_globals, old.__name__, old.__defaults__, cells)
@@ -124,7 +128,7 @@ class Rebinder:
                 defaults[key] = self.rebuild(value)
         new.__defaults__ = tuple(defaults) if old.__defaults__ is not None else None
 
-    def _object(self, obj):
+    def _object(self, obj: object) -> None:
         """A shadow of a user object (see the module docstring)."""
         shadow = object.__new__(type(obj))
         self._done[id(obj)] = shadow
@@ -137,11 +141,11 @@ class Rebinder:
                 attributes[name] = self.member(obj, shadow, value)
 
     # --- what subclasses change -------------------------------------------------------
-    def kernel(self, obj, new):
+    def kernel(self, obj: Any, new: types.FunctionType) -> Any:
         """The rebuilt kernel for the rebuilt function ``new`` of kernel ``obj``."""
         return _kernel_like(obj, new)
 
-    def member(self, owner, shadow, value):
+    def member(self, owner: object, shadow: object, value: Any) -> Any:
         """What the shadow of ``owner`` holds for a class member that reaches fields."""
         if is_class_kernel(value):
             return self.rebuild(value)  # the data_oriented object binds it to itself on access
@@ -153,13 +157,13 @@ class Rebinder:
             return types.MethodType(self.rebuild(value), shadow)
         return self.rebuild(value)
 
-    def replaced(self, obj):
+    def replaced(self, obj: types.FunctionType) -> Callable[..., None]:
         """A ``ti.ad.grad_replaced``/``no_grad`` function over the rebuilt primal and gradient."""
         primal, grad = replaced_parts(obj)
         return _replaced_like(obj, self.rebuild(primal), None if grad is None else self.rebuild(grad))
 
 
-def _kernel_like(obj, new):
+def _kernel_like(obj: Any, new: types.FunctionType) -> Any:
     """A kernel over ``new`` made the way ``ti.kernel`` made ``obj`` (a module or a class kernel)."""
     classkernel = is_class_kernel(obj)
     primal = Kernel(new, autodiff_mode=AutodiffMode.NONE, _classkernel=classkernel)
@@ -168,11 +172,11 @@ def _kernel_like(obj, new):
 
     if classkernel:
         @functools.wraps(new)
-        def wrapped(*args, **kwargs):  # a data_oriented object binds it; never called unbound
+        def wrapped(*args: Any, **kwargs: Any) -> Any:  # a data_oriented object binds it; never called unbound
             raise TaichiSyntaxError(f"the class kernel {new.__name__} was called without its object")
     else:
         @functools.wraps(new)
-        def wrapped(*args, **kwargs):
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
             return primal(*args, **kwargs)
 
         with_attributes(wrapped, grad=adjoint)
@@ -180,7 +184,7 @@ def _kernel_like(obj, new):
                            _adjoint=adjoint)
 
 
-def _rewrap(obj, new):
+def _rewrap(obj: Any, new: types.FunctionType) -> Any:
     """Decorate ``new`` the way ``obj`` was decorated (a func keeps its class, real and py flags)."""
     if not is_taichi_func(obj):
         return new
@@ -188,16 +192,17 @@ def _rewrap(obj, new):
     fun = Func(new, _classfunc=old.classfunc, _pyfunc=old.pyfunc, is_real_function=old.is_real_function)
 
     @functools.wraps(new)
-    def decorated(*args, **kwargs):
+    def decorated(*args: Any, **kwargs: Any) -> Any:
         return fun.__call__(*args, **kwargs)
 
     return with_attributes(decorated, _is_taichi_function=True, _is_real_function=old.is_real_function, func=fun)
 
 
-def _replaced_like(obj, primal, grad):
+def _replaced_like(obj: types.FunctionType, primal: Callable[..., Any],
+                   grad: Callable[..., Any] | None) -> Callable[..., None]:
     """What ``ti.ad.grad_replaced(primal)`` with ``grad_for`` gives (``no_grad``: an empty gradient)."""
 
-    def decorated(*args, **kwargs):
+    def decorated(*args: Any, **kwargs: Any) -> None:
         runtime = impl.get_runtime()
         runtime.grad_replaced = True  # kernels launched inside are not recorded: the gradient is ``grad``
         if runtime.target_tape:

@@ -37,35 +37,41 @@ Limitations: those of :func:`tidiff._tangent.jvp_kernel`; a Python-scope ``f.fil
 inside a Python program resets ``f`` but not ``df``, which is only wrong if
 an earlier kernel of the same run wrote ``df``.
 """
-from typing import Any
+import types
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import taichi as ti
+from taichi.lang.field import Field
 
 from .._errors import TransformError
 from .._tangent import FieldTangents, jvp_kernel
 from .activity import active_fields
-from .graph import is_class_kernel, replaced_parts
+from .graph import CodeGraph, is_class_kernel, replaced_parts
 from .rebind import Rebinder
 from .twins import _new_like, is_real
+
+if TYPE_CHECKING:  # program.py imports this module
+    from .program import FieldProgram
 
 
 class _TangentRebinder(Rebinder):
     """Rebuilds the program over the user's own fields with each kernel swapped for its tangent kernel."""
 
-    def __init__(self, graph, tangents, call):
+    def __init__(self, graph: CodeGraph, tangents: FieldTangents, call: str) -> None:
         super().__init__(graph, {})
         self._tangents = tangents
         self._call = call
 
-    def kernel(self, obj, new):
+    def kernel(self, obj: Any, new: types.FunctionType) -> Any:
         return jvp_kernel(obj, self._tangents)
 
-    def member(self, owner, shadow, value):
+    def member(self, owner: object, shadow: object, value: Any) -> Any:
         if is_class_kernel(value):
             return jvp_kernel(value, self._tangents, owner=owner)
         return super().member(owner, shadow, value)
 
-    def replaced(self, obj):
+    def replaced(self, obj: types.FunctionType) -> NoReturn:
         primal, _ = replaced_parts(obj)
         name = getattr(primal, "__name__", "?")
         raise TransformError(
@@ -79,11 +85,11 @@ class _TangentRebinder(Rebinder):
 class TangentFields:
     """A tangent field (same kind, dtype, shape, offset; no gradients) for every float field given."""
 
-    def __init__(self, fields):
+    def __init__(self, fields: Iterable[Field]) -> None:
         self.fields = [f for f in fields if is_real(f)]
-        self._of = {}
+        self._of: dict[int, Field] = {}
+        self._tree: Any = None  # the SNodeTree holding them, until destroyed
         if not self.fields:
-            self._tree = None
             return
         builder = ti.FieldsBuilder()
         for field in self.fields:
@@ -93,19 +99,19 @@ class TangentFields:
             self._of[id(field)] = tangent
         self._tree = builder.finalize(raise_warning=False)
 
-    def __getitem__(self, field):
+    def __getitem__(self, field: Field) -> Field:
         return self._of[id(field)]
 
-    def pairs(self):
+    def pairs(self) -> list[tuple[Field, Field]]:
         return [(f, self._of[id(f)]) for f in self.fields]
 
-    def destroy(self):
+    def destroy(self) -> None:
         if self._tree is not None:
             self._tree.destroy()
             self._tree = None
 
 
-def tangent_program(prog):
+def tangent_program(prog: "FieldProgram") -> tuple["FieldProgram", TangentFields]:
     """The tangent program of a :class:`~.program.FieldProgram` (see NOTE: [Tangent program]).
 
     Returns:

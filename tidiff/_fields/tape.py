@@ -13,6 +13,8 @@ field's gradient (so 1.7.4 zeroes an output's ``.grad`` after a pass that
 stores to it: cotangents are set again before every replay).
 """
 import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 from taichi.lang import impl
@@ -28,7 +30,7 @@ from .._errors import taichi_cannot_reverse
 _OVERWRITES = {"fill_field": 0, "field_fill_python_scope": 0, "ext_arr_to_tensor": 1, "ext_arr_to_matrix": 1}
 
 
-def is_taichi_helper(kernel):
+def is_taichi_helper(kernel: Kernel) -> bool:
     """A kernel of Taichi's own (``fill``, ``from_numpy``, ...), safe on twins."""
     return (getattr(kernel.func, "__module__", "") or "").startswith("taichi.")
 
@@ -36,11 +38,11 @@ def is_taichi_helper(kernel):
 class LaunchGuard:
     """Lets through only kernels tidiff owns and Taichi's own helpers."""
 
-    def __init__(self, owned, call):
+    def __init__(self, owned: Iterable[Kernel], call: str) -> None:
         self._owned = {id(kernel) for kernel in owned}
         self._call = call
 
-    def check(self, kernel):
+    def check(self, kernel: object) -> None:
         if not isinstance(kernel, Kernel) or id(kernel) in self._owned or is_taichi_helper(kernel):
             return
         raise TypeError(
@@ -56,15 +58,16 @@ class Recorder:
 
     grad_checker = None  # read by Taichi's Python-scope field writes
 
-    def __init__(self, guard):
+    def __init__(self, guard: LaunchGuard) -> None:
         self._guard = guard
-        self.calls = []
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
 
-    def insert(self, kernel, args):
+    def insert(self, kernel: Any, args: tuple[Any, ...]) -> None:
+        """Called by Taichi before each launch of a kernel (or a ``grad_replaced`` function) and its arguments."""
         self._guard.check(kernel)
         self.calls.append((kernel, args))
 
-    def replay_adjoints(self):
+    def replay_adjoints(self) -> None:
         """Run the adjoint of every recorded launch, last first."""
         for kernel, args in reversed(self.calls):
             name = kernel.func.__name__ if isinstance(kernel, Kernel) and is_taichi_helper(kernel) else None
@@ -80,7 +83,7 @@ class Recorder:
                 _adjoint(kernel, args)  # readers of external arrays (to_numpy) have no adjoint
 
 
-def _adjoint(kernel, args):
+def _adjoint(kernel: Any, args: tuple[Any, ...]) -> None:
     """``kernel.grad(*args)``, with Taichi's bare "Not supported." named."""
     try:
         kernel.grad(*args)
@@ -89,14 +92,14 @@ def _adjoint(kernel, args):
         raise taichi_cannot_reverse(str(name), e) or e from None
 
 
-def _is_external_array(arg):
+def _is_external_array(arg: object) -> bool:
     """A NumPy array or a torch/paddle tensor: memory Taichi has no gradient for."""
     module = type(arg).__module__.split(".")[0]
     return isinstance(arg, np.ndarray) or module in ("torch", "paddle")
 
 
 @contextlib.contextmanager
-def recording(guard):
+def recording(guard: LaunchGuard) -> Iterator[Recorder]:
     """Install a fresh :class:`Recorder` as Taichi's tape for the duration."""
     runtime = impl.get_runtime()
     previous = runtime.target_tape

@@ -11,35 +11,39 @@ tangent fields of their own, :mod:`.tangent`: twins need no ``.dual``).
 Data moves only through ``from_numpy``/``to_numpy``/``fill(0)``, whose kernels
 Taichi compiles once per field and array dtype: a call compiles nothing new.
 """
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import taichi as ti
+from taichi.lang.field import Field
 from taichi.lang.matrix import MatrixField
 from taichi.lang.util import to_numpy_type
 
 
-def element_shape(field):
+def element_shape(field: Field) -> tuple[int, ...]:
     """``()`` for a scalar field, ``(n,)`` for a vector field, ``(n, m)`` for a matrix field."""
     if not isinstance(field, MatrixField):
         return ()
     return (field.n,) if field.ndim == 1 else (field.n, field.m)
 
 
-def full_shape(field):
+def full_shape(field: Field) -> tuple[int, ...]:
     """The shape of the NumPy array that holds ``field``: its shape, then its element shape."""
     return tuple(field.shape) + element_shape(field)
 
 
-def numpy_dtype(field):
+def numpy_dtype(field: Field) -> np.dtype[Any]:
     """The NumPy dtype of the field's elements."""
     return np.dtype(to_numpy_type(field.dtype))
 
 
-def is_real(field):
+def is_real(field: Field) -> bool:
     """Whether the field's dtype is a float, i.e. it can carry gradients and tangents."""
     return np.issubdtype(numpy_dtype(field), np.floating)
 
 
-def _new_like(field, differentiable):
+def _new_like(field: Field, differentiable: bool) -> Field:
     """An unplaced field of the same kind and dtype as ``field``."""
     flags = {"needs_grad": differentiable}
     if not isinstance(field, MatrixField):
@@ -52,9 +56,9 @@ def _new_like(field, differentiable):
 class Twins:
     """The twin of each field, in one tree."""
 
-    def __init__(self, fields):
+    def __init__(self, fields: Sequence[Field]) -> None:
         builder = ti.FieldsBuilder()
-        self._twins = {}
+        self._twins: dict[int, Field] = {}
         for field in fields:
             twin = _new_like(field, is_real(field))
             offset = list(field.snode.ptr.offset) or None
@@ -65,34 +69,34 @@ class Twins:
         self._tree = builder.finalize(raise_warning=False)
         self.originals = {id(field): field for field in fields}
 
-    def __getitem__(self, field):
+    def __getitem__(self, field: Field) -> Field:
         return self._twins[id(field)]
 
-    def as_mapping(self):
+    def as_mapping(self) -> dict[int, Field]:
         """``id(user field) -> twin``, for :mod:`.rebind`."""
         return dict(self._twins)
 
-    def real(self):
+    def real(self) -> list[Field]:
         """Twins that have gradients."""
         return [self._twins[key] for key, field in self.originals.items() if is_real(field)]
 
-    def destroy(self):
+    def destroy(self) -> None:
         """Free the twins' memory; the program cannot run afterwards."""
         self._tree.destroy()
 
 
-def load(twin, array):
+def load(twin: Field, array: np.ndarray) -> None:
     """Write a NumPy array (already of the twin's shape and dtype) into a twin or its grad."""
     twin.from_numpy(np.require(array, requirements="C"))  # np.ascontiguousarray would make 0-d arrays 1-d
 
 
-def read(twin):
+def read(twin: Field) -> np.ndarray:
     """A twin (or its grad) as a NumPy array of the user-facing shape."""
     if isinstance(twin, MatrixField) and twin.ndim == 2:
         return twin.to_numpy(keep_dims=True)
     return twin.to_numpy()
 
 
-def zero(twin):
+def zero(twin: Field) -> None:
     """Zero a twin (or its grad); always ``fill(0)`` so Taichi compiles one kernel per field."""
     twin.fill(0)
