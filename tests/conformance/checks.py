@@ -7,7 +7,6 @@ act per batch element; jvp and vjp linearize the whole batched function.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import numpy as np
@@ -191,22 +190,6 @@ def check_forward_refused(case: Case) -> None:
         except td.TransformError:
             return
         raise Mismatch("forward mode through a custom_vjp function without a jvp rule did not raise td.TransformError")
-
-
-@contextlib.contextmanager
-def refused_or_right(case: Case):
-    """Forward over reverse (hessian, hvp) of code reaching a custom_vjp function without a jvp rule: a
-    td.TransformError naming that function where the differentiated arguments reach it (as tidiff's own
-    tests/test_custom.py asks; JAX would differentiate the rule's fwd, which tidiff has none of), else the
-    checks inside must pass."""
-    if case.program.forward_ok:
-        yield
-        return
-    try:
-        yield
-    except td.TransformError as e:
-        if "custom_vjp function without a jvp rule" not in str(e):
-            raise
 
 
 # -- compositions -------------------------------------------------------------------------------

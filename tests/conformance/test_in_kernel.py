@@ -10,9 +10,10 @@ from .kernels import check_in_kernel
 from .test_compositions import SMALL_PARAMS, chains
 
 KINDS = ("grad", "value_and_grad", "jacfwd", "jacrev", "jacobian", "hessian", "hvp", "jvp", "chain")
-FORWARD = ("jacfwd", "jvp", "hessian", "hvp")
-"""Transforms that push tangents: refused (a td.TransformError, checked on the host by test_funcs) for
-programs reaching a td.custom_vjp function without a jvp rule, so not drawn for them here."""
+FORWARD = ("jacfwd", "jvp")
+"""Transforms that push tangents through f itself: refused (a td.TransformError, checked on the host by
+test_funcs) for programs reaching a td.custom_vjp function without a jvp rule, so not drawn for them here.
+hessian and hvp push tangents through the gradient's code, which has a forward mode, as in JAX."""
 
 
 @budget.examples(ci=2, share=0.12)

@@ -579,6 +579,11 @@ class Reverser(ControlFlow):
         func = node.func
         if is_helper(callee):  # called as Taichi would, without its warning (NOTE: [Python helpers])
             func = _name(helper_name(self.helpers, self.namer, quiet(callee), base))
+        elif hashable(callee) and callee in CUSTOM_VJPS and callee not in CUSTOM_JVPS:
+            # NOTE: [The forward sweep of a custom_vjp call] the value comes from the function's own code, as
+            # JAX's comes from its fwd rule: a derivative of this reverse function (hessian = jacfwd of
+            # jacrev, jacrev of grad) differentiates that code and the bwd rule's, as JAX does
+            func = _name(helper_name(self.helpers, self.namer, callee.tifunc, base + "_fwd"))
         return self.op(None, ast.Call(func, args, []), args, _call_hint(node.func, args), callee=helper,
                        positions=positions)
 

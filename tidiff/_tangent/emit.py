@@ -1,6 +1,7 @@
 """Tangent ``FunctionDef`` -> source text -> a live ``@ti.func``, cached and keeping its source."""
 import ast
 import copy
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +24,25 @@ def owned_cache(f: Any, name: str) -> dict[Any, Any]:
     return cache
 
 
-def jvp_func(f: Any, active: Sequence[bool] | None = None, width: int = 1) -> Any:
+REVERSE = "_tidiff_reverse"
+"""Set on reverse functions (``_adjoint``): their tangents go through custom_vjp functions' code.
+
+NOTE: [Forward mode of a gradient's code] Forward mode of a function reaching
+a ``td.custom_vjp`` function without a jvp rule is refused, as in JAX. But a
+derivative of its gradient (``hessian`` = jacfwd of jacrev, ``jacfwd(grad(f))``,
+``hvp``) pushes tangents through the *reverse function*, whose code calls the
+bwd rule and the custom function for its value; JAX differentiates the fwd
+rule there, which is plain code. tidiff's custom_vjp function has no fwd rule
+but its own code, so the tangent of a reverse function, and of every function
+transformed for it (helpers its forward sweep calls, callees' reverse
+functions), differentiates that code instead of refusing: the same numbers as
+JAX. Transforms in this mode are cached apart from the ordinary ones, so a
+jvp of the function itself still refuses.
+"""
+
+
+def jvp_func(f: Any, active: Sequence[bool] | None = None, width: int = 1, *,
+             through_vjp_rules: bool | None = None) -> Any:
     """Forward-mode (tangent) transform of a ``@ti.func`` or a plain Python helper.
 
     Args:
@@ -34,6 +53,10 @@ def jvp_func(f: Any, active: Sequence[bool] | None = None, width: int = 1) -> An
             tangent parameter, the others have zero tangent. Default: all.
         width: how many tangent directions one call carries (vector mode,
             see ``lanes.py``).
+        through_vjp_rules: differentiate the code of a ``td.custom_vjp``
+            function without a jvp rule instead of refusing it (NOTE: [Forward
+            mode of a gradient's code]); default: whether ``f`` is a reverse
+            function, and so for every function transformed for one.
 
     Returns:
         A ``@ti.func`` ``g(p1, ..., pn, dp_a1, ..., dp_ak)`` taking every primal
@@ -55,10 +78,13 @@ def jvp_func(f: Any, active: Sequence[bool] | None = None, width: int = 1) -> An
     pattern = (True,) * n if active is None else tuple(bool(a) for a in active)
     if len(pattern) != n:
         raise ValueError(f"jvp_func(f, active): f takes {n} parameters, active has {len(pattern)} entries")
-    cache = owned_cache(f, "_tidiff_jvps")  # each pattern is transformed once
-    key = (pattern, width)
+    through = bool(getattr(f, REVERSE, False)) if through_vjp_rules is None else through_vjp_rules
+    cache = owned_cache(f, "_tidiff_jvps")  # each pattern is transformed once (per mode: see the NOTE)
+    key = (pattern, width, through)
     if key not in cache:
-        cache[key] = generate(f, pattern, lambda parsed, act: Transformer(parsed, act, jvp_func, width))
+        jvp_of = functools.partial(jvp_func, through_vjp_rules=True) if through else jvp_func
+        cache[key] = generate(
+            f, pattern, lambda parsed, act: Transformer(parsed, act, jvp_of, width, through_vjp_rules=through))
     return cache[key]
 
 
@@ -78,6 +104,8 @@ def generate(f: Any, active: tuple[bool, ...], make: Callable[[Parsed, tuple[boo
     namespace[RULE_HELPERS] = rule_helpers
     g = compile_source(text + "\n", tree.name, namespace, tag=tag)
     g._tidiff_primal = f
+    if tag == "vjp":
+        setattr(g, REVERSE, True)
     if hasattr(transformer, "lane_cost"):
         g._tidiff_lane_cost = transformer.lane_cost
     if getattr(transformer, "uses_bwd", False):

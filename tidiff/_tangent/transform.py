@@ -95,8 +95,9 @@ class Transformer:
     decorator = "func"  # the generated function is a ``@ti.func`` ...
     returns: ast.expr | None = None  # ... without a return annotation (it returns a (primal, tangent) pair)
 
-    def __init__(self, parsed, active, jvp_of, width=1):
+    def __init__(self, parsed, active, jvp_of, width=1, through_vjp_rules=False):
         self.parsed = parsed
+        self.through_vjp_rules = through_vjp_rules  # NOTE: [Forward mode of a gradient's code] in emit.py
         self.width = width
         self.tree = parsed.tree
         self.params = [a.arg for a in self.tree.args.args]
@@ -538,6 +539,8 @@ class Transformer:
             node = self._pairwise(node)
         if _custom_jvp(callee) is not None:
             return self.call_function(node, callee, custom=_custom_jvp(callee))
+        if hashable(callee) and callee in CUSTOM_VJPS and self.through_vjp_rules:
+            return self.call_function(node, callee.tifunc)
         if hashable(callee) and callee in CUSTOM_VJPS:
             raise NoForwardRule(
                 getattr(callee, "name", ast.unparse(func)), self.parsed.filename, self.parsed.lineno(node)
