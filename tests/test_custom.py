@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import taichi as ti
+from custom_functions import clip_gradient, ten_clipped
 
 import tidiff as td
 
@@ -136,23 +137,6 @@ def test_second_order_differentiates_the_primal_code_and_the_rule_as_jax():
     np.testing.assert_allclose(td.hessian(through_a_helper)(x), want, rtol=1e-14)  # reached through a helper
     with pytest.raises(td.TransformError, match="custom_vjp function without a jvp rule"):
         td.jvp(through_a_helper, (x,), (x,))  # forward mode of the function itself still refuses
-
-
-@td.custom_vjp
-@ti.func
-def clip_gradient(x: ti.f64) -> ti.f64:
-    return x
-
-
-@clip_gradient.defvjp
-@ti.func
-def clip_gradient_bwd(x, ct):
-    return (ti.math.clamp(ct, -1.0, 1.0),)  # nonlinear in the cotangent
-
-
-@ti.func
-def ten_clipped(x: ti.f64) -> ti.f64:
-    return 10.0 * clip_gradient(x)
 
 
 @ti.func

@@ -11,23 +11,12 @@ import numpy as np
 import pytest
 import taichi as ti
 import torch
+from custom_functions import ten_clipped
 
 import tidiff as td
 
 N = 3
 A = np.array([0.3, -1.25, 2.0])
-
-
-@td.custom_vjp
-@ti.func
-def clip_gradient(x: ti.f64) -> ti.f64:
-    return x
-
-
-@clip_gradient.defvjp
-@ti.func
-def clip_gradient_bwd(x, ct):
-    return (ti.math.clamp(ct, -1.0, 1.0),)
 
 
 @td.custom_jvp
@@ -45,11 +34,6 @@ def straight_through_jvp(x, dx):
 @ti.func
 def detached_square(x: ti.f64) -> ti.f64:
     return x * td.stop_gradient(x)
-
-
-@ti.func
-def ten_clipped(x: ti.f64) -> ti.f64:
-    return 10.0 * clip_gradient(x)
 
 
 @ti.func

@@ -106,12 +106,12 @@ def is_user_object(obj: object) -> bool:
     return not _is_library(type(obj)) and hasattr(obj, "__dict__")
 
 
-def _code_names(code: types.CodeType) -> set[str]:
+def code_names(code: types.CodeType) -> set[str]:
     """Every global-or-attribute name ``code`` and its nested code objects use."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _code_names(const)
+            names |= code_names(const)
     return names
 
 
@@ -121,7 +121,7 @@ def slots(fn: types.FunctionType) -> list[Edge]:
     A slot is ``("global", name)``, ``("cell", index)`` or ``("default", index)``.
     """
     found: list[Edge] = []
-    for name in sorted(_code_names(fn.__code__)):
+    for name in sorted(code_names(fn.__code__)):
         if name in fn.__globals__:
             found.append((("global", name), fn.__globals__[name]))
     for index, cell in enumerate(fn.__closure__ or ()):

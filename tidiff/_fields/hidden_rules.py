@@ -27,7 +27,7 @@ from typing import Any
 
 from .._errors import TransformError
 from .._tangent.rule_helpers import RULE_ATTRIBUTE
-from .graph import CodeGraph, python_function, slots
+from .graph import CodeGraph, code_names, python_function, slots
 
 
 def rules_reached(*roots: Any) -> list[tuple[str, str]]:
@@ -61,19 +61,11 @@ def _called(fn: types.FunctionType) -> list[Any]:
     """What ``fn``'s names may refer to: its globals, cells and defaults, and attributes of modules among them
     (``td.stop_gradient``)."""
     values = [value for _, value in slots(fn)]
-    names = _names(fn.__code__)
+    names = code_names(fn.__code__)
     for value in list(values):
         if isinstance(value, types.ModuleType):
             values.extend(getattr(value, name) for name in names if name in vars(value))
     return values
-
-
-def _names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names(const)
-    return names
 
 
 def _transformed_func(value: Any) -> Any:
