@@ -33,6 +33,7 @@ from ._adjoint.transform import RECOMPUTES, USES_BWD
 from ._errors import NoForwardRule, TransformError
 from ._signature import ArgSpec
 from ._tangent import jvp_func
+from ._tangent.emit import owned_cache
 
 # NOTE: [Vector-mode pushes] A Jacobian by an argument of n components is
 # best one call of the parent's tangent function widened to carry all n
@@ -101,7 +102,19 @@ def widens(parent: Any, active: tuple[bool, ...], size: int) -> bool:
 
 def jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgSpec], argnums: Sequence[int],
                   out_specs: Sequence[ArgSpec], wanted: Sequence[int], flavour: str) -> Mode:
-    """How a Jacobian body computes its blocks; ``flavour`` is "fwd" (jacfwd), "rev" (grad, jacrev) or "auto"."""
+    """How a Jacobian body computes its blocks; ``flavour`` is "fwd" (jacfwd), "rev" (grad, jacrev) or "auto".
+
+    Decided once per parent and question (kept on the parent: a nested Jacobian asks for its inner one's
+    mode, and the inner body asks again when it is built)."""
+    key = (tuple(active), tuple(in_specs), tuple(argnums), tuple(out_specs), tuple(wanted), flavour)
+    cache = owned_cache(parent, "_tidiff_modes")
+    if key not in cache:
+        cache[key] = _jacobian_mode(parent, active, in_specs, argnums, out_specs, wanted, flavour)
+    return cache[key]
+
+
+def _jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgSpec], argnums: Sequence[int],
+                   out_specs: Sequence[ArgSpec], wanted: Sequence[int], flavour: str) -> Mode:
     if flavour == "fwd":
         return Mode("forward", "td.jacfwd pushes tangents forward")
     reverse = reverse_function(parent, active, len(out_specs))
