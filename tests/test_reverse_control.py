@@ -520,7 +520,7 @@ def counter_reused(x):
         i = x * 3.0
         y = y * i
         for i in ti.static(range(3)):
-            y = y * x
+            y = y * x + 0.1 * i
     return y
 
 
