@@ -227,3 +227,22 @@ def shifted(s: ti.f64) -> ti.f64:
 def test_the_tangent_of_a_vector_plus_an_active_scalar_is_a_vector():
     np.testing.assert_allclose(td.jacfwd(shifted)(0.5), 2 * (1.5 + 2.5), rtol=1e-15)
     np.testing.assert_allclose(td.hessian(shifted)(0.5), 4.0, rtol=1e-15)
+
+
+@ti.dataclass
+class Holder:
+    v: vec3
+
+
+@ti.func
+def dots_a_member(x: vec3) -> ti.f64:
+    h = Holder(v=vec3(1.0, -2.0, 0.5))
+    return h.v.dot(x * x)  # the receiver is an inactive attribute, not a name
+
+
+def test_a_method_of_an_inactive_member_is_reversed():
+    assert why_not(dots_a_member, (True,)) is None
+    x = np.array([0.3, 0.7, -1.2])
+    want = torch.autograd.functional.jacobian(
+        lambda t: torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64).dot(t * t), torch.tensor(x)).numpy()
+    np.testing.assert_allclose(td.grad(dots_a_member)(x), want, rtol=1e-15)

@@ -512,6 +512,22 @@ def test_a_break_falls_back_to_forward_pushes():
         np.testing.assert_allclose(got[b], torch_grad(breaks_twin, x[b]), rtol=1e-12)
 
 
+@ti.func
+def counter_reused(x):
+    y = x
+    i = 2.0 * x
+    if x > 0.0:
+        i = x * 3.0
+        y = y * i
+        for i in ti.static(range(3)):
+            y = y * x + 0.1 * i
+    return y
+
+
+def test_a_variable_assigned_then_an_unrolled_counter_inside_a_branch_is_refused():
+    assert "`i` used as the counter of an unrolled loop" in why_not(counter_reused, (True,))
+
+
 def test_a_loop_without_derivatives_keeps_no_tape(monkeypatch):
     monkeypatch.setattr(control, "TAPE_ROWS", ROWS)
 

@@ -41,16 +41,23 @@ are declared (zero) before the block's reverse code, so that they outlive it.
 Names are single-assignment outside blocks, so a recomputed side or body
 reads exactly the values the forward sweep read.
 """
+from __future__ import annotations
+
 import ast
 import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._tangent.activity import assignments
-from .._tangent.parse import resolve
+from .._tangent.naming import Namer
+from .._tangent.parse import Parsed, resolve
 from .._tangent.sym import RULE_HELPERS, Sym
-from .nodes import assign, name, statements, zero_of
+from .nodes import assign, for_loop, name, statements, zero_of
+
+if TYPE_CHECKING:
+    from .transform import Op
 
 TAPE_ROWS = 0
 """Rows of a loop's tape: how many iterations' start values are kept (even). 0, the default, keeps none: the
@@ -61,9 +68,9 @@ reverse sweep recomputes each iteration from the loop's start (NOTE: [Reverse co
 class Block:
     """The statements of a branch side or loop body, in the forward sweep."""
 
-    forward: list
-    ops: list
-    defined: set = field(default_factory=set)  # SSA names made inside (they live only there)
+    forward: list[ast.stmt]
+    ops: list[Op | Branch | Loop]
+    defined: set[str] = field(default_factory=set)  # SSA names made inside (they live only there)
 
 
 @dataclass
@@ -71,10 +78,10 @@ class Branch:
     """``if cond:`` on a value; ``phis[v]`` holds ``v`` after it, ``finals[k][v]`` what side ``k`` left in it."""
 
     test: str
-    sides: list  # two Blocks (the second empty for an if without else)
-    finals: list  # per side: {variable: SSA name}
-    phis: dict
-    prevs: dict  # variable -> SSA name before the branch
+    sides: list[Block]  # two (the second empty for an if without else)
+    finals: list[dict[str, str]]  # per side: {variable: SSA name}
+    phis: dict[str, str]
+    prevs: dict[str, str]  # variable -> SSA name before the branch
 
 
 @dataclass
@@ -82,20 +89,20 @@ class Loop:
     """A runtime ``for`` or ``while`` loop: the body and how its carried variables are kept (NOTE above)."""
 
     body: Block
-    phis: dict  # carried variable -> the name holding it between iterations (and after the loop)
-    prevs: dict  # carried variable -> SSA name before the loop
-    ins: dict  # carried variable -> the name of its value at the start of an iteration
-    finals: dict  # carried variable -> SSA name at the end of the body
-    tapes: dict
+    phis: dict[str, str]  # carried variable -> the name holding it between iterations (and after the loop)
+    prevs: dict[str, str]  # carried variable -> SSA name before the loop
+    ins: dict[str, str]  # carried variable -> the name of its value at the start of an iteration
+    finals: dict[str, str]  # carried variable -> SSA name at the end of the body
+    tapes: dict[str, str]  # carried variable -> the name of its tape (none without TAPE_ROWS)
     count: str
     stride: str
     counter: str | None = None  # for loops: the counter's name, and the name of the range's start
     start: str | None = None
 
 
-def uses(ops):
+def uses(ops: list[Op | Branch | Loop]) -> set[str]:
     """Names the adjoints of ``ops`` may send cotangents to (operands, values flowing into blocks)."""
-    names = set()
+    names: set[str] = set()
     for op in ops:
         if isinstance(op, Branch):
             for side, final in zip(op.sides, op.finals, strict=True):
@@ -112,15 +119,15 @@ class ControlFlow:
     """The Reverser's statements for branches and loops, and their reverse sweeps."""
 
     # what the Reverser this is mixed into holds and does (``transform.py``)
-    parsed: Any
-    namer: Any
-    env: dict[str, Any]
+    parsed: Parsed
+    namer: Namer
+    env: dict[str, str | ast.Constant]  # an unrolled loop's counter stands for a constant
     defined: set[str]
     active: set[str]
     temps: set[str]
-    tuples: dict
+    tuples: dict[str, dict[tuple[int, ...], ast.expr]]
     forward: list[ast.stmt]
-    ops: list[Any]
+    ops: list[Op | Branch | Loop]
     backward: list[ast.stmt]
     cts: dict[str, str]
     recomputes: bool
@@ -128,12 +135,12 @@ class ControlFlow:
     rename: Callable[[ast.expr], ast.expr]
     is_active: Callable[[ast.expr], bool]
     add: Callable[[str, Sym], None]
-    sweep_ops: Callable[[list], None]
+    sweep_ops: Callable[[list[Op | Branch | Loop]], None]
     not_reversible: Callable[[str], Exception]
     _is_local: Callable[[ast.expr], bool]
 
     # --- forward sweep ------------------------------------------------------------
-    def nested(self, stmts):
+    def nested(self, stmts: list[ast.stmt]) -> Block:
         """Transform a block into a Block of its own (the current lists are kept aside meanwhile)."""
         outer, before = (self.forward, self.ops), set(self.defined)
         self.forward, self.ops = [], []
@@ -143,12 +150,21 @@ class ControlFlow:
         self.forward, self.ops = outer
         return block
 
-    def fresh(self, hint):
+    def ssa(self, variable: str) -> str:
+        """The SSA name holding ``variable`` now; not reversible where it stands for an unrolled loop's counter
+        (a constant) at the end of a block that assigns it."""
+        value = self.env[variable]
+        if not isinstance(value, str):
+            raise self.not_reversible(f"the variable `{variable}` used as the counter of an unrolled loop inside "
+                                      "a branch or loop that assigns it")
+        return value
+
+    def fresh(self, hint: str) -> str:
         identifier = self.namer.fresh(hint)
         self.defined.add(identifier)
         return identifier
 
-    def carried(self, stmts):
+    def carried(self, stmts: list[ast.stmt]) -> list[str]:
         """Variables defined before ``stmts`` that they assign: their new values flow out of the block."""
         writes, _ = assignments(stmts)
         variables = sorted({v for targets, _ in writes for v in targets if isinstance(self.env.get(v), str)})
@@ -157,19 +173,19 @@ class ControlFlow:
                 raise self.not_reversible(f"the tuple `{v}` assigned inside a branch or loop")
         return variables
 
-    def branch(self, node):
+    def branch(self, node: ast.If) -> None:
         """``if test: ... else: ...`` on a value (NOTE: [Reverse control flow])."""
         test = self.fresh("cond")
         self.forward.append(assign(test, self.rename(node.test)))
         variables = self.carried(node.body + node.orelse)
-        prevs = {v: self.env[v] for v in variables}
+        prevs = {v: self.ssa(v) for v in variables}
         phis = {v: self.fresh(v) for v in variables}
         self.forward.extend(assign(phis[v], name(prevs[v])) for v in variables)
         env, sides, finals = self.env, [], []
         for stmts in (node.body, node.orelse):
             self.env = dict(env)
             block = self.nested(stmts)
-            final = {v: self.env[v] for v in variables}
+            final = {v: self.ssa(v) for v in variables}
             merges = [assign(phis[v], name(final[v])) for v in variables if final[v] != prevs[v]]
             sides.append((block, merges))
             finals.append(final)
@@ -183,23 +199,25 @@ class ControlFlow:
                                    orelse.forward + orelse_merges))
         self.ops.append(Branch(test, [body, orelse], finals, phis, prevs))
 
-    def runtime_range(self, node):
+    def runtime_range(self, node: ast.expr) -> list[ast.expr] | None:
         """The arguments of ``range(stop)`` or ``range(start, stop)``, else None."""
         if not (isinstance(node, ast.Call) and not self._is_local(node.func) and not node.keywords
                 and resolve(node.func, self.parsed.namespace) is range and 1 <= len(node.args) <= 2):
             return None
         return node.args
 
-    def loop(self, node, counter=None, bounds=None):
+    def loop(self, node: ast.For | ast.While, counter: str | None = None,
+             bounds: list[ast.expr] | None = None) -> None:
         """A runtime ``for`` (``counter``, ``bounds``) or ``while`` loop (NOTE: [Reverse control flow])."""
         if node.orelse:
             raise self.not_reversible("a loop with an `else` block")
         variables = self.carried(node.body)
         if counter in variables:
             raise self.not_reversible(f"an assignment to the loop counter `{counter}`")
-        prevs = {v: self.env[v] for v in variables}
+        prevs = {v: self.ssa(v) for v in variables}
         start = stop = None
         if counter is not None:
+            assert bounds is not None  # a for loop
             start, stop = self.fresh("start"), self.fresh("stop")
             self.forward.append(assign(start, self.rename(bounds[0]) if len(bounds) == 2 else ast.Constant(0)))
             self.forward.append(assign(stop, self.rename(bounds[-1])))
@@ -213,7 +231,7 @@ class ControlFlow:
         env = dict(self.env)
         env.update(phis)
         self.env = dict(env)
-        test = None if counter is not None else self.rename(node.test)
+        test = self.rename(node.test) if isinstance(node, ast.While) else None
         while True:  # until the activity of the carried values settles: y = 0.0; y += x makes y active
             saved = set(self.active), set(self.temps), dict(self.tuples)
             self.env = dict(env)
@@ -228,7 +246,7 @@ class ControlFlow:
                 self.env[counter] = counter_name
             body = self.nested(node.body)
             body.defined |= set(ins.values()) | ({counter_name} if counter_name else set())
-            finals = {v: self.env[v] for v in variables}
+            finals = {v: self.ssa(v) for v in variables}
             late = [v for v in variables if self.is_active(name(finals[v])) and phis[v] not in self.active]
             if not late:
                 break
@@ -252,6 +270,7 @@ class ControlFlow:
                  + [assign(phis[v], name(finals[v])) for v in variables]
                  + [ast.AugAssign(ast.Name(count, ast.Store()), ast.Add(), ast.Constant(1))])
         if counter_name is not None:
+            assert start is not None and stop is not None  # set with the counter
             iterate = ast.Call(name("range"), [name(start), name(stop)], [])
             self.forward.append(ast.For(ast.Name(counter_name, ast.Store()), iterate, stmts, []))
         else:
@@ -259,7 +278,7 @@ class ControlFlow:
             self.forward.append(ast.While(test, stmts, []))
         self.ops.append(loop)
 
-    def checkpoint(self, loop):
+    def checkpoint(self, loop: Loop) -> list[ast.stmt]:
         """Save the carried values at the start of every ``stride``-th iteration; in a while loop a full
         tape keeps every other row and doubles ``stride`` (NOTE: [Reverse control flow], [Tapes])."""
         if not loop.tapes:
@@ -281,9 +300,9 @@ class ControlFlow:
                        for v, t in loop.tapes.items())
         return statements("if {count} % {stride} == 0:\n" + thin + save, **names)
 
-    def restore(self, loop, state, c):
+    def restore(self, loop: Loop, state: dict[str, str], c: str) -> list[ast.stmt]:
         """``state_v = <tape row c of v>`` for each carried variable (NOTE: [Tapes])."""
-        stmts = []
+        stmts: list[ast.stmt] = []
         for v, tape in loop.tapes.items():
             row, j = self.namer.fresh("row_" + v), self.namer.fresh("j")
             stmts += statements("{row} = {ti}.zero({rules}.entries({phi}))\n"
@@ -294,41 +313,41 @@ class ControlFlow:
         return stmts
 
     # --- reverse sweep --------------------------------------------------------------
-    def emitted(self, write):
+    def emitted(self, write: Callable[[], None]) -> list[ast.stmt]:
         """The reverse statements ``write()`` emits, as a list of their own."""
         outer, self.backward = self.backward, []
         write()
         stmts, self.backward = self.backward, outer
         return stmts
 
-    def declare(self, names):
+    def declare(self, names: set[str]) -> None:
         """Zero cotangents, here, for the active names a block's adjoints will add to (they must outlive it)."""
         for n in sorted(names):
             if n not in self.cts and self.is_active(name(n)):
                 self.cts[n] = self.namer.fresh("ct_" + n)
                 self.backward.append(assign(self.cts[n], zero_of(n)))
 
-    def flowing(self, phis):
+    def flowing(self, phis: dict[str, str]) -> list[str]:
         return [v for v, phi in phis.items() if phi in self.cts and self.is_active(name(phi))]
 
-    def reverse_branch(self, branch):
+    def reverse_branch(self, branch: Branch) -> None:
         flowing = self.flowing(branch.phis)
         if not flowing:
             return  # no cotangent leaves the branch
         for side, final in zip(branch.sides, branch.finals, strict=True):
             self.declare((uses(side.ops) | {final[v] for v in flowing}) - side.defined)
 
-        def adjoint(side, final):
+        def adjoint(side: Block, final: dict[str, str]) -> None:
             for v in flowing:
                 if self.is_active(name(final[v])):
                     self.add(final[v], Sym(name(self.cts[branch.phis[v]])))
             self.sweep_ops(side.ops)
 
-        code = [copy.deepcopy(side.forward) + self.emitted(lambda s=side, f=final: adjoint(s, f))
+        code = [copy.deepcopy(side.forward) + self.emitted(functools.partial(adjoint, side, final))
                 for side, final in zip(branch.sides, branch.finals, strict=True)]
         self.backward.append(ast.If(name(branch.test), code[0] or [ast.Pass()], code[1]))
 
-    def reverse_loop(self, loop):
+    def reverse_loop(self, loop: Loop) -> None:
         if not self.flowing(loop.phis):
             return  # no cotangent leaves the loop
         body = loop.body
@@ -339,7 +358,7 @@ class ControlFlow:
         r, k, c, m = (self.namer.fresh(h) for h in ("r", "k", "c", "m"))
         state = {v: self.namer.fresh("state_" + v) for v in loop.phis}
 
-        def adjoint():
+        def adjoint() -> None:
             for v in carried:
                 if self.is_active(name(loop.finals[v])):
                     self.add(loop.finals[v], Sym(name(ct[v])))
@@ -351,6 +370,7 @@ class ControlFlow:
 
         rerun = [assign(loop.ins[v], name(state[v])) for v in loop.phis]
         if loop.counter is not None:
+            assert loop.start is not None  # set with the counter
             rerun.append(assign(loop.counter, ast.BinOp(name(loop.start), ast.Add(), name(m))))
         rerun += copy.deepcopy(body.forward)
         rerun.append(ast.If(ast.Compare(name(m), [ast.Eq()], [name(k)]), self.emitted(adjoint), []))
@@ -359,16 +379,12 @@ class ControlFlow:
         if loop.tapes:  # from the nearest saved iteration
             iteration = statements("{k} = {count} - 1 - {r}\n{c} = {k} // {stride}\n", **names)
             iteration += self.restore(loop, state, c)
-            recompute = statements("for {m} in range({c} * {stride}, {k} + 1):\n    pass\n", **names)[0]
+            iteration.append(for_loop("for {m} in range({c} * {stride}, {k} + 1):", rerun, **names))
         else:  # from the values the loop started with
             iteration = statements("{k} = {count} - 1 - {r}\n", **names)
             iteration += [assign(state[v], name(loop.prevs[v])) for v in loop.phis]
-            recompute = statements("for {m} in range({k} + 1):\n    pass\n", **names)[0]
-        recompute.body = rerun
-        iteration.append(recompute)
-        outer = statements("for {r} in range({count}):\n    pass\n", **names)[0]
-        outer.body = iteration
-        self.backward.append(outer)
+            iteration.append(for_loop("for {m} in range({k} + 1):", rerun, **names))
+        self.backward.append(for_loop("for {r} in range({count}):", iteration, **names))
         for v in carried:
             if self.is_active(name(loop.prevs[v])):
                 self.add(loop.prevs[v], Sym(name(ct[v])))

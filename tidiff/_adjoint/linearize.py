@@ -9,6 +9,9 @@ known when Taichi compiles). That costs as many pushes of the rule as the
 call has active input entries, at the call only: the rest of the function
 stays one reverse sweep. The rule's code is what runs, as in forward mode.
 """
+from collections.abc import Sequence
+from typing import Any
+
 import taichi as ti
 
 from .._codegen import compile_source
@@ -17,7 +20,7 @@ from .._tangent.emit import owned_cache
 from .._tangent.sym import RULE_HELPERS
 
 
-def linearized(f, rule, active, n_outputs):
+def linearized(f: Any, rule: Any, active: Sequence[bool], n_outputs: int) -> Any:
     """``f_vjp(x1, ..., xn, ct_out...) -> (out, J_k^T ct for each active k)`` for a td.custom_jvp
     function ``f`` with jvp rule ``rule`` (the calling convention of ``vjp_func``'s results)."""
     cache = owned_cache(f, "_tidiff_linearized")
@@ -27,7 +30,7 @@ def linearized(f, rule, active, n_outputs):
     return cache[key]
 
 
-def _compile(f, rule, active, n_outputs):
+def _compile(f: Any, rule: Any, active: tuple[bool, ...], n_outputs: int) -> Any:
     base = "".join(c if c.isalnum() else "_" for c in getattr(f, "name", "f"))
     xs = [f"x{k}" for k in range(len(active))]
     cts = ["ct_out"] if n_outputs == 1 else [f"ct_out{j}" for j in range(n_outputs)]

@@ -11,6 +11,7 @@ scalar ``x``), the contribution is summed back with ``sum_to(v, x)``, which
 Taichi resolves when it compiles.
 """
 import ast
+from collections.abc import Callable
 from typing import Any
 
 import taichi as ti
@@ -18,16 +19,21 @@ from taichi.lang.matrix import MatrixType, VectorType
 
 from .._tangent import rule_helpers
 from .._tangent.rules import exponent_less_one, is_dtype, is_integral, log_of_base, unbound_method
-from .._tangent.sym import helpers
+from .._tangent.sym import Sym, helpers
 from .._tangent.sym import ti as T
 
-ADJOINTS: dict[Any, Any] = {}
+Contributions = list[Sym | None]
+"""One cotangent contribution per operand of an op, None where it has no derivative."""
+AdjointRule = Callable[..., Contributions]
+"""``(g, out, *operands) -> Contributions`` (a :class:`MultiOutput` takes lists ``gs``, ``outs``)."""
+
+ADJOINTS: dict[Any, AdjointRule] = {}
 """op key -> (g, out, *operands) -> [contribution or None per operand]."""
 
 
-def defvjp(keys, *adjoints):
+def defvjp(keys: Any, *adjoints: Callable[..., Sym] | None) -> None:
     """Register one function ``adjoint(g, out, *operands)`` per operand (None: no derivative)."""
-    def rule(g, out, *args):
+    def rule(g: Sym, out: Sym, *args: Sym) -> Contributions:
         return [None if adj is None else adj(g, out, *args) for adj in adjoints] + [None] * (len(args) - len(adjoints))
     for key in keys if isinstance(keys, (list, tuple)) else (keys,):
         ADJOINTS[key] = rule
@@ -37,26 +43,26 @@ class MultiOutput:
     """The adjoint rule of an op returning ``n_outputs`` values: ``rule(gs, outs, *operands)``, where
     ``gs`` and ``outs`` list the cotangents (zeros where none flows) and the results."""
 
-    def __init__(self, n_outputs, adjoint):
+    def __init__(self, n_outputs: int, adjoint: Callable[..., Contributions]) -> None:
         self.n_outputs = n_outputs
         self.adjoint = adjoint
 
-    def __call__(self, gs, outs, *args):
+    def __call__(self, gs: list[Sym], outs: list[Sym], *args: Sym) -> Contributions:
         contributions = self.adjoint(gs, outs, *args)
         return contributions + [None] * (len(args) - len(contributions))
 
 
-def defvjp_multi(keys, n_outputs, adjoint):
+def defvjp_multi(keys: Any, n_outputs: int, adjoint: Callable[..., Contributions]) -> None:
     """Register ``adjoint(gs, outs, *operands)`` (see :class:`MultiOutput`): one contribution per operand."""
     for key in keys if isinstance(keys, (list, tuple)) else (keys,):
         ADJOINTS[key] = MultiOutput(n_outputs, adjoint)
 
 
-def method(*names):
+def method(*names: str) -> list[Any]:
     return [("method", n) for n in names]
 
 
-def lookup(callee):
+def lookup(callee: object) -> AdjointRule | None:
     """The adjoint rule of ``callee`` (dtype casts and unbound methods included), or None."""
     try:
         if callee in ADJOINTS:
@@ -68,16 +74,16 @@ def lookup(callee):
     return ADJOINTS.get(unbound_method(callee))
 
 
-def is_constructor(callee):
+def is_constructor(callee: object) -> bool:
     """``ti.math.vec3`` and its kin: a vector or matrix built from scalar entries."""
     return isinstance(callee, (VectorType, MatrixType))
 
 
-def _sum_to(value, like):
+def _sum_to(value: Sym, like: Sym) -> Sym:
     return helpers.sum_to(value, like)
 
 
-def _zero(like):
+def _zero(like: Sym) -> Sym:
     return T.zero(like)
 
 
@@ -118,7 +124,7 @@ defvjp([max, ti.max], lambda g, out, x, y: _sum_to(T.select(x > y, g, _zero(g)),
        lambda g, out, x, y: _sum_to(T.select(x > y, _zero(g), g), y))
 defvjp(ti.select, None, lambda g, out, c, a, b: _sum_to(T.select(c, g, _zero(g)), a),
        lambda g, out, c, a, b: _sum_to(T.select(c, _zero(g), g), b))
-def _clamp_adjoint(g, x, lo, hi):
+def _clamp_adjoint(g: Sym, x: Sym, lo: Sym, hi: Sym) -> Contributions:
     """Cotangents of ``min(hi, max(lo, x))`` (Taichi's clamp), ties as in NOTE: [Ties]."""
     upper = hi < T.max(lo, x)
     lower = lo > x
@@ -127,7 +133,7 @@ def _clamp_adjoint(g, x, lo, hi):
             _sum_to(T.select(upper, g, _zero(g)), hi)]
 
 
-def _smoothstep_adjoint(g, e0, e1, x):
+def _smoothstep_adjoint(g: Sym, e0: Sym, e1: Sym, x: Sym) -> Contributions:
     """Cotangents of ``t * t * (3 - 2 t)``, ``t = clamp((x - e0) / (e1 - e0), 0, 1)`` (Taichi's smoothstep)."""
     t = T.math.clamp((x - e0) / (e1 - e0), 0.0, 1.0)
     k = g * 6 * t * (1 - t) / (e1 - e0)
@@ -147,7 +153,7 @@ defvjp(method("outer_product"), lambda g, out, x, y: g @ y, lambda g, out, x, y:
 defvjp(method("norm") + [ti.math.length], lambda g, out, x, *eps: g * x / out)  # sqrt(|x|^2 + eps)
 defvjp(method("norm_inv"), lambda g, out, x, *eps: -g * out ** 3 * x)  # rsqrt(|x|^2 + eps)
 defvjp(method("norm_sqr"), lambda g, out, x: 2 * g * x)
-def _normalized_adjoint(g, out, x, *eps):
+def _normalized_adjoint(g: Sym, out: Sym, x: Sym, *eps: Sym) -> Sym:
     """``x / (|x| + eps)`` has a symmetric Jacobian: the adjoint is the forward rule's formula."""
     if not eps:
         return (g - out * out.dot(g)) / x.norm()
@@ -167,7 +173,7 @@ defvjp(ti.Matrix.diag, None, lambda g, out, dim, val: g.trace())
 
 
 # --- linear solves and decompositions (see NOTE: [Decompositions]) -----------
-def _solve_adjoint(g, out, A):
+def _solve_adjoint(g: Sym, out: Sym, A: Sym) -> Contributions:
     """``x = solve(A, b)``: ``b`` gets ``A^-T g``, ``A`` minus its outer product with ``x``."""
     ct_b = helpers.inverse_by_cofactors(A).transpose() @ g
     return [-ct_b.outer_product(out), ct_b]

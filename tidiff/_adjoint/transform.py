@@ -23,15 +23,16 @@ function not reversible: its derivatives then come from forward pushes
 import ast
 import builtins
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import taichi as ti
 
 from .._tangent.activity import loaded_names
 from .._tangent.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
 from .._tangent.naming import Namer, helper_name, names_in
-from .._tangent.parse import MISSING, hashable, parse, positional, resolve, static_call
+from .._tangent.parse import MISSING, Parsed, hashable, parse, positional, resolve, static_call
 from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, zero
 from .._tangent.rules import lookup as forward_rule
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
@@ -41,7 +42,8 @@ from .control import Branch, ControlFlow, Loop
 from .linearize import linearized
 from .nodes import assign as _assign
 from .nodes import name as _name
-from .rules import ADJOINTS, is_constructor
+from .nodes import zero_of
+from .rules import ADJOINTS, AdjointRule, Contributions, MultiOutput, is_constructor
 
 USES_BWD = "_tidiff_uses_bwd"
 RECOMPUTES = "_tidiff_recomputes"
@@ -54,7 +56,11 @@ class NotReversible(Exception):
     """The function uses a construct the reverse transform does not handle (the message says which)."""
 
 
-def _not_reversible(node, construct, hint=None):
+Path = tuple[int, ...]
+"""Where a value stands in a nested tuple of results: ``(1, 0)`` is ``r[1][0]``, ``()`` the result itself."""
+
+
+def _not_reversible(node: ast.AST, construct: str, hint: str | None = None) -> NotReversible:
     return NotReversible(f"{construct} ({hint})" if hint else construct)
 
 
@@ -63,13 +69,13 @@ class Op:
     """``target = <op>(args)`` in the forward sweep, with how to send a cotangent back."""
 
     target: str
-    rule: object  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
-    args: list  # operand nodes: Names of SSA variables, or inactive expressions
+    rule: AdjointRule | None  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
+    args: list[ast.expr]  # operand nodes: Names of SSA variables, or inactive expressions
     callee: str | None = None  # for calls: the namespace name of the callee's reverse function (or custom bwd)
-    positions: list | None = None  # for calls: where each operand's cotangent stands in the callee's result
-    outputs: list | None = None  # for calls with several outputs: the SSA names of the results, in order
+    positions: list[int | None] | None = None  # for calls: where each operand's cotangent stands in the result
+    outputs: list[str] | None = None  # for calls with several outputs: the SSA names of the results, in order
 
-    def results(self):
+    def results(self) -> list[str]:
         return self.outputs or [self.target]
 
 
@@ -81,7 +87,8 @@ _ZERO_ATTRIBUTES = {"n", "m", "shape", "dtype", "ndim"}
 class Reverser(ControlFlow):
     """Builds the reverse function of one parsed ``@ti.func`` for one activity pattern."""
 
-    def __init__(self, parsed, active, n_outputs, vjp_of):
+    def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int,
+                 vjp_of: Callable[[Any, tuple[bool, ...], int], Any]) -> None:
         self.parsed = parsed
         self.tree = parsed.tree
         self.params = [a.arg for a in self.tree.args.args]
@@ -91,16 +98,19 @@ class Reverser(ControlFlow):
         self.env = {p: p for p in self.params}  # variable -> the SSA name holding its current value
         self.defined = set(self.params)
         self.active = {p for p, a in zip(self.params, active, strict=False) if a}
-        self.temps = set()
-        self.tuples = {}  # SSA name of a tuple-valued call result -> {index path: the name of that element}
+        self.temps: set[str] = set()
+        self.tuples: dict[str, dict[Path, ast.expr]] = {}  # SSA name of a tuple-valued call result ->
+        # {index path: the Name of that element}
         self.uses_bwd = False  # whether a custom_vjp rule is called (here or in a callee's reverse)
         self.recomputes = False  # whether a runtime loop is reversed by recomputation (here or in a callee)
-        self.forward, self.backward, self.ops = [], [], []  # the forward lists are the current block's
-        self.cts = {}  # SSA name -> the name of its cotangent, in the reverse sweep
-        self.helpers = {}
+        self.forward: list[ast.stmt] = []  # the forward lists are the current block's
+        self.backward: list[ast.stmt] = []
+        self.ops: list[Op | Branch | Loop] = []
+        self.cts: dict[str, str] = {}  # SSA name -> the name of its cotangent, in the reverse sweep
+        self.helpers: dict[str, Any] = {}
         self.taichi_name = taichi_name(self.namer, parsed.namespace)
 
-    def run(self):
+    def run(self) -> ast.FunctionDef:
         args = self.tree.args
         if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
             raise NotReversible("a parameter list with *args, **kwargs or keyword-only parameters")
@@ -116,7 +126,7 @@ class Reverser(ControlFlow):
                      for k in range(self.n_outputs)]
         cts = self.sweep(outputs, ct_params)
         result = outputs[0] if self.n_outputs == 1 else ast.Tuple(outputs, ast.Load())
-        grads = [
+        grads: list[ast.expr] = [
             _name(cts[p]) if p in cts else ast.Call(ast.Attribute(_name(TAICHI), "zero", ast.Load()), [_name(p)], [])
             for p in self.params
             if p in self.active
@@ -134,22 +144,23 @@ class Reverser(ControlFlow):
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
     # --- statements: the forward sweep -----------------------------------------
-    def statement(self, node):
+    def statement(self, node: ast.stmt) -> None:
         handler = getattr(self, "stmt_" + type(node).__name__, None)
         if handler is None:
             raise NotReversible(f"a `{type(node).__name__}` statement")
         handler(node)
 
-    def stmt_Assign(self, node):
+    def stmt_Assign(self, node: ast.Assign) -> None:
         if len(node.targets) != 1:
             raise NotReversible("a chained assignment")
         target = node.targets[0]
         if isinstance(target, ast.Name):
             paths = self.returned_paths(node.value)
-            if len(paths) > 1 and self.reads_active(node.value):  # r = h(x), h returning a tuple; r[k] later
+            if len(paths) > 1 and isinstance(node.value, ast.Call) and self.reads_active(node.value):
+                # r = h(x), h returning a tuple; r[k] later
                 names = self.call_outputs(node.value, paths)
-                self.bind(target.id, _name(self.ops[-1].target))
-                self.tuples[self.env[target.id]] = dict(zip(paths, names, strict=True))
+                self.bind(target.id, _name(self.last_op().target))
+                self.tuples[self.ssa(target.id)] = dict(zip(paths, names, strict=True))
                 return
             return self.bind(target.id, self.value(node.value))
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
@@ -167,7 +178,7 @@ class Reverser(ControlFlow):
             return self.write_entry(target, node.value)
         raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
 
-    def stmt_AugAssign(self, node):
+    def stmt_AugAssign(self, node: ast.AugAssign) -> None:
         load = ast.parse(ast.unparse(node.target), mode="eval").body
         value = ast.BinOp(load, node.op, node.value)
         if isinstance(node.target, ast.Name):
@@ -176,17 +187,18 @@ class Reverser(ControlFlow):
             return self.write_entry(node.target, value)
         raise NotReversible(f"the update of `{ast.unparse(node.target)}`")
 
-    def write_entry(self, target, value):
+    def write_entry(self, target: ast.Subscript | ast.Attribute, value: ast.expr) -> None:
         """``v[i, j] = e`` as a new value of ``v``: ``v_1 = v; v_1[i, j] = e``.
 
         Its adjoint sends ``ct[i, j]`` to ``e`` and ``ct`` with that entry zeroed to the old ``v``.
         """
         base = target.value
         index = self.index(target)
-        if not (isinstance(base, ast.Name) and isinstance(self.env.get(base.id), str)):  # not a loop counter
+        current = self.env.get(base.id) if isinstance(base, ast.Name) else None
+        if not (isinstance(base, ast.Name) and isinstance(current, str)):  # not a loop counter
             raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
         entry = self.operand(value)
-        old = _name(self.env[base.id])
+        old = _name(current)
         new = self.namer.fresh(base.id)
         self.defined.add(new)
         self.forward.append(_assign(new, old))
@@ -201,20 +213,20 @@ class Reverser(ControlFlow):
         self.ops.append(Op(new, rule, [old, entry]))
         self.active.add(new)
 
-    def stmt_AnnAssign(self, node):
+    def stmt_AnnAssign(self, node: ast.AnnAssign) -> None:
         if not isinstance(node.target, ast.Name) or node.value is None:
             raise NotReversible(f"the declaration of `{ast.unparse(node.target)}`")
         self.bind(node.target.id, self.value(node.value), annotation=self.rename(node.annotation))
 
-    def stmt_Expr(self, node):
+    def stmt_Expr(self, node: ast.Expr) -> None:
         if self.reads_active(node.value):
             raise NotReversible(f"the statement `{ast.unparse(node)}`")
         self.forward.append(ast.Expr(self.rename(node.value)))
 
-    def stmt_Pass(self, node):
+    def stmt_Pass(self, node: ast.Pass) -> None:
         pass
 
-    def stmt_For(self, node):
+    def stmt_For(self, node: ast.For) -> None:
         """A loop over a range of constants, unrolled: the counter is a constant in each copy; a loop over
         ``range(n)`` with ``n`` known only at run time is a runtime loop (NOTE: [Reverse control flow])."""
         values = self.constant(node.iter, "range")
@@ -231,10 +243,10 @@ class Reverser(ControlFlow):
             raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` (not a range)")
         self.loop(node, node.target.id, bounds)
 
-    def stmt_While(self, node):
+    def stmt_While(self, node: ast.While) -> None:
         self.loop(node)
 
-    def stmt_If(self, node):
+    def stmt_If(self, node: ast.If) -> None:
         """A branch on a condition of constants (``ti.static(i == j)`` in an unrolled loop): the taken side;
         on a value, both sides (NOTE: [Reverse control flow])."""
         taken = self.constant(node.test, "test")
@@ -244,11 +256,12 @@ class Reverser(ControlFlow):
             self.statement(stmt)
 
     @staticmethod
-    def not_reversible(construct):
+    def not_reversible(construct: str) -> NotReversible:
         return NotReversible(construct)
 
-    def constant(self, node, kind):
-        """The value of ``range(...)`` (a list) or a condition made of constants, else None."""
+    def constant(self, node: ast.expr, kind: str) -> Any:
+        """The value of ``range(...)`` (a list of ints, ``kind`` "range"), of an int (``kind`` "int") or of a
+        condition made of constants, else None."""
         node = self.rename(node)
         if (
             isinstance(node, ast.Call)
@@ -274,7 +287,7 @@ class Reverser(ControlFlow):
         value = eval(code, {"__builtins__": {}}, names)  # constants and operators only, checked above
         return value if kind != "int" or isinstance(value, int) else None
 
-    def bind(self, variable, value, annotation=None):
+    def bind(self, variable: str, value: ast.expr, annotation: ast.expr | None = None) -> None:
         """``variable = value`` as a fresh SSA name (an op's own temporary is renamed instead)."""
         ssa = variable if variable not in self.defined else self.namer.fresh(variable)
         if isinstance(value, ast.Name) and value.id in self.tuples:  # r = s, s a tuple: r names the same elements
@@ -282,7 +295,7 @@ class Reverser(ControlFlow):
         self.defined.add(ssa)
         last = self.ops[-1] if self.ops else None
         if (annotation is None and isinstance(value, ast.Name) and value.id in self.temps
-                and last is not None and last.target == value.id and isinstance(self.forward[-1], ast.Assign)
+                and isinstance(last, Op) and last.target == value.id and isinstance(self.forward[-1], ast.Assign)
                 and isinstance(self.forward[-1].targets[0], ast.Name) and self.forward[-1].targets[0].id == value.id):
             self.forward[-1].targets[0].id = last.target = ssa  # the op computes the variable itself
             self.active.add(ssa)
@@ -293,11 +306,11 @@ class Reverser(ControlFlow):
                 self.active.add(ssa)
         self.env[variable] = ssa
 
-    def outputs(self, node):
+    def outputs(self, node: ast.expr) -> list[ast.expr]:
         if self.n_outputs > 1 and isinstance(node, ast.Call):  # return h(x), h returning a tuple
             return self.call_outputs(node, _top_level(self.n_outputs))
         if isinstance(node, ast.Name) and self.env.get(node.id) in self.tuples:
-            names = list(self.tuples[self.env[node.id]].values())
+            names = list(self.tuples[self.ssa(node.id)].values())
             if len(names) != self.n_outputs:
                 raise NotReversible(f"a return of {len(names)} values where {self.n_outputs} are expected")
             return names
@@ -309,17 +322,17 @@ class Reverser(ControlFlow):
         return [self.operand(v) for v in values]
 
     # --- expressions -------------------------------------------------------------
-    def is_active(self, node):
+    def is_active(self, node: ast.expr) -> TypeGuard[ast.Name]:
         return isinstance(node, ast.Name) and node.id in self.active
 
-    def reads_active(self, node):
+    def reads_active(self, node: ast.expr) -> bool:
         return any(self.env.get(n) in self.active for n in loaded_names(node))
 
-    def rename(self, node):
+    def rename(self, node: ast.expr) -> ast.expr:
         """A copy of an expression reading the current SSA names of local variables."""
         return _RenameLocals(self.env).visit(ast.parse(ast.unparse(node), mode="eval").body)
 
-    def operand(self, node):
+    def operand(self, node: ast.expr) -> ast.expr:
         """An expression as a Name (active, or an inactive value computed once) or a simple inactive node."""
         value = self.value(node)
         if self.is_active(value) or isinstance(value, _SIMPLE) or _is_number(value):
@@ -328,7 +341,7 @@ class Reverser(ControlFlow):
         self.forward.append(_assign(name, value))
         return _name(name)
 
-    def value(self, node):
+    def value(self, node: ast.expr) -> ast.expr:
         """Lower an expression: an active Name, or (no derivative) a renamed copy."""
         if not self.reads_active(node):
             return self.rename(node)
@@ -337,7 +350,8 @@ class Reverser(ControlFlow):
             raise NotReversible(f"the expression `{ast.unparse(node)}`")
         return handler(node)
 
-    def op(self, rule, node, args, hint, callee=None, positions=None):
+    def op(self, rule: AdjointRule | None, node: ast.expr, args: list[ast.expr], hint: str, callee: str | None = None,
+           positions: list[int | None] | None = None) -> ast.Name:
         """Emit ``t = node`` and remember how to send its cotangent to ``args``."""
         target = self.namer.fresh(hint)
         self.forward.append(_assign(target, node))
@@ -347,10 +361,10 @@ class Reverser(ControlFlow):
         self.defined.add(target)
         return _name(target)
 
-    def expr_Name(self, node):
-        return _name(self.env[node.id])
+    def expr_Name(self, node: ast.Name) -> ast.expr:
+        return _name(self.ssa(node.id))
 
-    def expr_BinOp(self, node):
+    def expr_BinOp(self, node: ast.BinOp) -> ast.expr:
         rule = ADJOINTS.get(type(node.op))
         if rule is None:
             if forward_rule(type(node.op)) is zero:  # x // y
@@ -359,18 +373,18 @@ class Reverser(ControlFlow):
         a, b = self.operand(node.left), self.operand(node.right)
         return self.op(rule, ast.BinOp(a, node.op, b), [a, b], _OP_HINTS.get(type(node.op), "t"))
 
-    def expr_UnaryOp(self, node):
+    def expr_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
         if isinstance(node.op, (ast.Not, ast.Invert)):
             return self.rename(node)
         a = self.operand(node.operand)
         return self.op(ADJOINTS[type(node.op)], ast.UnaryOp(node.op, a), [a], "neg")
 
-    def expr_Compare(self, node):
+    def expr_Compare(self, node: ast.expr) -> ast.expr:
         return self.rename(node)
 
     expr_BoolOp = expr_Compare
 
-    def index(self, node):
+    def index(self, node: ast.Subscript | ast.Attribute) -> list[ast.expr]:
         """The index nodes of an entry ``v[i]``, ``v[i, j]`` or ``v.x`` (with loop counters as constants)."""
         if isinstance(node, ast.Attribute):
             if node.attr not in _COMPONENTS:
@@ -378,21 +392,21 @@ class Reverser(ControlFlow):
             return [ast.Constant(_COMPONENTS[node.attr])]
         if any(isinstance(n, ast.Slice) for n in ast.walk(node.slice)) or self.reads_active(node.slice):
             raise NotReversible(f"the subscript `{ast.unparse(node)}`")
-        index = self.rename(node.slice)
-        index = index.elts if isinstance(index, ast.Tuple) else [index]
+        renamed = self.rename(node.slice)
+        index = renamed.elts if isinstance(renamed, ast.Tuple) else [renamed]
         if len(index) not in (1, 2):
             raise NotReversible(f"the subscript `{ast.unparse(node)}`")
         return index
 
-    def expr_Subscript(self, node):
+    def expr_Subscript(self, node: ast.Subscript) -> ast.expr:
         return self.read_entry(node)
 
-    def expr_Attribute(self, node):
+    def expr_Attribute(self, node: ast.Attribute) -> ast.expr:
         if node.attr in _ZERO_ATTRIBUTES:
             return self.rename(node)
         return self.read_entry(node)
 
-    def read_entry(self, node):
+    def read_entry(self, node: ast.Subscript | ast.Attribute) -> ast.expr:
         """``v[i, j]``: the adjoint puts the cotangent at ``[i, j]`` of a zero shaped like ``v``."""
         element = self.tuple_element(node)
         if element is not None:
@@ -402,16 +416,19 @@ class Reverser(ControlFlow):
         read = ast.Attribute(base, node.attr, ast.Load()) if isinstance(node, ast.Attribute) else \
             ast.Subscript(base, index[0] if len(index) == 1 else ast.Tuple(index, ast.Load()), ast.Load())
         scatter = rules.helpers.scatter if len(index) == 1 else rules.helpers.scatter2
-        rule = lambda g, out, x: [scatter(x, g, *[Sym(i) for i in index])]  # noqa: E731
-        return self.op(rule, read, [base], f"{base.id}_entry")
 
-    def expr_Call(self, node):
+        def rule(g: Sym, out: Sym, x: Sym) -> Contributions:
+            return [scatter(x, g, *[Sym(i) for i in index])]
+
+        return self.op(rule, read, [base], f"{_hint(base)}_entry")
+
+    def expr_Call(self, node: ast.Call) -> ast.expr:
         func = node.func
         made = self._made_callee(func)
         if made is not MISSING:  # td.grad(E)(x): a tidiff Function made at the call site
             return self.call_function(node, made)
         if isinstance(func, ast.Attribute) and self._is_local(func.value):
-            return self.call_method(node)
+            return self.call_method(node, func)
         if self._is_local(func):
             raise NotReversible(f"a call of the local value `{ast.unparse(func)}`")
         callee = resolve(func, self.parsed.namespace)
@@ -450,7 +467,7 @@ class Reverser(ControlFlow):
                 folded = ast.Call(func, [folded, arg], [])
             return self.value(folded)
         rule = rules.lookup(callee)
-        if getattr(rule, "n_outputs", 1) > 1:
+        if isinstance(rule, MultiOutput) and rule.n_outputs > 1:
             raise NotReversible(f"the call `{ast.unparse(node)}` inside an expression (assign its {rule.n_outputs} "
                                 f"results to names)")
         if rule is not None:
@@ -458,7 +475,7 @@ class Reverser(ControlFlow):
             return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
         raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
 
-    def _float_cast(self, node):
+    def _float_cast(self, node: ast.Call) -> bool:
         """Whether ``ti.cast(x, dtype)`` may have a derivative: not a cast to an integer type the transform
         can see (a parameter's ``dt`` is known only when Taichi compiles: the rule's ``cast_adjoint`` decides)."""
         if len(node.args) != 2:
@@ -468,8 +485,8 @@ class Reverser(ControlFlow):
         dtype = resolve(node.args[1], self.parsed.namespace)
         return dtype is not MISSING and rules.is_dtype(dtype) and not rules.is_integral(dtype)
 
-    def call_method(self, node):
-        func = node.func
+    def call_method(self, node: ast.Call, func: ast.Attribute) -> ast.expr:
+        """``v.dot(w)`` and the other methods with a rule, ``func`` being ``node.func``."""
         rule = ADJOINTS.get(("method", func.attr))
         if rule is None:
             if RULES.get(("method", func.attr)) is zero:
@@ -481,9 +498,9 @@ class Reverser(ControlFlow):
         args = [self.operand(a) for a in node.args]
         call = ast.Call(ast.Attribute(receiver, func.attr, ast.Load()), args,
                         [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords])
-        return self.op(rule, call, [receiver] + args, f"{func.attr.lower()}_{receiver.id}")
+        return self.op(rule, call, [receiver] + args, f"{func.attr.lower()}_{_hint(receiver)}")
 
-    def construct(self, node, keywords):
+    def construct(self, node: ast.Call, keywords: list[ast.keyword]) -> ast.expr:
         """``ti.Vector([a, b])``, ``ti.Matrix([[a, b], [c, d]], dt)``: entry k gets ``g[k]``."""
         if len(node.args) not in (1, 2) or not isinstance(node.args[0], (ast.List, ast.Tuple)):
             raise NotReversible(f"the constructor `{ast.unparse(node)}`")
@@ -504,7 +521,7 @@ class Reverser(ControlFlow):
             literal = ast.List(args, ast.Load())
         return self._constructed(ast.Call(node.func, [literal] + dtype, keywords), args, index)
 
-    def construct_rows(self, node, keywords):
+    def construct_rows(self, node: ast.Call, keywords: list[ast.keyword]) -> ast.expr:
         """``ti.Matrix.rows([u, v])`` (``cols``) of vectors: vector k gets row (column) k of ``g``."""
         if len(node.args) != 1 or not isinstance(node.args[0], (ast.List, ast.Tuple)) \
                 or any(isinstance(e, (ast.List, ast.Tuple)) for e in node.args[0].elts):
@@ -512,12 +529,12 @@ class Reverser(ControlFlow):
         args = [self.operand(e) for e in node.args[0].elts]
         rows = resolve(node.func, self.parsed.namespace) is ti.Matrix.rows
         part = rules.helpers.row_of if rows else rules.helpers.col_of
-        def rule(g, out, *xs):
+        def rule(g: Sym, out: Sym, *xs: Sym) -> Contributions:
             return [part(g, k) for k in range(len(xs))]
 
         return self.op(rule, ast.Call(node.func, [ast.List(args, ast.Load())], keywords), args, "mat")
 
-    def construct_typed(self, node, callee, keywords):
+    def construct_typed(self, node: ast.Call, callee: Any, keywords: list[ast.keyword]) -> ast.expr:
         """``ti.math.vec3(a, b, c)`` with one scalar per entry, or a list of them (``ti.math.ivec3``: no derivative)."""
         if rules.is_integral(callee.dtype):
             return self.rename(node)
@@ -531,13 +548,13 @@ class Reverser(ControlFlow):
         index = [(k,) for k in range(size)] if len(shape) == 1 else [divmod(k, shape[1]) for k in range(size)]
         return self._constructed(ast.Call(node.func, args, keywords), args, index)
 
-    def _constructed(self, call, args, index):
+    def _constructed(self, call: ast.Call, args: list[ast.expr], index: list[Path]) -> ast.expr:
         keys = [ast.Constant(i[0]) if len(i) == 1 else ast.Tuple([ast.Constant(k) for k in i], ast.Load())
                 for i in index]
         rule = lambda g, out, *xs: [g[key] for key in keys]  # noqa: E731
         return self.op(rule, call, args, "vec" if len(index[0]) == 1 else "mat")
 
-    def call_function(self, node, callee, n_outputs=1):
+    def call_function(self, node: ast.Call, callee: Any, n_outputs: int = 1) -> ast.Name:
         """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents.
 
         A ``td.custom_vjp`` function's own ``bwd(x, g)`` is called instead, with the real
@@ -587,11 +604,11 @@ class Reverser(ControlFlow):
         return self.op(None, ast.Call(func, args, []), args, _call_hint(node.func, args), callee=helper,
                        positions=positions)
 
-    def bind_value(self, value):
+    def bind_value(self, value: object) -> str:
         """The name generated code reads a Python value by (a partial's bound value, a default)."""
         return self.parsed.name_for(value, self.namer, hint_name(value))
 
-    def _compile_time(self, node):
+    def _compile_time(self, node: ast.expr) -> bool:
         """An inactive expression whose calls are all ``ti.static`` or Python builtins (``len(v)``)."""
         if self.reads_active(node):
             return False
@@ -603,11 +620,12 @@ class Reverser(ControlFlow):
                     return False
         return True
 
-    def tuple_element(self, node):
+    def tuple_element(self, node: ast.Subscript | ast.Attribute) -> ast.expr | None:
         """``r[k]`` of a tuple-valued call result ``r``: the name bound to its element ``k``, or None."""
         if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)):
             return None
-        names = self.tuples.get(self.env.get(node.value.id))
+        current = self.env.get(node.value.id)
+        names = self.tuples.get(current) if isinstance(current, str) else None
         index = self.rename(node.slice)
         if names is None or not (isinstance(index, ast.Constant) and isinstance(index.value, int)):
             return None
@@ -615,7 +633,7 @@ class Reverser(ControlFlow):
             raise NotReversible(f"the read of `{ast.unparse(node)}`, a tuple inside a call's results")
         return names[(index.value,)]
 
-    def returned_paths(self, node):
+    def returned_paths(self, node: ast.expr) -> list[Path]:
         """Index paths of the values a call returns: ``[(0,), (1,)]`` for a callee's final ``return (a, b)``,
         ``[(0, 0), (0, 1), (1,)]`` for ``return ((a, b), c)`` (NOTE: [Nested results]), ``[()]`` for one value."""
         if not isinstance(node, ast.Call):
@@ -630,8 +648,9 @@ class Reverser(ControlFlow):
             return _top_level(callable_rule(callee).outputs(callee))
         if hashable(callee) and (callee in CUSTOM_VJPS or callee in CUSTOM_JVPS):
             callee = callee.tifunc
-        if hashable(callee) and getattr(rules.lookup(callee), "n_outputs", 1) > 1:  # U, S, V = ti.svd(A)
-            return _top_level(rules.lookup(callee).n_outputs)
+        rule = rules.lookup(callee) if hashable(callee) else None
+        if isinstance(rule, MultiOutput) and rule.n_outputs > 1:  # U, S, V = ti.svd(A)
+            return _top_level(rule.n_outputs)
         if not transformable(callee):  # a @ti.func or a helper (NOTE: [Python helpers])
             return [()]
         body = parse(callee).tree.body
@@ -640,13 +659,13 @@ class Reverser(ControlFlow):
             return _paths(last.value)
         return [()]
 
-    def _made_callee(self, func):
+    def _made_callee(self, func: ast.expr) -> Any:
         """A callee made by a call of module-level objects (``td.grad(E)``) that the transforms call
         through, or MISSING."""
         made = static_call(func, self.parsed.namespace, set(self.env) | self.defined)
         return made if callable_rule(made) is not None else MISSING
 
-    def call_outputs(self, node, paths):
+    def call_outputs(self, node: ast.Call, paths: list[Path]) -> list[ast.expr]:
         """``a, b = h(x)`` for a @ti.func (or custom_vjp function, or tidiff Function) returning the values at
         these index ``paths``: one call op whose results are bound to names of their own."""
         count = len(paths)
@@ -671,7 +690,7 @@ class Reverser(ControlFlow):
             tuple_name = self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
         else:
             tuple_name = self.call_function(node, callee, n_outputs=count)
-        op = self.ops[-1]
+        op = self.last_op()
         op.outputs = []
         for path in paths:
             name = self.namer.fresh(f"{tuple_name.id}_{'_'.join(map(str, path))}")
@@ -681,13 +700,19 @@ class Reverser(ControlFlow):
             op.outputs.append(name)
         return [_name(n) for n in op.outputs]
 
-    def _is_local(self, node):
+    def last_op(self) -> Op:
+        """The op just emitted (an expression's: blocks emit theirs when they end)."""
+        op = self.ops[-1]
+        assert isinstance(op, Op)
+        return op
+
+    def _is_local(self, node: ast.expr) -> bool:
         while isinstance(node, (ast.Attribute, ast.Subscript)):
             node = node.value
         return not isinstance(node, ast.Name) or node.id in self.env
 
     # --- the reverse sweep ---------------------------------------------------------
-    def sweep(self, outputs, ct_params):
+    def sweep(self, outputs: list[ast.expr], ct_params: list[str]) -> dict[str, str]:
         """Cotangent statements, last op first; returns {SSA name: the name of its cotangent}."""
         for out, ct in zip(outputs, ct_params, strict=False):
             if self.is_active(out):
@@ -695,8 +720,9 @@ class Reverser(ControlFlow):
         self.sweep_ops(self.ops)
         return self.cts
 
-    def add(self, variable, contribution):
+    def add(self, variable: str, contribution: Sym) -> None:
         """``ct_variable += contribution`` (declared by its first contribution)."""
+        value: ast.expr
         if variable in self.cts:
             value = ast.BinOp(_name(self.cts[variable]), ast.Add(), contribution.node)
         else:
@@ -704,7 +730,7 @@ class Reverser(ControlFlow):
             value = contribution.node
         self.backward.append(_assign(self.cts[variable], value))
 
-    def sweep_ops(self, ops):
+    def sweep_ops(self, ops: list[Op | Branch | Loop]) -> None:
         """The adjoints of a block's ops, last first, into ``self.backward``."""
         cts = self.cts
         for op in reversed(ops):
@@ -716,16 +742,19 @@ class Reverser(ControlFlow):
                 continue
             if not any(r in cts for r in op.results()):
                 continue
+            contributions: Contributions
             if op.callee is not None:
-                gs = [_name(cts[r]) if r in cts else ast.Call(ast.Attribute(_name(TAICHI), "zero", ast.Load()),
-                                                              [_name(r)], []) for r in op.results()]
+                assert op.positions is not None  # set for every call
+                gs: list[ast.expr] = [_name(cts[r]) if r in cts else zero_of(r) for r in op.results()]
                 result = self.namer.fresh(f"adj_{op.target}")
                 self.backward.append(_assign(result, ast.Call(_name(op.callee), op.args + gs, [])))
                 contributions = [None if k is None else Sym(_name(result))[k] for k in op.positions]
             elif op.outputs:  # an op with several results: the rule takes all their cotangents
-                gs = [Sym(_name(cts[r])) if r in cts else Sym(_name(TAICHI)).zero(Sym(_name(r))) for r in op.outputs]
-                contributions = op.rule(gs, [Sym(_name(r)) for r in op.outputs], *[Sym(a) for a in op.args])
+                assert op.rule is not None  # only calls have none
+                g_all = [Sym(_name(cts[r])) if r in cts else Sym(_name(TAICHI)).zero(Sym(_name(r))) for r in op.outputs]
+                contributions = op.rule(g_all, [Sym(_name(r)) for r in op.outputs], *[Sym(a) for a in op.args])
             else:
+                assert op.rule is not None
                 g = Sym(_name(cts[op.target]))
                 contributions = op.rule(g, Sym(_name(op.target)), *[Sym(a) for a in op.args])
             for arg, contribution in zip(op.args, contributions, strict=False):
@@ -744,43 +773,50 @@ _OP_HINTS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", as
 # cotangent per leaf: its results count as their leaves.
 
 
-def _top_level(count):
+def _top_level(count: int) -> list[Path]:
     return [()] if count == 1 else [(k,) for k in range(count)]
 
 
-def _paths(node, path=()):
+def _paths(node: ast.expr, path: Path = ()) -> list[Path]:
     """Index paths of the leaves of a tuple expression."""
     if not isinstance(node, ast.Tuple):
         return [path]
     return [p for k, e in enumerate(node.elts) for p in _paths(e, path + (k,))]
 
 
-def _leaves(node):
+def _leaves(node: ast.expr) -> list[ast.expr]:
     return [e for sub in node.elts for e in _leaves(sub)] if isinstance(node, ast.Tuple) else [node]
 
 
-def _element(value, path):
+def _element(value: ast.expr, path: Path) -> ast.expr:
     for k in path:
         value = ast.Subscript(value, ast.Constant(k), ast.Load())
     return value
 
 
-def _call_hint(func, args):
+def _hint(node: ast.expr) -> str:
+    """A name hint for a temporary made from ``node``: its identifier, ``v`` for ``p.v``, else ``v``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else "v"
+
+
+def _call_hint(func: ast.expr, args: list[ast.expr]) -> str:
     base = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "call")
     return f"{base}_{args[0].id}" if len(args) == 1 and isinstance(args[0], ast.Name) else base
 
 
-def _is_number(node):
+def _is_number(node: ast.expr) -> bool:
     return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
 
 
 class _RenameLocals(ast.NodeTransformer):
     """Variables -> their SSA names (or the constant an unrolled loop counter stands for)."""
 
-    def __init__(self, env):
+    def __init__(self, env: dict[str, str | ast.Constant]) -> None:
         self.env = env
 
-    def visit_Name(self, node):
+    def visit_Name(self, node: ast.Name) -> ast.expr:
         value = self.env.get(node.id)
         if isinstance(value, str):
             return ast.Name(value, node.ctx)

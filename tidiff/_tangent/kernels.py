@@ -273,7 +273,8 @@ def _launcher(g: Any, transformer: KernelTransformer, tangents: FieldTangents) -
     """
     params, name = transformer.params, transformer.tree.name
     kernel, lookup = transformer.jvp_name, transformer.namer.fresh("tangent_of")
-    args = [_name(p) for p in params] + [ast.Call(_name(lookup), [_name(p)], []) for p in transformer.template_params]
+    args: list[ast.expr] = [_name(p) for p in params]
+    args += [ast.Call(_name(lookup), [_name(p)], []) for p in transformer.template_params]
     launch_def = ast.FunctionDef(name, ast.arguments([], [ast.arg(p) for p in params], None, [], [], None, []),
                                  [ast.Return(ast.Call(_name(kernel), args, []))], [], None)
     namespace = {"__name__": "tidiff_generated", kernel: g, lookup: tangents.tangent_of}

@@ -9,6 +9,8 @@ ranges, integer arithmetic and ``ti.static`` stay exactly as written.
 import ast
 import copy
 import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import taichi as ti
 from taichi.lang._ndarray import Ndarray
@@ -19,8 +21,8 @@ from .activity import active_variables, loaded_names, local_names, root_names
 from .callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refusal, transformable
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, helper_name, names_in
-from .parse import MISSING, hashable, positional, resolve, static_call
-from .rules import CUSTOM_JVPS, CUSTOM_VJPS, REFUSED, RULES, Call, callable_rule, lookup, zero
+from .parse import MISSING, Parsed, hashable, positional, resolve, static_call
+from .rules import CUSTOM_JVPS, CUSTOM_VJPS, REFUSED, RULES, Call, Rule, callable_rule, lookup, zero
 from .sym import TAICHI, Sym, spell_taichi, taichi_name, zero_like
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
@@ -30,8 +32,12 @@ _OP_NAMES = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", as
              ast.MatMult: "matmul", ast.Mod: "mod", ast.FloorDiv: "floordiv",
              ast.USub: "neg", ast.UAdd: "pos"}
 
+Pair = tuple[ast.expr, ast.expr | None]
+"""An expression and its tangent (None: a zero tangent)."""
+_Expr = TypeVar("_Expr", bound=ast.expr)
 
-def load(node):
+
+def load(node: ast.expr) -> ast.expr:
     """A copy of an assignment target usable as an expression."""
     node = copy.deepcopy(node)
     for sub in ast.walk(node):
@@ -40,26 +46,28 @@ def load(node):
     return node
 
 
-def store(node):
+def store(node: _Expr) -> _Expr:
     """A copy of a target expression usable on the left of ``=``."""
     node = copy.deepcopy(node)
+    assert isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.Tuple, ast.List, ast.Starred))  # targets
     node.ctx = ast.Store()
     return node
 
 
-def retarget(target, name):
+def retarget(target: _Expr, name: str) -> _Expr | ast.Name:
     """``v[i]`` with its root variable replaced: ``dv[i]``."""
     node = copy.deepcopy(target)
-    inner = node
+    inner: ast.expr = node
     while isinstance(inner, (ast.Subscript, ast.Attribute)) and not isinstance(inner.value, ast.Name):
         inner = inner.value
     if isinstance(inner, ast.Name):
         return ast.Name(name, ast.Load())
+    assert isinstance(inner, (ast.Subscript, ast.Attribute)), "an active target's root is a variable"
     inner.value = ast.Name(name, ast.Load())
     return node
 
 
-def is_atomic(node):
+def is_atomic(node: ast.expr) -> bool:
     """Cheap, pure expressions that may be repeated: names, constants, ``v[i]``, ``v.x``."""
     if isinstance(node, (ast.Name, ast.Constant)):
         return True
@@ -74,18 +82,18 @@ def is_atomic(node):
     return False
 
 
-def _has_call(node, namespace=None):
+def _has_call(node: ast.AST, namespace: dict[str, Any] | None = None) -> bool:
     """Calls other than ``ti.static(...)`` may be impure (``ti.random()``) or costly."""
     return any(isinstance(n, ast.Call) and resolve(n.func, namespace or {}) is not ti.static
                for n in ast.walk(node))
 
 
-def _assign(target, value):
+def _assign(target: str | ast.expr, value: ast.expr) -> ast.Assign:
     target = ast.Name(target, ast.Store()) if isinstance(target, str) else store(target)
     return ast.Assign([target], value)
 
 
-def _name(identifier):
+def _name(identifier: str) -> ast.Name:
     return ast.Name(identifier, ast.Load())
 
 
@@ -95,7 +103,8 @@ class Transformer:
     decorator = "func"  # the generated function is a ``@ti.func`` ...
     returns: ast.expr | None = None  # ... without a return annotation (it returns a (primal, tangent) pair)
 
-    def __init__(self, parsed, active, jvp_of, width=1, through_vjp_rules=False):
+    def __init__(self, parsed: Parsed, active: Sequence[bool], jvp_of: Callable[..., Any], width: int = 1,
+                 through_vjp_rules: bool = False) -> None:
         self.parsed = parsed
         self.through_vjp_rules = through_vjp_rules  # NOTE: [Forward mode of a gradient's code] in emit.py
         self.width = width
@@ -104,17 +113,17 @@ class Transformer:
         self.active_params = [p for p, a in zip(self.params, active, strict=False) if a]
         self.locals = local_names(self.tree)
         self.assigned_once = _assigned_once(self.tree)
-        self.zero = set()  # variables assigned once, at the top level, with a zero tangent: no dx at all
+        self.zero: set[str] = set()  # variables assigned once, at the top level, with a zero tangent: no dx at all
         self.depth = 0
         self.active = active_variables(self.tree, self.active_params)
         self.namer = Namer(names_in(self.tree))
         self.jvp_of = jvp_of
-        self.helpers = {}
-        self.block = []
+        self.helpers: dict[str, Any] = {}
+        self.block: list[ast.stmt] = []
         self.taichi_name = taichi_name(self.namer, parsed.namespace)
 
     # --- errors --------------------------------------------------------------
-    def error(self, node, construct, hint=None, call=False):
+    def error(self, node: ast.AST, construct: str, hint: str | None = None, call: bool = False) -> TransformError:
         """A TransformError at ``node``; the default hint fits where it stands (kernel, @ti.func, helper)."""
         if hint is None:
             name = None if getattr(self.parsed.tree, "is_lambda", False) else self.parsed.tree.name
@@ -122,7 +131,7 @@ class Transformer:
         return TransformError(construct, self.parsed.filename, self.parsed.lineno(node), hint)
 
     # --- the function --------------------------------------------------------
-    def run(self):
+    def run(self) -> ast.FunctionDef:
         """The tangent ``FunctionDef``: primal params, then one tangent per active param."""
         args = self.tree.args
         if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
@@ -151,12 +160,14 @@ class Transformer:
                              self.block or [ast.Pass()], [decorator], self.returns)
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
-    def _callee_cost(self, stmt):
+    def _callee_cost(self, stmt: ast.stmt) -> int:
         """Lane cost of the tangent function (or custom rule) a call statement calls."""
-        fn = self.helpers[stmt.value.func.id]
-        return getattr(fn, "_tidiff_lane_cost", len(stmt.value.args))
+        call = stmt.value if isinstance(stmt, ast.Assign) else None
+        assert isinstance(call, ast.Call) and isinstance(call.func, ast.Name)  # as call_function writes it
+        fn = self.helpers[call.func.id]
+        return getattr(fn, "_tidiff_lane_cost", len(call.args))
 
-    def _check_fields(self):
+    def _check_fields(self) -> None:
         """Global fields and ndarrays are program state, not function inputs: refuse them."""
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Subscript) and not self._is_local(node.value):
@@ -166,16 +177,16 @@ class Transformer:
                     raise self.error(node, f"field access `{ast.unparse(node)}` inside {where}",
                                      "pass the values in as arguments, or wrap the function with td.custom_jvp")
 
-    def _is_local(self, node):
+    def _is_local(self, node: ast.expr) -> bool:
         while isinstance(node, (ast.Attribute, ast.Subscript)):
             node = node.value
         return not isinstance(node, ast.Name) or node.id in self.locals
 
     # --- statements ----------------------------------------------------------
-    def emit(self, stmt):
+    def emit(self, stmt: ast.stmt) -> None:
         self.block.append(stmt)
 
-    def nested(self, stmts):
+    def nested(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
         """Transform a block (a loop or branch body) into a fresh statement list."""
         outer, self.block = self.block, []
         self.depth += 1
@@ -185,13 +196,13 @@ class Transformer:
         inner, self.block = self.block or [ast.Pass()], outer
         return inner
 
-    def statement(self, node):
+    def statement(self, node: ast.stmt) -> None:
         handler = getattr(self, "stmt_" + type(node).__name__, None)
         if handler is None:
             raise self.error(node, f"a `{type(node).__name__}` statement")
         handler(node)
 
-    def stmt_Assign(self, node):
+    def stmt_Assign(self, node: ast.Assign) -> None:
         if not set(root_names(ast.Tuple(node.targets, ast.Store()))) & self.active:
             return self.emit(node)
         if len(node.targets) > 1:
@@ -202,13 +213,15 @@ class Transformer:
         target = node.targets[0]
         if isinstance(target, (ast.Tuple, ast.List)):
             return self.unpack(target, node.value)
-        callee = self._nested_callee(node.value) if isinstance(target, ast.Name) else None
-        if callee is not None:  # y = h(x): the call's results go straight into y, dy
-            return self.call_function(node.value, callee, custom=_custom_jvp(callee),
-                                      into=(target.id, self.namer.tangent(target.id)))
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Call):
+            callee = self._nested_callee(node.value)
+            if callee is not None:  # y = h(x): the call's results go straight into y, dy
+                self.call_function(node.value, callee, custom=_custom_jvp(callee),
+                                   into=(target.id, self.namer.tangent(target.id)))
+                return
         self.assign(target, *self.expr(node.value))
 
-    def assign(self, target, p, dp):
+    def assign(self, target: ast.expr, p: ast.expr, dp: ast.expr | None) -> None:
         """``target = p`` with its tangent, ordered so both read the old values."""
         root = root_names(target)[0]
         if root not in self.active:
@@ -227,7 +240,7 @@ class Transformer:
             self.emit(_assign(target, p))
             self.emit(_assign(dtarget, dp))
 
-    def unpack(self, targets, value):
+    def unpack(self, targets: ast.Tuple | ast.List, value: ast.expr) -> None:
         """``a, b = ...`` assigns one element at a time (Taichi cannot unpack nested tuples)."""
         if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(targets.elts):
             written = set(root_names(targets))
@@ -245,7 +258,7 @@ class Transformer:
                 dp = _name(dname)
             self.split(targets, p, dp)
 
-    def split(self, target, p, dp):
+    def split(self, target: ast.expr, p: ast.expr, dp: ast.expr | None) -> None:
         """Assign ``p`` (a tuple for a tuple target) by indexing, never nested unpacking."""
         if not isinstance(target, (ast.Tuple, ast.List)):
             return self.assign(target, p, dp)
@@ -253,7 +266,7 @@ class Transformer:
             self.split(elt, ast.Subscript(p, ast.Constant(i), ast.Load()),
                        None if dp is None else ast.Subscript(dp, ast.Constant(i), ast.Load()))
 
-    def stmt_AugAssign(self, node):
+    def stmt_AugAssign(self, node: ast.AugAssign) -> None:
         target = node.target
         root = root_names(target)[0]
         if root not in self.active:
@@ -271,7 +284,7 @@ class Transformer:
             self.emit(_assign(dtarget, zero_like(load(target)).node if dp is None else dp.node))
         self.emit(ast.AugAssign(store(target), node.op, value))
 
-    def stmt_AnnAssign(self, node):
+    def stmt_AnnAssign(self, node: ast.AnnAssign) -> None:
         root = root_names(node.target)[0]
         if node.value is None or root not in self.active:
             return self.emit(node)
@@ -284,10 +297,10 @@ class Transformer:
             )
         )
 
-    def stmt_If(self, node):
+    def stmt_If(self, node: ast.If) -> None:
         self.emit(ast.If(node.test, self.nested(node.body), self.nested(node.orelse) if node.orelse else []))
 
-    def stmt_For(self, node):
+    def stmt_For(self, node: ast.For) -> None:
         if self.is_active(node.iter) and not self._is_range(node.iter):
             raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
                              "loop over indices instead: for i in ti.static(range(n))")
@@ -295,7 +308,7 @@ class Transformer:
             ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else [])
         )
 
-    def _is_range(self, node):
+    def _is_range(self, node: ast.expr) -> bool:
         """``range(...)`` or ``ti.static(range(...))``: its integers carry no derivative, whatever they are
         computed from (``range(x.n)``)."""
         if isinstance(node, ast.Call) and len(node.args) == 1 and not self._is_local(node.func) \
@@ -304,16 +317,16 @@ class Transformer:
         return isinstance(node, ast.Call) and not self._is_local(node.func) \
             and resolve(node.func, self.parsed.namespace) is range
 
-    def stmt_While(self, node):
+    def stmt_While(self, node: ast.While) -> None:
         self.emit(ast.While(node.test, self.nested(node.body), []))
 
-    def stmt_Return(self, node):
+    def stmt_Return(self, node: ast.Return) -> None:
         if node.value is None:
             raise self.error(node, "a function without a return value")
         p, dp = self.output(node.value)
         self.emit(ast.Return(ast.Tuple([p, dp], ast.Load())))
 
-    def output(self, node):
+    def output(self, node: ast.expr) -> tuple[ast.expr, ast.expr]:
         """A returned value and its tangent, zeros spelled out, tuples kept as tuples."""
         if isinstance(node, ast.Tuple):
             parts = [self.output(e) for e in node.elts]
@@ -325,7 +338,7 @@ class Transformer:
             dp = zero_like(p).node
         return p, dp
 
-    def stmt_Expr(self, node):
+    def stmt_Expr(self, node: ast.Expr) -> None:
         value = node.value
         if isinstance(value, ast.Call) and self.is_active(value) and not self._is_local(value.func):
             callee = resolve(value.func, self.parsed.namespace)
@@ -336,11 +349,11 @@ class Transformer:
             ):
                 self.expr(value)  # atomic_max & co. have no rule: the usual error names them
         receiver = _fill_receiver(value)
-        if receiver is not None and root_names(receiver)[0] in self.active:
+        if receiver is not None and isinstance(value, ast.Call) and root_names(receiver)[0] in self.active:
             self.fill(value, receiver)
         self.emit(node)
 
-    def fill(self, node, receiver):
+    def fill(self, node: ast.Call, receiver: ast.expr) -> None:
         """``v.fill(e)`` writes every entry of ``v``: ``dv.fill(de)`` beside it (``dv.fill(0)`` for constant ``e``)."""
         if len(node.args) != 1 or node.keywords:
             raise self.error(node, f"the call `{ast.unparse(node)}`", "pass exactly one positional argument")
@@ -350,7 +363,7 @@ class Transformer:
         fill = ast.Attribute(dtarget, "fill", ast.Load())
         self.emit(ast.Expr(ast.Call(fill, [ast.Constant(0.0) if dvalue is None else dvalue], [])))
 
-    def atomic_sum(self, node):
+    def atomic_sum(self, node: ast.Call) -> None:
         """``ti.atomic_add(v[i], e)`` -> also ``ti.atomic_add(dv[i], de)`` (the same for atomic_sub)."""
         if len(node.args) != 2 or node.keywords:
             raise self.error(node, f"the call `{ast.unparse(node)}`", "pass exactly two positional arguments")
@@ -364,21 +377,21 @@ class Transformer:
             self.emit(ast.Expr(ast.Call(node.func, [dtarget, dp], [])))
         self.emit(ast.Expr(ast.Call(node.func, [target, p], [])))
 
-    def stmt_Pass(self, node):
+    def stmt_Pass(self, node: ast.stmt) -> None:
         self.emit(node)
 
     stmt_Break = stmt_Continue = stmt_Assert = stmt_Pass
 
     # --- expressions ---------------------------------------------------------
-    def is_active(self, node):
+    def is_active(self, node: ast.AST) -> bool:
         return bool(loaded_names(node) & self.active)
 
-    def atom(self, node):
+    def atom(self, node: ast.expr) -> Pair:
         """An expression as (primal, tangent) that are cheap to repeat, lifting if needed."""
         p, dp = self.expr(node)
         return self.lift(p, dp, hint=_hint(node))
 
-    def lift(self, p, dp, hint="t", force=False):
+    def lift(self, p: ast.expr, dp: ast.expr | None, hint: str = "t", force: bool = False) -> Pair:
         """Bind ``p`` (and ``dp``) to fresh temporaries unless already atomic."""
         if not force and (is_atomic(p) or isinstance(p, (ast.List, ast.Tuple))
                           or (dp is None and not _has_call(p, self.parsed.namespace))):
@@ -391,7 +404,7 @@ class Transformer:
         self.emit(_assign(dname, dp))
         return _name(name), _name(dname)
 
-    def expr(self, node: ast.expr) -> tuple[ast.expr, ast.expr | None]:
+    def expr(self, node: ast.expr) -> Pair:
         """(primal, tangent or None) for an expression, emitting lifted temporaries."""
         if not self.is_active(node):
             return node, None
@@ -400,27 +413,27 @@ class Transformer:
             raise self.error(node, f"the expression `{ast.unparse(node)}`")
         return handler(node)
 
-    def expr_Name(self, node):
+    def expr_Name(self, node: ast.Name) -> Pair:
         if node.id in self.zero:
             return node, None
         return node, _name(self.namer.tangent(node.id))
 
-    def expr_BinOp(self, node):
+    def expr_BinOp(self, node: ast.BinOp) -> Pair:
         (a, da), (b, db) = self.atom(node.left), self.atom(node.right)
         return self.apply(RULES[type(node.op)], ast.BinOp(a, node.op, b), None, [a, b], [da, db])
 
-    def expr_UnaryOp(self, node):
+    def expr_UnaryOp(self, node: ast.UnaryOp) -> Pair:
         if isinstance(node.op, (ast.Not, ast.Invert)):
             return node, None
         a, da = self.atom(node.operand)
         return self.apply(RULES[type(node.op)], ast.UnaryOp(node.op, a), None, [a], [da])
 
-    def expr_Compare(self, node):
+    def expr_Compare(self, node: ast.expr) -> Pair:
         return node, None
 
     expr_BoolOp = expr_Compare
 
-    def expr_IfExp(self, node):
+    def expr_IfExp(self, node: ast.IfExp) -> Pair:
         (a, da), (b, db) = self.atom(node.body), self.atom(node.orelse)
         p = ast.IfExp(node.test, a, b)
         if da is None and db is None:
@@ -429,12 +442,12 @@ class Transformer:
         db = zero_like(b).node if db is None else db
         return p, ast.IfExp(node.test, da, db)
 
-    def expr_Subscript(self, node):
+    def expr_Subscript(self, node: ast.Subscript) -> Pair:
         base, dbase = self.atom(node.value)
         p = ast.Subscript(base, node.slice, ast.Load())
         return p, None if dbase is None else ast.Subscript(dbase, node.slice, ast.Load())
 
-    def expr_Attribute(self, node):
+    def expr_Attribute(self, node: ast.Attribute) -> Pair:
         if not self._is_local(node):
             raise self.error(node, f"the attribute `{ast.unparse(node)}`")
         base, dbase = self.atom(node.value)
@@ -443,7 +456,7 @@ class Transformer:
             return p, None
         return p, ast.Attribute(dbase, node.attr, ast.Load())
 
-    def expr_Tuple(self, node):
+    def expr_Tuple(self, node: ast.Tuple | ast.List) -> Pair:
         parts = [self.atom(e) for e in node.elts]
         p = type(node)([p for p, _ in parts], ast.Load())
         if all(dp is None for _, dp in parts):
@@ -452,20 +465,22 @@ class Transformer:
 
     expr_List = expr_Tuple
 
-    def apply(self, rule, p, fn, args, tangents, keywords=(), static_args=()):
+    def apply(self, rule: Rule, p: ast.expr, fn: Sym | None, args: list[ast.expr], tangents: list[ast.expr | None],
+              keywords: Sequence[ast.keyword] = (), static_args: Sequence[Any] = ()) -> Pair:
         """Run a rule on atoms; returns (primal, tangent node or None)."""
         call = Call(fn, [Sym(a) for a in args], [None if t is None else Sym(t) for t in tangents],
-                    {k.arg: Sym(k.value) for k in keywords}, list(static_args))
-        dp = rule(call)
-        if dp is None:
+                    {k.arg: Sym(k.value) for k in keywords if k.arg is not None}, list(static_args))
+        tangent = rule(call)
+        if tangent is None:
             return p, None
-        p, dp = self._share_result(p, dp.node)
+        p, dp = self._share_result(p, tangent.node)
         return p, dp if self.width == 1 else self._hoist(dp)
 
-    def _share_result(self, p, dp):
+    def _share_result(self, p: ast.expr, dp: ast.expr) -> tuple[ast.expr, ast.expr]:
         """Bind a call's result once when its tangent repeats it (``tanh``, ``exp``, ``inverse``)."""
         if not isinstance(p, ast.Call):
             return p, dp
+        same: Callable[[ast.AST], bool]
         if self._is_local(p.func):  # a method: the rule spells it the same way
             key = ast.dump(p)
             same = lambda node: ast.dump(node) == key  # noqa: E731
@@ -484,15 +499,15 @@ class Transformer:
         self.emit(_assign(name, p))
         return _name(name), _Replace(same, name).visit(dp)
 
-    def _hoist(self, dp):
+    def _hoist(self, dp: ast.expr) -> ast.expr:
         """Bind the tangent-free parts of a tangent to primal temporaries (``1 - tanh_x ** 2``).
 
         They are then computed once, not once per tangent lane (``lanes.py``).
         """
         tangents = set(self.namer.tangents.values())
-        hoisted = {}
+        hoisted: dict[str, str] = {}  # ast.dump of a part -> the temporary holding it
 
-        def visit(node):
+        def visit(node: ast.expr) -> ast.expr:
             if isinstance(node, ast.Call):
                 if resolve(node.func, self.parsed.namespace) is ti.static:
                     return node
@@ -519,7 +534,7 @@ class Transformer:
         return visit(dp)
 
     # --- calls ---------------------------------------------------------------
-    def expr_Call(self, node):
+    def expr_Call(self, node: ast.Call) -> Pair:
         func = node.func
         made = self._made_callee(func)
         if made is not MISSING:  # td.grad(E)(x): a tidiff Function made at the call site
@@ -568,31 +583,31 @@ class Transformer:
             raise self.error(node, f"a call to Taichi op `{ast.unparse(func)}` ({why})", call=True)
         raise self.error(node, f"a call to `{ast.unparse(func)}`: {refusal(callee)}", call=True)
 
-    def bind_value(self, value):
+    def bind_value(self, value: object) -> str:
         """The name generated code reads a Python value by (a partial's bound value, a default)."""
         return self.parsed.name_for(value, self.namer, hint_name(value))
 
-    def _expand_partial(self, node, partial):
+    def _expand_partial(self, node: ast.Call, partial: functools.partial[Any]) -> ast.Call:
         """``p(x)`` -> ``h(2.0, x)`` for ``p = functools.partial(h, 2.0)`` (NOTE: [Python helpers])."""
         if any(k.arg is None for k in node.keywords):
             raise self.error(node, "a call with **kwargs", "pass the keyword arguments one by one")
         return expand_partial(node, partial, self.bind_value)
 
-    def _static(self, node):
+    def _static(self, node: ast.expr) -> Any:
         """The compile-time value of a global argument (a dtype), or None."""
         if self._is_local(node) or not isinstance(node, (ast.Name, ast.Attribute)):
             return None
         value = resolve(node, self.parsed.namespace)
         return None if value is MISSING else value
 
-    def _pairwise(self, node):
+    def _pairwise(self, node: ast.Call) -> ast.Call:
         """``min(a, b, c)`` -> ``min(min(a, b), c)``: rules are binary."""
-        folded = node.args[0]
-        for arg in node.args[1:]:
+        folded = ast.Call(node.func, node.args[:2], [])
+        for arg in node.args[2:]:
             folded = ast.Call(node.func, [folded, arg], [])
         return folded
 
-    def call_method(self, node):
+    def call_method(self, node: ast.Call) -> Pair:
         func = node.func
         if not isinstance(func, ast.Attribute):
             raise self.error(node, f"a call to local value `{ast.unparse(func)}`",
@@ -609,7 +624,7 @@ class Transformer:
                           [receiver] + args, [dreceiver] + [dp for _, dp in parts], node.keywords,
                           [None] + [self._static(a) for a in args])
 
-    def _nested_callee(self, node):
+    def _nested_callee(self, node: ast.expr) -> Any:
         """The @ti.func, helper or tidiff Function a call goes to when it will be transformed recursively, else None."""
         if not isinstance(node, ast.Call):
             return None
@@ -625,13 +640,14 @@ class Transformer:
             return callee
         return None
 
-    def _made_callee(self, func):
+    def _made_callee(self, func: ast.expr) -> Any:
         """A callee made by a call of module-level objects (``td.grad(E, argnums=1)``) that the
         transforms call through, or MISSING."""
         made = static_call(func, self.parsed.namespace, self.locals)
         return made if callable_rule(made) is not None else MISSING
 
-    def call_function(self, node, callee, custom=None, into=None):
+    def call_function(self, node: ast.Call, callee: Any, custom: Any = None,
+                      into: tuple[str, str] | None = None) -> Pair:
         """``y, dy = h_jvp(x, dx)``: call the tangent function of a @ti.func (or a custom rule)."""
         arg_nodes = self._positional(node, callee)
         # an inactive argument is passed as written: it is read once, and a helper may need it as
@@ -661,7 +677,7 @@ class Transformer:
         self.emit(stmt)
         return _name(into[0]), _name(into[1])
 
-    def _positional(self, node, callee):
+    def _positional(self, node: ast.Call, callee: Any) -> list[ast.expr]:
         if any(isinstance(a, ast.Starred) for a in node.args):
             raise self.error(node, "a call with *args", "pass the arguments one by one")
         if callable_rule(callee) is not None:
@@ -676,7 +692,7 @@ class Transformer:
                              "pass the arguments the callee takes") from None
 
 
-def _custom_jvp(callee):
+def _custom_jvp(callee: object) -> Any:
     """The jvp rule of a td.custom_jvp (or custom_vjp with defjvp) callee, or None.
 
     NOTE: [Custom rules wherever called] Every call of such a callee calls its
@@ -687,7 +703,7 @@ def _custom_jvp(callee):
     return CUSTOM_JVPS.get(callee) if hashable(callee) else None
 
 
-def callable_positional(node, callee, error):
+def callable_positional(node: ast.Call, callee: Any, error: Callable[[ast.AST, str, str], Exception]) -> list[ast.expr]:
     """A call's arguments in parameter order for a tidiff Function callee (keywords by its parameter names)."""
     if not node.keywords:
         return list(node.args)
@@ -697,7 +713,7 @@ def callable_positional(node, callee, error):
         raise error(node, f"the call `{ast.unparse(node)}`", str(e)) from None
 
 
-def _callee_hint(func, callee):
+def _callee_hint(func: ast.expr, callee: object) -> str:
     """A readable name hint for a callee: ``h`` for ``m.h``, ``sin`` for ``OPS["sin"]``, the Function's
     name for ``td.grad(E)``."""
     if isinstance(func, (ast.Name, ast.Attribute, ast.Subscript)):
@@ -706,14 +722,15 @@ def _callee_hint(func, callee):
     return "_".join(p for p in name.split("_") if p) or "f"
 
 
-def _assigned_once(tree):
+def _assigned_once(tree: ast.FunctionDef) -> set[str]:
     """Variables written by exactly one statement (and no loop header) of a function."""
     counts: dict[str, int] = {}
+    targets: list[str]
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             targets = [n for t in node.targets for n in root_names(t)]
-        elif isinstance(node, ast.Expr) and _fill_receiver(node.value) is not None:
-            targets = root_names(_fill_receiver(node.value))
+        elif isinstance(node, ast.Expr) and (receiver := _fill_receiver(node.value)) is not None:
+            targets = root_names(receiver)
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)):
             targets = root_names(node.target)
         elif isinstance(node, ast.arg):
@@ -725,7 +742,7 @@ def _assigned_once(tree):
     return {name for name, n in counts.items() if n == 1}
 
 
-def _fill_receiver(node):
+def _fill_receiver(node: ast.expr) -> ast.expr | None:
     """``v`` of ``v.fill(e)``, a call that writes every entry of ``v`` (Taichi's only mutating method), else None."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fill" \
             and root_names(node.func.value):
@@ -733,7 +750,7 @@ def _fill_receiver(node):
     return None
 
 
-def _hint(node):
+def _hint(node: ast.expr) -> str:
     """A readable temporary name for an expression: ``sin_y``, ``mul``, ``dot``."""
     if isinstance(node, ast.Call):
         func = node.func
@@ -755,10 +772,10 @@ def _hint(node):
 class _Replace(ast.NodeTransformer):
     """Replace every subtree ``same(node)`` accepts by the variable ``name``."""
 
-    def __init__(self, same, name):
+    def __init__(self, same: Callable[[ast.AST], bool], name: str) -> None:
         self.same, self.name = same, name
 
-    def visit(self, node):
+    def visit(self, node: ast.AST) -> Any:
         if isinstance(node, ast.expr) and self.same(node):
             return _name(self.name)
         return super().visit(node)
