@@ -157,3 +157,52 @@ def test_reverse_over_reverse_through_max():
 
     want = torch.autograd.functional.hessian(twin, torch.tensor(x)).numpy()
     np.testing.assert_allclose(td.jacrev(td.grad(energy_times_max))(x), want, rtol=1e-10, atol=1e-12)
+
+
+@ti.func
+def counter_shadows(x: ti.f64) -> ti.f64:
+    i = x * 2.0
+    y = x
+    for i in ti.static(range(3)):  # noqa: B007 -- Taichi scopes the counter to the loop: after it, i is 2x
+        y = y * x
+    return y + i  # x^4 + 2x
+
+
+@ti.func
+def counter_shadows_inside(x: ti.f64) -> ti.f64:
+    i = x * 2.0
+    y = x
+    for i in ti.static(range(2)):  # inside, i is the counter 0, 1: no derivative
+        y = y * x + i
+    return y * i  # (x^3 + 1) * 2x
+
+
+@td.custom_vjp
+@ti.func
+def only_reverse(x: ti.f64) -> ti.f64:
+    return x
+
+
+@only_reverse.defvjp
+@ti.func
+def only_reverse_bwd(x, ct):
+    return (ct,)
+
+
+@ti.func
+def counter_shadows_reversed(x: ti.f64) -> ti.f64:
+    return counter_shadows(only_reverse(x))  # forward mode impossible: the reverse transform takes it
+
+
+def test_a_static_counter_shadowing_a_variable():
+    """Found while typing the transforms: a variable reused as a ti.static loop's counter was taken for the
+    counter after the loop too (Python's scoping, not Taichi's), and its derivative dropped: jacfwd and
+    jacrev gave 0.5 for d(x^4 + 2x) at 0.5, central differences 2.5."""
+    x = np.array([0.5, -1.25, 2.0])
+    for f, d1, d2 in ((counter_shadows, 4 * x**3 + 2, 12 * x**2),
+                      (counter_shadows_inside, 8 * x**3 + 2, 24 * x**2),
+                      (counter_shadows_reversed, 4 * x**3 + 2, 12 * x**2)):
+        for transform in (td.grad, td.jacfwd, td.jacrev) if f is not counter_shadows_reversed else (td.grad,):
+            np.testing.assert_allclose(transform(f)(x), d1, rtol=1e-13)
+        np.testing.assert_allclose(td.vjp(f, x)[1](np.ones(3))[0], d1, rtol=1e-13)
+        np.testing.assert_allclose(td.hessian(f)(x), d2, rtol=1e-13)

@@ -524,8 +524,20 @@ def counter_reused(x):
     return y
 
 
-def test_a_variable_assigned_then_an_unrolled_counter_inside_a_branch_is_refused():
-    assert "`i` used as the counter of an unrolled loop" in why_not(counter_reused, (True,))
+@ti.func
+def counter_reused_r(x: vec2) -> ti.f64:
+    y = reverse_only2(x)
+    return counter_reused(y[0]) + y[1]
+
+
+def test_a_variable_assigned_then_an_unrolled_counter_inside_a_branch_is_reversed():
+    """Taichi scopes a static loop's counter to the loop (the outer `i` is itself again after it): the reverse
+    transform restores it after the unrolled copies, so this is reversed, and right on both sides of the
+    branch: 3x^5 + 0.1x + 0.2 for x > 0 (derivative 15x^4 + 0.1), x otherwise."""
+    assert why_not(counter_reused, (True,)) is None
+    x = np.array([[0.5, 2.0], [-0.7, 1.0], [1.3, -0.5]])
+    want = np.stack([np.where(x[:, 0] > 0, 15 * x[:, 0] ** 4 + 0.1, 1.0), np.ones(3)], axis=-1)
+    np.testing.assert_allclose(td.grad(counter_reused_r)(x), want, rtol=1e-13)
 
 
 def test_a_loop_without_derivatives_keeps_no_tape(monkeypatch):

@@ -233,10 +233,15 @@ class Reverser(ControlFlow):
         if not isinstance(node.target, ast.Name) or node.orelse:
             raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` with this target or an else")
         if values is not None:
+            outer = self.env.get(node.target.id)  # Taichi scopes the counter to the loop: restored after it
             for value in values:
                 self.env[node.target.id] = ast.Constant(value)
                 for stmt in node.body:
                     self.statement(stmt)
+            if outer is None:
+                self.env.pop(node.target.id, None)
+            else:
+                self.env[node.target.id] = outer
             return
         bounds = self.runtime_range(node.iter)
         if bounds is None:

@@ -51,9 +51,13 @@ def local_names(tree: ast.FunctionDef) -> set[str]:
 def active_variables(tree: ast.FunctionDef, active_params: Iterable[str]) -> set[str]:
     """Variables that depend on an active parameter through assignments (to a fixpoint).
 
-    Loop counters never do: ``for`` in Taichi runs over ranges of integers.
+    Loop counters never do (``for`` in Taichi runs over ranges of integers),
+    but a name may be both: Taichi scopes a ``ti.static`` loop's counter to
+    the loop, so ``i = 2 * x`` before ``for i in ti.static(range(3))`` is
+    still ``2 * x`` after it. Such a name is active here; the transformer
+    treats it as the counter, without tangent, inside the loop only.
     """
-    writes, loop_vars = assignments(tree.body)
+    writes, _ = assignments(tree.body)
     active = set(active_params)
     changed = True
     while changed:
@@ -61,7 +65,7 @@ def active_variables(tree: ast.FunctionDef, active_params: Iterable[str]) -> set
         for names, value in writes:
             if loaded_names(value) & active:
                 for name in names:
-                    if name not in active and name not in loop_vars:
+                    if name not in active:
                         active.add(name)
                         changed = True
     return active

@@ -304,9 +304,13 @@ class Transformer:
         if self.is_active(node.iter) and not self._is_range(node.iter):
             raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
                              "loop over indices instead: for i in ti.static(range(n))")
-        self.emit(
-            ast.For(node.target, node.iter, self.nested(node.body), self.nested(node.orelse) if node.orelse else [])
-        )
+        # the counter shadows a variable of that name inside the loop only (Taichi scopes a static loop's
+        # counter): inside it carries no tangent, after it the variable is itself again
+        shadowed = set(root_names(node.target)) & self.active
+        self.active -= shadowed
+        body = self.nested(node.body)
+        self.active |= shadowed
+        self.emit(ast.For(node.target, node.iter, body, self.nested(node.orelse) if node.orelse else []))
 
     def _is_range(self, node: ast.expr) -> bool:
         """``range(...)`` or ``ti.static(range(...))``: its integers carry no derivative, whatever they are
