@@ -93,7 +93,13 @@ class Case:
 
     @contextlib.contextmanager
     def checking(self, call: str):
-        """Run a check; a failure (mismatch or exception) gets the reproduction attached."""
+        """Run a check; a failure (mismatch or exception) gets the reproduction attached. In a long run the
+        reproduction of the check under way is kept in a file (``CURRENT_ENV``): a chunk killed for its time
+        limit (a compile that does not end) reports it."""
+        current = os.environ.get(CURRENT_ENV)
+        if current:
+            with open(current, "w") as f:
+                f.write(self.report(call))
         try:
             yield
         except Exception as e:
@@ -102,6 +108,7 @@ class Case:
 
 
 PITFALL_LOG_ENV = "TIDIFF_CONFORMANCE_PITFALL_LOG"
+CURRENT_ENV = "TIDIFF_CONFORMANCE_CURRENT"
 
 
 class TaichiPitfallWarning(UserWarning):

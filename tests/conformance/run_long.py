@@ -11,7 +11,10 @@ tests; drawn ones with ``--no-shrink``) are appended to
 ``checks.py``: rejected, not failures) to ``conformance-failures.log.pitfalls``.
 The count of programs checked is hypothesis's own (its passing test cases),
 so a chunk cut short by a failure, or examples rejected as untame, are not
-counted; the summary gives it and the rate.
+counted; the summary gives it and the rate. A chunk still running after
+``--chunk-minutes`` is killed and logged with the check it was in (the
+reproduction each check writes to a file while it runs): a compile that does
+not end is a finding too.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CURRENT_ENV = "TIDIFF_CONFORMANCE_CURRENT"  # cases.CURRENT_ENV (this script runs without the package)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
@@ -37,11 +41,13 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="chunks run at once (one core each: Taichi compiles "
                     "on one thread, so the rate grows with the free cores)")
     ap.add_argument("--log", default=os.path.join(ROOT, "conformance-failures.log"))
+    ap.add_argument("--chunk-minutes", type=float, default=15.0, help="a chunk still running after this long is "
+                    "killed and reported with the check it was in (a compile that does not end is a finding too)")
     ap.add_argument("--no-shrink", action="store_true", help="report failures as drawn (shrinking compiles many "
                     "programs: minutes per failure)")
     args = ap.parse_args()
     start = time.time()
-    tally = {"asked": 0, "checked": 0, "chunks": 0, "failed": 0}
+    tally = {"asked": 0, "checked": 0, "chunks": 0, "failed": 0, "timed out": 0}
     lock = threading.Lock()
 
     def run_chunk(k: int) -> None:
@@ -53,9 +59,28 @@ def main() -> int:
         if args.no_shrink:
             env["TIDIFF_CONFORMANCE_NO_SHRINK"] = "1"
         seed = args.seed + k // args.chunk
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              "--hypothesis-show-statistics", f"--hypothesis-seed={seed}", os.path.join(HERE)],
-                             capture_output=True, text=True, env=env, cwd=ROOT)
+        current = f"{args.log}.current-{seed}"
+        env[CURRENT_ENV] = current
+        try:
+            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                  "--hypothesis-show-statistics", f"--hypothesis-seed={seed}", os.path.join(HERE)],
+                                 capture_output=True, text=True, env=env, cwd=ROOT, timeout=60 * args.chunk_minutes)
+        except subprocess.TimeoutExpired:
+            with lock:
+                tally["asked"] += n
+                tally["chunks"] += 1
+                tally["timed out"] += 1
+                with open(current) if os.path.exists(current) else open(os.devnull) as f:
+                    under_way = f.read()
+                with open(args.log, "a") as log:
+                    log.write(f"=== chunk seed {seed} killed after {args.chunk_minutes} min, in this check:\n"
+                              f"{under_way}\n")
+                print(f"seed {seed}: killed after {args.chunk_minutes} min (the check under way is in {args.log})",
+                      flush=True)
+            return
+        finally:
+            if os.path.exists(current):
+                os.remove(current)
         passing = sum(int(p) for p in re.findall(r"(\d+) passing", run.stdout))
         with lock:
             tally["asked"] += n
@@ -76,6 +101,7 @@ def main() -> int:
     print(f"{tally['checked']} programs checked ({tally['asked']} asked) in {tally['chunks']} chunks, "
           f"{tally['failed']} failing; {minutes:.1f} min, {tally['checked'] / max(minutes, 1e-9):.1f} per minute"
           + (f"; failures in {args.log}" if tally["failed"] else "")
+          + (f"; {tally['timed out']} chunks killed at the time limit (in {args.log})" if tally["timed out"] else "")
           + (f"; {pitfalls} Taichi pitfalls (rejected) in {args.log}.pitfalls" if pitfalls else ""))
     return 1 if tally["failed"] else 0
 
