@@ -64,6 +64,25 @@ def ti_sync():
     ti.sync()
 
 
+def median_seconds(call, repeats):
+    """The median wall time of ``repeats`` calls of ``call`` (the caller warms up first if it must)."""
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def first_and_warm(call, repeats):
+    """``(first, warm, result)``: the first call's seconds (compiling included), the median of ``repeats``
+    later calls, and the first call's result. For the benchmarks that time one contender per process."""
+    t0 = time.perf_counter()
+    result = call()
+    first = time.perf_counter() - t0
+    return first, median_seconds(call, repeats), result
+
+
 class Case:
     """One contender in a workload.
 

@@ -27,9 +27,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+from common import first_and_warm  # bench/ is the script's own folder: on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 B = 1000
@@ -91,15 +91,8 @@ def _jax(workload: str, n: int) -> tuple[float, float, np.ndarray]:
 
 
 def _first_and_warm(call) -> tuple[float, float, np.ndarray]:
-    t0 = time.perf_counter()
-    result = call()
-    first = time.perf_counter() - t0
-    warm = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        call()
-        warm.append(time.perf_counter() - t0)
-    return first, float(np.median(warm)), np.asarray(result)
+    first, warm, result = first_and_warm(call, 5)
+    return first, warm, np.asarray(result)
 
 
 def _inputs(workload: str, n: int) -> list[np.ndarray]:

@@ -24,9 +24,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+from common import first_and_warm  # bench/ is the script's own folder: on sys.path
 
 B = 1000
 SOURCE = '''
@@ -94,15 +94,8 @@ def child(peer: str, n: int) -> dict:
         m = np.full(B, n, dtype=np.int32)
         call = lambda: td.grad(f)(x, m)  # noqa: E731
         how = "reverse" if "f_vjp(" in td.source(td.grad(f), x, m) else "forward pushes"
-    t0 = time.perf_counter()
-    result = call()
-    first = time.perf_counter() - t0
-    warm = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        call()
-        warm.append(time.perf_counter() - t0)
-    return {"first": first, "warm": float(np.median(warm)), "how": how,
+    first, warm, result = first_and_warm(call, 7)
+    return {"first": first, "warm": warm, "how": how,
             "checksum": float(np.sum(result * np.cos(np.arange(result.size).reshape(result.shape))))}
 
 

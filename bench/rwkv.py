@@ -15,7 +15,6 @@ import argparse
 import os
 import pathlib
 import runpy
-import statistics
 import sys
 import time
 
@@ -23,6 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch's idle threads othe
 
 import taichi as ti  # noqa: E402
 import torch  # noqa: E402
+from common import median_seconds  # noqa: E402  (bench/common.py: bench/ is on sys.path as the script's folder)
 
 import tidiff as td  # noqa: E402
 
@@ -38,12 +38,7 @@ def fwd_bwd(op, k, w, cot):
 
 
 def median_ms(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return median_seconds(fn, repeats) * 1e3
 
 
 def main(argv=None):

@@ -21,13 +21,12 @@ import json
 import os
 import pathlib
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+from common import first_and_warm  # bench/ is the script's own folder: on sys.path
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONTENDERS = ["tape", "program", "scan", "scan K=T"]
@@ -70,17 +69,10 @@ def run_one(contender, steps, masses, out):
             return (value, *grads)
 
         t_bytes = 8 * sim.schedule.slots * masses * 2 * 2
-    start = time.perf_counter()
-    result = call()
-    first = time.perf_counter() - start
-    warm = []
-    for _ in range(3):
-        start = time.perf_counter()
-        call()
-        warm.append(time.perf_counter() - start)
+    first, warm, result = first_and_warm(call, 3)
     np.savez(out, *[np.asarray(r) for r in result])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"first": first, "warm": statistics.median(warm), "t_bytes": t_bytes, "rss_mb": rss}))
+    print(json.dumps({"first": first, "warm": warm, "t_bytes": t_bytes, "rss_mb": rss}))
 
 
 def main():

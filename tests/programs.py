@@ -3,6 +3,48 @@ import numpy as np
 import taichi as ti
 import torch
 
+# the API.md 1b example: a kernel over module-global fields, += accumulation
+x = ti.field(ti.f64, shape=16)
+w = ti.field(ti.f64, shape=())
+loss = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def energy():
+    for i in x:
+        loss[None] += w[None] * x[i] ** 2
+
+
+# the first kernel of two-kernel programs: state (u, v) -> intermediate field mid
+u = ti.field(ti.f64, shape=4)
+v = ti.Vector.field(2, ti.f64, shape=4)
+mid = ti.Vector.field(2, ti.f64, shape=4)
+out = ti.field(ti.f64, shape=4)
+
+
+@ti.kernel
+def stage_one():
+    for i in u:
+        mid[i] = ti.Vector([ti.sin(u[i]) * v[i][0], u[i] * v[i][1]])
+
+
+@ti.kernel
+def stage_two():
+    for i in mid:
+        out[i] += mid[i].norm_sqr() + ti.exp(mid[i][0])
+
+
+def two_stages():
+    stage_one()
+    stage_two()
+
+
+def torch_two_stages(u_, v_):
+    """``out`` of two_stages in torch."""
+    m = torch.stack([torch.sin(u_) * v_[:, 0], u_ * v_[:, 1]], dim=1)
+    return (m * m).sum(1) + torch.exp(m[:, 0])
+
+
 # a multi-step simulation: double buffers through a template kernel, a Python helper
 M = 5
 s0, s1, s2, s3 = (ti.field(ti.f64, shape=M) for _ in range(4))

@@ -26,73 +26,15 @@ import pytest
 import taichi as ti
 import torch
 from conformance.render_taichi import compile_text
+from custom_functions import energy, energy_twin, softsign, softsign_twin, squash, squash_twin, swirl, swirl_twin
 
 import tidiff as td
 
 F64 = torch.float64
-vec2, vec3, mat2 = ti.types.vector(2, ti.f64), ti.types.vector(3, ti.f64), ti.types.matrix(2, 2, ti.f64)
+vec2, vec3 = ti.types.vector(2, ti.f64), ti.types.vector(3, ti.f64)
 
 
-# -- the custom functions (rules correct, but by another formula than the primal's derivative) ------
-@td.custom_jvp
-@ti.func
-def softsign(x: ti.f64) -> ti.f64:
-    return x / ti.sqrt(1.0 + x * x)
-
-
-@softsign.defjvp
-@ti.func
-def _softsign_jvp(x, dx):
-    r = 1.0 / (1.0 + x * x)
-    return x * ti.sqrt(r), dx * r * ti.sqrt(r)
-
-
-@td.custom_jvp
-@ti.func
-def swirl(v: vec3, s: ti.f64) -> vec3:
-    return v * ti.sin(s) + ti.tanh(v)
-
-
-@swirl.defjvp
-@ti.func
-def _swirl_jvp(v, s, dv, ds):
-    t = ti.tanh(v)
-    return v * ti.sin(s) + t, dv * ti.sin(s) + v * (ti.cos(s) * ds) + (1.0 - t * t) * dv
-
-
-@td.custom_vjp
-@ti.func
-def squash(m: mat2, v: vec2) -> vec2:
-    return ti.tanh(m @ v)
-
-
-@squash.defvjp
-@ti.func
-def _squash_bwd(m, v, ct):
-    y = ti.tanh(m @ v)
-    g = ct * (1.0 - y * y)
-    return g.outer_product(v), m.transpose() @ g
-
-
-@squash.defjvp
-@ti.func
-def _squash_jvp(m, v, dm, dv):
-    y = ti.tanh(m @ v)
-    return y, (1.0 - y * y) * (dm @ v + m @ dv)
-
-
-@td.custom_vjp
-@ti.func
-def energy(x: vec2, k: ti.f64) -> ti.f64:
-    return 0.5 * k * x.norm_sqr() + ti.sin(x[0])
-
-
-@energy.defvjp
-@ti.func
-def _energy_bwd(x, k, ct):
-    return ct * (k * x + vec2(ti.cos(x[0]), 0.0)), ct * 0.5 * x.dot(x)
-
-
+# -- the custom functions: softsign, swirl, squash, energy (custom_functions) and marked, marked3 here -----
 @td.custom_jvp
 @ti.func
 def marked(x: ti.f64) -> ti.f64:
@@ -139,10 +81,10 @@ def _squash_matrix(s):
 
 
 TWINS = {
-    "softsign": lambda x: x / torch.sqrt(1.0 + x * x),
-    "swirl": lambda v, s: v * torch.sin(s) + torch.tanh(v),
-    "squash": lambda m, v: torch.tanh(m @ v),
-    "energy": lambda x, k: 0.5 * k * (x * x).sum() + torch.sin(x[0]),
+    "softsign": softsign_twin,
+    "swirl": swirl_twin,
+    "squash": squash_twin,
+    "energy": energy_twin,
     "marked": _MarkedTwin.apply,
     "marked3": _MarkedTwin.apply,
     "_squash_matrix": _squash_matrix,

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import taichi as ti
 import torch
+from programs import mid, out, stage_one, u, v  # stage_one: u, v -> mid
+from programs import torch_two_stages as torch_out
 
 import tidiff as td
 from tidiff._composed import cotangent_map_of as vjp_function
@@ -145,21 +147,11 @@ def test_vector_and_matrix_fields_full_hessian():
 
 
 # --- a Python program: two kernels through an intermediate field, vector output -----------------
-u = ti.field(ti.f64, shape=4)
-v = ti.Vector.field(2, ti.f64, shape=4)
-mid = ti.Vector.field(2, ti.f64, shape=4)
-out = ti.field(ti.f64, shape=4)
 total = ti.field(ti.f64, shape=())
 
 
 @ti.kernel
-def stage_one():
-    for i in u:
-        mid[i] = ti.Vector([ti.sin(u[i]) * v[i][0], u[i] * v[i][1]])
-
-
-@ti.kernel
-def stage_two():
+def stage_two_with_total():  # tests/programs.py's stage_two, and a scalar output reading what it wrote
     for i in mid:
         out[i] += mid[i].norm_sqr() + ti.exp(mid[i][0])
         total[None] += out[i] * u[(i + 1) % 4]
@@ -167,17 +159,12 @@ def stage_two():
 
 def step():
     stage_one()
-    stage_two()
+    stage_two_with_total()
 
 
 S = td.function(step, inputs=[u, v], outputs=[out, total])
 U0 = np.linspace(0.3, -0.6, 4)
 V0 = np.random.default_rng(3).standard_normal((4, 2))
-
-
-def torch_out(u_, v_):
-    m = torch.stack([torch.sin(u_) * v_[:, 0], u_ * v_[:, 1]], dim=1)
-    return (m * m).sum(1) + torch.exp(m[:, 0])
 
 
 def torch_total(u_, v_):

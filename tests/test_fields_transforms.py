@@ -1,21 +1,10 @@
 """Kernels over fields through the public API (API.md 1b): transforms, Tape-like replay, errors."""
 import numpy as np
 import pytest
-import taichi as ti
 import torch
+from programs import energy, loss, out, torch_two_stages, two_stages, u, v, w, x  # 1b example, two-kernel step
 
 import tidiff as td
-
-x = ti.field(ti.f64, shape=16)
-w = ti.field(ti.f64, shape=())
-loss = ti.field(ti.f64, shape=())
-
-
-@ti.kernel
-def energy():
-    for i in x:
-        loss[None] += w[None] * x[i] ** 2
-
 
 E = td.function(energy, inputs=[x, w], outputs=[loss])
 
@@ -33,6 +22,7 @@ def test_contract_example():
 
 def test_user_fields_untouched_and_no_needs_grad_required():
     x.fill(7.0)
+    loss.fill(0.0)  # tests/programs.py's field: other test files leave values in it
     E(np.ones(16), 2.0)
     td.grad(E)(np.ones(16), 2.0)
     np.testing.assert_array_equal(x.to_numpy(), np.full(16, 7.0))
@@ -40,35 +30,7 @@ def test_user_fields_untouched_and_no_needs_grad_required():
 
 
 # a two-kernel step: state -> intermediate -> output, replayed in reverse as ti.ad.Tape does
-u = ti.field(ti.f64, shape=4)
-v = ti.Vector.field(2, ti.f64, shape=4)
-mid = ti.Vector.field(2, ti.f64, shape=4)
-out = ti.field(ti.f64, shape=4)
-
-
-@ti.kernel
-def stage_one():
-    for i in u:
-        mid[i] = ti.Vector([ti.sin(u[i]) * v[i][0], u[i] * v[i][1]])
-
-
-@ti.kernel
-def stage_two():
-    for i in mid:
-        out[i] += mid[i].norm_sqr() + ti.exp(mid[i][0])
-
-
-def step():
-    stage_one()
-    stage_two()
-
-
-S = td.function(step, inputs=[u, v], outputs=[out])
-
-
-def torch_step(u_, v_):
-    m = torch.stack([torch.sin(u_) * v_[:, 0], u_ * v_[:, 1]], dim=1)
-    return (m * m).sum(1) + torch.exp(m[:, 0])
+S = td.function(two_stages, inputs=[u, v], outputs=[out])
 
 
 def test_multi_kernel_program_against_torch():
@@ -76,7 +38,7 @@ def test_multi_kernel_program_against_torch():
     u0, v0 = rng.standard_normal(4), rng.standard_normal((4, 2))
     for mode in (td.jacfwd, td.jacrev, td.jacobian):
         ju, jv = mode(S, argnums=(0, 1))(u0, v0)
-        eu, ev = torch.autograd.functional.jacobian(torch_step, (torch.tensor(u0), torch.tensor(v0)))
+        eu, ev = torch.autograd.functional.jacobian(torch_two_stages, (torch.tensor(u0), torch.tensor(v0)))
         np.testing.assert_allclose(ju, eu.numpy(), rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(jv, ev.numpy(), rtol=1e-10, atol=1e-12)
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import taichi as ti
 import torch
+from custom_functions import swirl, swirl_twin  # a td.custom_jvp function
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -411,24 +412,11 @@ def _softplus_jvp(x, dx):
     return ti.log(1.0 + ti.exp(x)), dx / (1.0 + ti.exp(-x))
 
 
-@td.custom_jvp
-@ti.func
-def twist(v: vec3, s: ti.f64) -> vec3:
-    return v * ti.sin(s) + ti.tanh(v)
-
-
-@twist.defjvp
-@ti.func
-def _twist_jvp(v, s, dv, ds):
-    t = ti.tanh(v)
-    return v * ti.sin(s) + t, dv * ti.sin(s) + v * (ti.cos(s) * ds) + (1.0 - t * t) * dv
-
-
 @ti.func
 def calls_rules(x: vec3, n: ti.i32) -> ti.f64:
-    w = twist(x, x[0])
+    w = swirl(x, x[0])
     for i in range(n):
-        w = twist(w, softplus(w[i % 3]))
+        w = swirl(w, softplus(w[i % 3]))
     return softplus(w.sum()) + w.norm_sqr()
 
 
@@ -438,10 +426,9 @@ def calls_rules_r(x: vec3, n: ti.i32) -> ti.f64:
 
 
 def calls_rules_twin(x, n):
-    twist_t = lambda v, s: v * torch.sin(s) + torch.tanh(v)  # noqa: E731
-    w = twist_t(x, x[0])
+    w = swirl_twin(x, x[0])
     for i in range(n):
-        w = twist_t(w, torch.nn.functional.softplus(w[i % 3]))
+        w = swirl_twin(w, torch.nn.functional.softplus(w[i % 3]))
     return torch.nn.functional.softplus(w.sum()) + (w * w).sum(), []
 
 
@@ -452,7 +439,7 @@ def test_custom_jvp_calls_are_reversed_through_their_rules(seed):
     n = np.array([0, 1, 4], dtype=np.int32)
     assert why_not(calls_rules, (True, False)) is None
     source = td.source(td.grad(calls_rules_r), x, n)
-    assert "twist_linear_vjp(" in source and "softplus_linear_vjp(" in source
+    assert "swirl_linear_vjp(" in source and "softplus_linear_vjp(" in source
     got = td.grad(calls_rules_r)(x, n)
     np.testing.assert_allclose(td.grad(calls_rules)(x, n), got, rtol=1e-12, atol=1e-13)
     H = td.hessian(calls_rules)(x, n)

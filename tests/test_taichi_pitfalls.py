@@ -8,6 +8,20 @@ import numpy as np
 import taichi as ti
 
 M22 = ti.types.matrix(2, 2, ti.f64)
+V1 = ti.types.vector(1, ti.f64)
+
+
+def side_by_side(wrong, right, result):
+    """A kernel writing ``wrong(x[b])`` and ``right(x[b])`` (each of type ``result``) for every element b."""
+
+    @ti.kernel
+    def both(x: ti.types.ndarray(dtype=ti.f64, ndim=1), wrongs: ti.types.ndarray(dtype=result, ndim=1),
+             rights: ti.types.ndarray(dtype=result, ndim=1)):
+        for b in range(x.shape[0]):
+            wrongs[b] = wrong(x[b])
+            rights[b] = right(x[b])
+
+    return both
 
 
 @ti.func
@@ -27,12 +41,7 @@ def straight_line(x):
     return v
 
 
-@ti.kernel
-def both(x: ti.types.ndarray(dtype=ti.f64, ndim=1), looped: ti.types.ndarray(dtype=M22, ndim=1),
-         straight: ti.types.ndarray(dtype=M22, ndim=1)):
-    for b in range(x.shape[0]):
-        looped[b] = in_a_loop(x[b])
-        straight[b] = straight_line(x[b])
+both = side_by_side(in_a_loop, straight_line, M22)
 
 
 def test_entry_read_after_a_whole_matrix_write_with_a_transpose_in_a_loop_reads_the_old_entry():
@@ -66,12 +75,7 @@ def added_straight(x):
     return v
 
 
-@ti.kernel
-def both_added(x: ti.types.ndarray(dtype=ti.f64, ndim=1), looped: ti.types.ndarray(dtype=M22, ndim=1),
-               straight: ti.types.ndarray(dtype=M22, ndim=1)):
-    for b in range(x.shape[0]):
-        looped[b] = added_in_a_loop(x[b])
-        straight[b] = added_straight(x[b])
+both_added = side_by_side(added_in_a_loop, added_straight, M22)
 
 
 def test_entry_update_after_adding_a_matrix_of_own_entries_in_a_loop_reads_the_old_entry():
@@ -85,9 +89,6 @@ def test_entry_update_after_adding_a_matrix_of_own_entries_in_a_loop_reads_the_o
     both_added(x, looped, straight)
     np.testing.assert_array_equal(straight[0], [[4.5, 4.5], [27.0, 3.75]])  # right
     np.testing.assert_array_equal(looped[0], [[4.5, 4.5], [13.5, 3.75]])  # Taichi 1.7.4: the old v[1, 0]
-
-
-V1 = ti.types.vector(1, ti.f64)
 
 
 @ti.func
@@ -110,12 +111,7 @@ def scaled_twice_by_assignment(x):
     return v
 
 
-@ti.kernel
-def both_scaled(x: ti.types.ndarray(dtype=ti.f64, ndim=1), augmented: ti.types.ndarray(dtype=V1, ndim=1),
-                assigned: ti.types.ndarray(dtype=V1, ndim=1)):
-    for b in range(x.shape[0]):
-        augmented[b] = scaled_twice(x[b])
-        assigned[b] = scaled_twice_by_assignment(x[b])
+both_scaled = side_by_side(scaled_twice, scaled_twice_by_assignment, V1)
 
 
 def test_second_identical_literal_of_own_entries_after_an_augmented_write_reads_the_old_entry():

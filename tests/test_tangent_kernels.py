@@ -10,7 +10,7 @@ differences; one test drives ti.ad.FwdMode by hand on the user's own fields.
 import numpy as np
 import pytest
 import taichi as ti
-from programs import M, Program, energy_out, s0, s3, simulate
+from programs import M, Program, energy_out, mid, out, s0, s3, simulate, stage_two, u
 
 from tidiff._errors import TransformError
 from tidiff._tangent import FieldTangents, jvp_kernel, source
@@ -140,26 +140,15 @@ def test_loops_atomics_branches_and_index_fields():
     assert_tangents_match_reverse(program, [np.random.default_rng(2).standard_normal((3, 4))])
 
 
-# --- a Python program: two kernels through an intermediate field -------------------------------
-u = ti.field(ti.f64, shape=4)
-mid = ti.Vector.field(2, ti.f64, shape=4)
-out = ti.field(ti.f64, shape=4)
-
-
+# --- a Python program: two kernels through an intermediate field (stage_two: tests/programs.py) ------
 @ti.kernel
-def stage_one():
+def neighbours_to_mid():
     for i in u:
         mid[i] = ti.Vector([ti.sin(u[i]), u[i] * u[(i + 1) % 4]])
 
 
-@ti.kernel
-def stage_two():
-    for i in mid:
-        out[i] += mid[i].norm_sqr() + ti.exp(mid[i][0])
-
-
 def step():
-    stage_one()
+    neighbours_to_mid()
     stage_two()
 
 

@@ -1,7 +1,6 @@
 """W1 experiment: the body td.jacfwd generates (runtime loop over tangent directions) against
 ti.static-unrolled and vector-mode variants and the closed form. python bench/experiments/w1_tangent_codegen.py"""
 import os
-import statistics
 import sys
 import time
 
@@ -20,13 +19,8 @@ vec8, vec4, mat48 = w1.vec8, w1.vec4, w1.mat48
 
 
 def med(fn, r=7):
-    fn()
-    s = []
-    for _ in range(r):
-        t = time.perf_counter()
-        fn()
-        s.append(time.perf_counter() - t)
-    return statistics.median(s)
+    fn()  # warm-up
+    return common.median_seconds(fn, r)
 
 @ti.func
 def layer_jvp(x, W, b, dx):
