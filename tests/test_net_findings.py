@@ -195,3 +195,38 @@ def test_a_static_counter_shadowing_a_variable():
             np.testing.assert_allclose(transform(f)(x), d1, rtol=1e-13)
         np.testing.assert_allclose(td.vjp(f, x)[1](np.ones(3))[0], d1, rtol=1e-13)
         np.testing.assert_allclose(td.hessian(f)(x), d2, rtol=1e-13)
+
+
+@ti.func
+def unused_then_floor(x0: ti.types.vector(2, ti.f64), x1: ti.types.vector(1, ti.f64)):
+    t1 = x0 * 3.0  # noqa: F841 -- as drawn: an unused value
+    return ti.floor(x0[0]) + ti.sin(x0[0] * x0[1]) * x1[0] ** 3
+
+
+@ti.func
+def unused_then_floor_only(x0: ti.types.vector(2, ti.f64), x1: ti.types.vector(1, ti.f64)):
+    t1 = x0 * 3.0  # noqa: F841
+    return ti.floor(x0[0])
+
+
+def test_third_order_reverse_through_a_nested_tuple_of_tangents():
+    """Found by the long run (seed 9101): reversing a jvp function whose callee returns tuples inside its
+    tuple (``t, dt = f_jvp_jvp(...)``, each a (value, tangent) pair) read ``t[1]`` as an entry of a vector:
+    td.jacrev(td.hessian(f, argnums=1), argnums=(-1, 0)) failed to compile (a tuple indexed by an Expr)."""
+    x0, x1 = np.array([1.17, 0.95]), np.array([-0.4])
+
+    def twin(a, b):
+        return torch.floor(a[0]) + torch.sin(a[0] * a[1]) * b[0] ** 3
+
+    J = torch.autograd.functional.jacobian
+    a, b = torch.tensor(x0), torch.tensor(x1)
+    by_b_b_a = J(lambda a_: J(lambda b_: J(lambda c: twin(a_, c), b_, create_graph=True), b, create_graph=True), a)
+    got = td.jacrev(td.jacrev(td.jacrev(unused_then_floor, argnums=1), argnums=1), argnums=0)(x0, x1)
+    np.testing.assert_allclose(got, by_b_b_a.numpy(), rtol=1e-13)
+    by_b_b_b = J(lambda b_: J(lambda c: J(lambda d: twin(a, d), c, create_graph=True), b_, create_graph=True), b)
+    third_b, third_a = td.jacrev(td.hessian(unused_then_floor, argnums=1), argnums=(-1, 0))(x0, x1)
+    np.testing.assert_allclose(third_b, by_b_b_b.numpy(), rtol=1e-13)
+    np.testing.assert_allclose(third_a, by_b_b_a.numpy(), rtol=1e-13)
+    third_b, third_a = td.jacrev(td.hessian(unused_then_floor_only, argnums=1), argnums=(-1, 0))(x0, x1)
+    np.testing.assert_array_equal(third_b, np.zeros((1, 1, 1)))  # the case drawn: it failed to compile
+    np.testing.assert_array_equal(third_a, np.zeros((1, 1, 2)))
