@@ -165,3 +165,42 @@ def test_reverse_mode_through_a_local_copy_in_a_runtime_loop_is_wrong():
     in the loop is right."""
     np.testing.assert_allclose(_tape_gradient(cube_reading_the_field), 3 * 0.7**2, rtol=1e-14)  # right
     np.testing.assert_allclose(_tape_gradient(cube_through_a_local_copy), 2 * 0.7**2, rtol=1e-14)  # Taichi 1.7.4
+
+
+V4 = ti.types.vector(4, ti.f64)
+
+
+@ti.func
+def squared_last(x: V4) -> V1:
+    t = ti.Vector([x[3]])
+    return t * t
+
+
+@ti.func
+def branch_calls_a_func_in_an_unrolled_loop(a: ti.f64, b: V4):
+    t1 = ti.Vector([0.0])
+    t0 = a
+    for _ in ti.static(range(3)):
+        if a > -0.2:
+            t0 = t0 * 2.0
+        else:
+            t1 = squared_last(b)
+    return t1 * a
+
+
+def test_a_branch_calling_a_func_in_an_unrolled_loop_inside_a_func_crashes_the_compiler():
+    """Found by the long run (seed 9102, via td.jvp of a helper inside such a branch): Taichi 1.7.4's IR
+    verifier rejects what its own frontend built, 'block->parent != current_container_stmt', for a
+    ti.static loop of three or more iterations in a @ti.func whose branch calls a @ti.func. A runtime error
+    at compile time, not a wrong value; no tidiff code involved."""
+
+    @ti.kernel
+    def run(a: ti.f64, b: V4) -> ti.f64:
+        return branch_calls_a_func_in_an_unrolled_loop(a, b)[0]
+
+    try:
+        run(0.45, ti.Vector([-1.4, 0.39, -1.45, 0.049]))
+    except RuntimeError as e:
+        assert "verify.cpp" in str(e) and "current_container_stmt" in str(e), e
+    else:
+        raise AssertionError("Taichi compiled it: the pitfall is fixed, update docs/limits.md and the net")

@@ -36,13 +36,19 @@ class TaichiPitfall(Mismatch):
 # differs too, the case is a Taichi pitfall (a miscompile, or an op Taichi defines otherwise than the
 # twin spells it): reported as TaichiPitfall, with a minimal program in tests/test_taichi_pitfalls.py
 # and a line in docs/limits.md once understood. Programs calling transforms (tgrad, tjvp) run tidiff's
-# code even in a plain kernel, so they are not classified.
+# code even in a plain kernel, so their values are not classified. A crash inside Taichi's compiler (an
+# internal assertion, ``[verify.cpp...]``) is, when a plain kernel calling the function crashes alike,
+# transforms in it or not: an internal assertion failing on what Taichi's frontend accepted is Taichi's.
 
 
 def check_value(case: Case) -> Any:
     """td.function(f)(*args) against the twin: the renderers agree before any derivative is compared."""
     with case.checking("td.function(f)(*args)"):
-        got = case.fn(*case.host())
+        try:
+            got = case.fn(*case.host())
+        except RuntimeError as crash:
+            _classify_crash(case, crash)
+            raise
         want = per_element(case.twin, case.arrays, case.cores)
         try:
             _compare(case, got, want, "value")
@@ -58,6 +64,21 @@ def check_value(case: Case) -> Any:
                                     f"(NOTE: [Taichi pitfalls]).\n{taichi}") from mismatch
             raise
     return want
+
+
+def _classify_crash(case: Case, crash: RuntimeError) -> None:
+    """An error from inside Taichi's compiler (its IR verifier, ``[verify.cpp...]``) while evaluating the
+    function: a Taichi pitfall when a plain kernel calling the function crashes the same way (an internal
+    assertion fails on what Taichi's own frontend built, whatever code it came from)."""
+    if not str(crash).startswith("[") or ".cpp:" not in str(crash).split("]")[0]:
+        return
+    try:
+        kernels.plain_values(case)
+    except RuntimeError as plain:
+        if str(plain).split("]")[0].split("(")[0] == str(crash).split("]")[0].split("(")[0]:
+            raise TaichiPitfall(f"Taichi's compiler fails on a plain kernel calling the function too (no tidiff "
+                                f"transform of it): a Taichi pitfall, not a tidiff failure (NOTE: [Taichi "
+                                f"pitfalls]).\n{plain}") from crash
 
 
 def check_grad(case: Case, argnums: Any, has_aux: bool, kind: str = "grad") -> None:
