@@ -44,11 +44,7 @@ class TaichiPitfall(Mismatch):
 def check_value(case: Case) -> Any:
     """td.function(f)(*args) against the twin: the renderers agree before any derivative is compared."""
     with case.checking("td.function(f)(*args)"):
-        try:
-            got = case.fn(*case.host())
-        except RuntimeError as crash:
-            _classify_crash(case, crash)
-            raise
+        got = case.fn(*case.host())
         want = per_element(case.twin, case.arrays, case.cores)
         try:
             _compare(case, got, want, "value")
@@ -64,21 +60,6 @@ def check_value(case: Case) -> Any:
                                     f"(NOTE: [Taichi pitfalls]).\n{taichi}") from mismatch
             raise
     return want
-
-
-def _classify_crash(case: Case, crash: RuntimeError) -> None:
-    """An error from inside Taichi's compiler (its IR verifier, ``[verify.cpp...]``) while evaluating the
-    function: a Taichi pitfall when a plain kernel calling the function crashes the same way (an internal
-    assertion fails on what Taichi's own frontend built, whatever code it came from)."""
-    if not str(crash).startswith("[") or ".cpp:" not in str(crash).split("]")[0]:
-        return
-    try:
-        kernels.plain_values(case)
-    except RuntimeError as plain:
-        if str(plain).split("]")[0].split("(")[0] == str(crash).split("]")[0].split("(")[0]:
-            raise TaichiPitfall(f"Taichi's compiler fails on a plain kernel calling the function too (no tidiff "
-                                f"transform of it): a Taichi pitfall, not a tidiff failure (NOTE: [Taichi "
-                                f"pitfalls]).\n{plain}") from crash
 
 
 def check_grad(case: Case, argnums: Any, has_aux: bool, kind: str = "grad") -> None:
