@@ -234,7 +234,8 @@ OPS: dict[str, Op] = {
                 params=clamp_params),
     "smoothstep": Op("ti.math.smoothstep({e0}, {e1}, {0})", "_smoothstep({e0}, {e1}, {0})", same, smooth=False,
                      params=smoothstep_params),
-    "stop_gradient": Op("td.stop_gradient({0})", "({0}).detach()", same),
+    # differences see the function's derivative, not the one stop_gradient defines: no difference oracle
+    "stop_gradient": Op("td.stop_gradient({0})", "({0}).detach()", same, smooth=False),
     "cast_f64": Op("ti.cast({0}, ti.f64)", "{0}", same),
     "float": Op("float({0})", "{0}", scalars_only),
     "f64_call": Op("ti.f64({0})", "{0}", scalars_only),
