@@ -83,6 +83,25 @@ def _swirl_sum(x):
     return LIBRARY["lib_swirl"].twin(v, torch.tensor(0.3, dtype=torch.float64)).sum()
 
 
+@ti.func
+def scaled(x: vec2) -> ti.f64:
+    return x[0] * x[1]
+
+
+@ti.func
+def with_jvp_call(x: vec2) -> ti.f64:
+    return lib_energy(x, 1.5) + td.jvp(scaled, (x,), (x,))[1]
+
+
+def _unannotated_scaled(x):
+    return x[0] * x[1]
+
+
+@ti.func
+def with_jvp_call_unannotated(x: vec2) -> ti.f64:
+    return lib_energy(x, 1.5) + td.jvp(ti.func(_unannotated_scaled), (x,), (x,))[1]
+
+
 CASES = {
     "clamp": (with_clamp, lambda x: energy_twin(x) + torch.clamp(x[0], -0.5, 0.5)),
     "smoothstep": (with_smoothstep, lambda x: energy_twin(x) + (lambda t: t * t * (3 - 2 * t))(
@@ -93,6 +112,8 @@ CASES = {
     "while": (with_while, lambda x: energy_twin(x) + x[0] * x[1] ** 3),
     "lib_softsign": (with_softsign, lambda x: energy_twin(x) + LIBRARY["lib_softsign"].twin(x[0])),
     "lib_swirl": (with_swirl, lambda x: energy_twin(x) + _swirl_sum(x)),
+    "tjvp": (with_jvp_call, lambda x: energy_twin(x) + 2 * x[0] * x[1]),  # jvp of x0 x1 along x: 2 x0 x1
+    "tjvp_unannotated": (with_jvp_call_unannotated, lambda x: energy_twin(x) + 2 * x[0] * x[1]),
 }
 
 
