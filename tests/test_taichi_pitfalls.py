@@ -204,3 +204,29 @@ def test_a_branch_calling_a_func_in_an_unrolled_loop_inside_a_func_crashes_the_c
         assert "verify.cpp" in str(e) and "current_container_stmt" in str(e), e
     else:
         raise AssertionError("Taichi compiled it: the pitfall is fixed, update docs/limits.md and the net")
+
+
+@ti.func
+def overwritten_in_a_loop(x: ti.f64) -> ti.f64:
+    t = x * 0.0
+    for _ in range(2):
+        t = ti.cos(x)  # the same value each iteration: d/dx is -sin(x)
+    return t
+
+
+def test_reverse_mode_of_a_value_overwritten_in_a_runtime_loop_is_zero():
+    """Found by the long run through an ndarray kernel (seed 9115), whose reverse mode is Taichi's:
+    kernel.grad of out[i] = f(a[i]) with t = cos(x) assigned in a runtime loop gives 0, not -sin(x)."""
+
+    @ti.kernel
+    def apply(a: ti.types.ndarray(dtype=ti.f64, ndim=1), out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+        for i in range(a.shape[0]):
+            out[i] = overwritten_in_a_loop(a[i])
+
+    a = np.array([0.3, -0.6, 1.2])
+    arrays = [ti.ndarray(ti.f64, 3, needs_grad=True) for _ in range(2)]
+    arrays[0].from_numpy(a)
+    apply(*arrays)
+    arrays[1].grad.from_numpy(np.ones(3))
+    apply.grad(*arrays)
+    np.testing.assert_array_equal(arrays[0].grad.to_numpy(), np.zeros(3))  # Taichi 1.7.4; right: -sin(a)
