@@ -23,8 +23,40 @@ def _set(t, index, value):
     return out
 
 
+# Ties follow tidiff's documented convention (docs/limits.md: Taichi's own reverse mode gives it), not
+# torch's even split: the grammar builds ties by construction (``max(x[0, 0], x[1, 1])`` of a matrix of
+# one value), where derivatives on both sides of a kink are equally right and only a convention decides.
+def _maximum(a, b):
+    """``max(a, b)``; at a tie the derivative goes to ``b``."""
+    a, b = torch.as_tensor(a, dtype=F64), torch.as_tensor(b, dtype=F64)
+    return torch.where(a > b, a, b)
+
+
+def _minimum(a, b):
+    """``min(a, b)``; at a tie the derivative goes to ``b``."""
+    a, b = torch.as_tensor(a, dtype=F64), torch.as_tensor(b, dtype=F64)
+    return torch.where(a < b, a, b)
+
+
+def _last_extreme(v, largest):
+    """``v.max()`` / ``v.min()``; at a tie the derivative goes to the last of the equal entries (row by row)."""
+    flat = v.reshape(-1)
+    best = flat.max() if largest else flat.min()
+    last = int(torch.nonzero(flat == best)[-1, 0])
+    return flat[last]
+
+
+def _max_of(v):
+    return _last_extreme(v, True)
+
+
+def _min_of(v):
+    return _last_extreme(v, False)
+
+
 def _clamp(x, lo, hi):
-    return torch.clamp(x, lo, hi)
+    """``min(hi, max(lo, x))``, as Taichi defines it (ties as above)."""
+    return _minimum(hi, _maximum(lo, x))
 
 
 def _smoothstep(e0, e1, x):
@@ -90,8 +122,8 @@ def _jvp(fn, primals, tangents):
         return torch.autograd.functional.jvp(fn, primals, tangents, create_graph=True)[1]
 
 
-HELPERS = {f.__name__: f for f in (_set, _clamp, _smoothstep, _mix, _norm_sqr, _norm, _normalized, _cross2, _det, _eye,
-                                   _matrix, _grad, _jvp)}
+HELPERS = {f.__name__: f for f in (_set, _maximum, _minimum, _max_of, _min_of, _clamp, _smoothstep, _mix, _norm_sqr,
+                                   _norm, _normalized, _cross2, _det, _eye, _matrix, _grad, _jvp)}
 """What twin source may call besides torch and the library."""
 
 

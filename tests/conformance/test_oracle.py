@@ -60,3 +60,26 @@ def test_a_value_only_tidiff_gets_wrong_is_a_tidiff_failure():
     with pytest.raises(Mismatch) as raised:
         check_value(case)
     assert not isinstance(raised.value, TaichiPitfall)
+
+
+@ti.func
+def ties(x: ti.types.vector(2, ti.f64)) -> ti.f64:
+    v = ti.Vector([x[0], x[0], x[1]])
+    return ti.max(x[0], x[0] * 1.0) * 2.0 + min(x[1], x[1]) * 3.0 + v.max() * 5.0 + ti.math.clamp(x[0], 0.4, 0.9)
+
+
+def test_twin_takes_ties_as_tidiff_documents():
+    """Found by the long run (seed 9124): the grammar builds ties by construction (a matrix of one value),
+    where torch splits a derivative evenly and tidiff gives it to one side (docs/limits.md); the twin's
+    min, max, v.max() and clamp follow tidiff's convention, so a tie is not a mismatch."""
+    ns = namespace()
+    maximum, minimum, max_of, clamp = (ns[name] for name in ("_maximum", "_minimum", "_max_of", "_clamp"))
+
+    def twin(x):
+        v = torch.stack([x[0], x[0], x[1]])
+        return maximum(x[0], x[0] * 1.0) * 2.0 + minimum(x[1], x[1]) * 3.0 + max_of(v) * 5.0 + clamp(x[0], 0.4, 0.9)
+
+    for point in ([0.4, 0.4], [0.4, 0.1], [0.9, 0.95]):
+        x = torch.tensor(point, dtype=torch.float64, requires_grad=True)
+        (want,) = torch.autograd.grad(twin(x), x)
+        np.testing.assert_allclose(td.grad(ties)(np.array(point)), want.numpy(), rtol=1e-15)
