@@ -230,3 +230,38 @@ def test_reverse_mode_of_a_value_overwritten_in_a_runtime_loop_is_zero():
     arrays[1].grad.from_numpy(np.ones(3))
     apply.grad(*arrays)
     np.testing.assert_array_equal(arrays[0].grad.to_numpy(), np.zeros(3))  # Taichi 1.7.4; right: -sin(a)
+
+
+V3 = ti.types.vector(3, ti.f64)
+
+
+@ti.func
+def rewritten_after_literals(x0: V3):
+    vector = ti.Vector([x0[2]])
+    matrix = ti.Matrix([[x0[0], x0[2], x0[1]], [x0[2], x0[1], x0[1]], [x0[0], x0[0], x0[1]]])
+    cos = ti.cos(0.4 - matrix)
+    dcos = ti.sin(0.4 - matrix)
+    t0 = vector
+    t1 = cos
+    matrix_1 = ti.Matrix([[t1[1, 1], t0[0], t0[0]], [t1[0, 2], x0[1], t0[0]]])
+    matrix_2 = ti.Matrix([[x0[2], t0[0], t1[2, 1]], [t1[0, 0], t0[0], x0[0]]])
+    t4 = ti.cast(matrix_1 * matrix_2, ti.f64)
+    unused = dcos[1, 0] * ti.math.sign(t1[1, 0])  # noqa: F841 -- part of what reproduces it
+    floor = ti.floor(t0 ** 0 * 2.0)
+    t0 = (floor ** 2 + 0.5) ** (-0.7)  # 4.5 ** -0.7, whatever t0 was
+    add = t0[0] + t4[1, 2]  # noqa: F841
+    return ti.Vector([t0[0], 0.0])
+
+
+def test_a_vector_rewritten_after_literals_of_its_entries_is_miscompiled():
+    """Found by the long run (seed 9123) in tidiff's tangent code of a generated program, reduced to plain
+    Taichi by deleting statements: straight-line code, no loop. After t0 = (...) ** -0.7 (4.5 ** -0.7 =
+    0.3489 whatever t0 was) Taichi returns 0.0 for t0[0] (in the unreduced code, t0's entry from before the
+    write). Renaming the rewritten vector (t5 = ...) gives the right value."""
+
+    @ti.kernel
+    def run(x: V3) -> ti.types.vector(2, ti.f64):
+        return rewritten_after_literals(x)
+
+    got = run(ti.Vector([-0.5326140926502904, -0.7249415699311464, -0.38906455755512903]))
+    assert got[0] == 0.0, got  # Taichi 1.7.4; right: 4.5 ** -0.7
