@@ -48,16 +48,29 @@ import copy
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .._tangent.activity import assignments
 from .._tangent.naming import Namer
 from .._tangent.parse import Parsed, resolve
 from .._tangent.sym import RULE_HELPERS, Sym
 from .nodes import assign, for_loop, name, statements, zero_of
+from .rules import AdjointRule
 
-if TYPE_CHECKING:
-    from .transform import Op
+
+@dataclass
+class Op:
+    """``target = <op>(args)`` in the forward sweep, with how to send a cotangent back."""
+
+    target: str
+    rule: AdjointRule | None  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
+    args: list[ast.expr]  # operand nodes: Names of SSA variables, or inactive expressions
+    callee: str | None = None  # for calls: the namespace name of the callee's reverse function (or custom bwd)
+    positions: list[int | None] | None = None  # for calls: where each operand's cotangent stands in the result
+    outputs: list[str] | None = None  # for calls with several outputs: the SSA names of the results, in order
+
+    def results(self) -> list[str]:
+        return self.outputs or [self.target]
+
 
 TAPE_ROWS = 0
 """Rows of a loop's tape: how many iterations' start values are kept (even). 0, the default, keeps none: the

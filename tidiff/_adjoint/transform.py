@@ -24,7 +24,6 @@ import ast
 import builtins
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import taichi as ti
@@ -38,7 +37,7 @@ from .._tangent.rules import lookup as forward_rule
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from .._tangent.transform import _callee_hint, callable_positional
 from . import rules
-from .control import Branch, ControlFlow, Loop
+from .control import Branch, ControlFlow, Loop, Op
 from .linearize import linearized
 from .nodes import assign as _assign
 from .nodes import name as _name
@@ -62,21 +61,6 @@ Path = tuple[int, ...]
 
 def _not_reversible(node: ast.AST, construct: str, hint: str | None = None) -> NotReversible:
     return NotReversible(f"{construct} ({hint})" if hint else construct)
-
-
-@dataclass
-class Op:
-    """``target = <op>(args)`` in the forward sweep, with how to send a cotangent back."""
-
-    target: str
-    rule: AdjointRule | None  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
-    args: list[ast.expr]  # operand nodes: Names of SSA variables, or inactive expressions
-    callee: str | None = None  # for calls: the namespace name of the callee's reverse function (or custom bwd)
-    positions: list[int | None] | None = None  # for calls: where each operand's cotangent stands in the result
-    outputs: list[str] | None = None  # for calls with several outputs: the SSA names of the results, in order
-
-    def results(self) -> list[str]:
-        return self.outputs or [self.target]
 
 
 _SIMPLE = (ast.Name, ast.Constant, ast.Attribute)

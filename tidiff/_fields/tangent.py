@@ -39,7 +39,7 @@ an earlier kernel of the same run wrote ``df``.
 """
 import types
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import taichi as ti
 from taichi.lang.field import Field
@@ -50,9 +50,6 @@ from .activity import active_fields
 from .graph import CodeGraph, is_class_kernel, replaced_parts
 from .rebind import Rebinder
 from .twins import _new_like, is_real
-
-if TYPE_CHECKING:  # program.py imports this module
-    from .program import FieldProgram
 
 
 class _TangentRebinder(Rebinder):
@@ -111,7 +108,7 @@ class TangentFields:
             self._tree = None
 
 
-def tangent_program(prog: "FieldProgram") -> tuple["FieldProgram", TangentFields]:
+def tangent_program(prog: Any) -> tuple[Any, TangentFields]:  # a FieldProgram (program.py imports this module)
     """The tangent program of a :class:`~.program.FieldProgram` (see NOTE: [Tangent program]).
 
     Returns:
