@@ -154,15 +154,20 @@ def plain_ndarray_out(case: Case, a, b):
     return out
 
 
-def classify_value_mismatch(case: Case, got, plain, mismatch, what):
-    """A program's value differs from its twin's: a Taichi pitfall where Taichi alone computes the same value
-    (NOTE: [Taichi pitfalls] in checks: its kernels miscompile the element function there), else tidiff's."""
-    if not np.allclose(np.asarray(got), plain, rtol=RTOL, atol=ATOL):
-        raise mismatch
-    pitfall = TaichiPitfall(f"Taichi alone (the {what}'s kernels without tidiff) computes the same wrong value: "
-                            f"a Taichi pitfall, not a tidiff failure.\n{mismatch}")
-    pitfall.add_note(case.report(f"{what}: value against Taichi alone and torch"))
-    record_pitfall(pitfall)
+def check_program_value(case: Case, got, want, plain, what):
+    """A program's value against its twin's; where they differ, a Taichi pitfall (recorded, the example
+    rejected) if Taichi alone, ``plain()``, computes the same value (NOTE: [Taichi pitfalls] in checks: its
+    kernels miscompile the element function there), else tidiff's failure."""
+    try:
+        close(got, want)
+    except AssertionError as mismatch:
+        if not np.allclose(np.asarray(got), plain(), rtol=RTOL, atol=ATOL):
+            raise
+        pitfall = TaichiPitfall(f"Taichi alone (the {what}'s kernels without tidiff) computes the same wrong "
+                                f"value: a Taichi pitfall, not a tidiff failure.\n{mismatch}")
+        pitfall.add_note(case.report(f"{what}: value against Taichi alone and torch"))
+        record_pitfall(pitfall)
+        reject()
 
 
 def taichi_ndarray_gradient(case: Case, a, b, c):
@@ -230,12 +235,8 @@ def test_field_programs(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     x, w, dx, dw, c = (rng.uniform(-1.5, 1.5, N) for _ in range(5))
     with case.checking("field program: value, grad, vjp, jvp, jacobian, hvp"):
-        value = F(x, w)
-        try:
-            close(value, loss_twin(*tensors(x, w)))
-        except AssertionError as mismatch:
-            classify_value_mismatch(case, value, plain_field_loss(case, x, w), mismatch, "field program")
-            reject()  # a Taichi pitfall, recorded
+        check_program_value(case, F(x, w), loss_twin(*tensors(x, w)), lambda: plain_field_loss(case, x, w),
+                            "field program")
         _, dz = td.jvp(G, (x, w), (dx, dw))
         close(dz, torch.autograd.functional.jvp(z_twin, tensors(x, w), tensors(dx, dw))[1])
         close(td.jacfwd(G)(x, w), torch.autograd.functional.jacobian(lambda x_: z_twin(x_, tensors(w)[0]),
@@ -282,12 +283,8 @@ def test_ndarray_kernels(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     a, b, da, db, c = (rng.uniform(-1.5, 1.5, N) for _ in range(5))
     with case.checking("ndarray kernel: value, jvp, vjp, jacobian, second derivatives"):
-        value = K(a, b)
-        try:
-            close(value, twin(*tensors(a, b)))
-        except AssertionError as mismatch:
-            classify_value_mismatch(case, value, plain_ndarray_out(case, a, b), mismatch, "ndarray kernel")
-            reject()  # a Taichi pitfall, recorded
+        check_program_value(case, K(a, b), twin(*tensors(a, b)), lambda: plain_ndarray_out(case, a, b),
+                            "ndarray kernel")
         _, dout = td.jvp(K, (a, b), (da, db))
         close(dout, torch.autograd.functional.jvp(twin, tensors(a, b), tensors(da, db))[1])
         try:
