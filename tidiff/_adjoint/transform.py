@@ -155,31 +155,12 @@ class Reverser(ControlFlow):
             return
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, ast.Call) \
                 and _all_names(target.elts):
-            paths = self.returned_paths(node.value)
-            if any(len(p) > 1 for p in paths) and self.reads_active(node.value):
-                return self.unpack_nested(target.elts, node.value, paths)
             for t, v in zip(target.elts, self.call_outputs(node.value, _top_level(len(target.elts))), strict=False):
                 self.bind(t.id, v)
             return
         if isinstance(target, (ast.Subscript, ast.Attribute)):
             return self.write_entry(target, node.value)
         raise NotReversible(f"the assignment to `{ast.unparse(target)}`")
-
-    def unpack_nested(self, targets: list[ast.Name], call: ast.Call, paths: list[Path]) -> None:
-        """``a, b = h(x)`` where ``h`` returns tuples inside its tuple (``((y, dy), (z, dz))``, NOTE: [Nested
-        results]): one name per leaf; a target holding a tuple names its elements for reads ``a[k]``."""
-        leaves = dict(zip(paths, self.call_outputs(call, paths), strict=True))
-        whole = _name(self.last_op().target)
-        for k, t in enumerate(targets):
-            inner = {p[1:]: name for p, name in leaves.items() if p[0] == k}
-            if list(inner) == [()]:
-                self.bind(t.id, inner[()])
-                continue
-            holder = self.namer.fresh(t.id)
-            self.forward.append(_assign(holder, ast.Subscript(whole, ast.Constant(k), ast.Load())))
-            self.tuples[holder] = inner  # active, so that reads a[k] go to the elements' names (tuple_element)
-            self.active.add(holder)
-            self.bind(t.id, _name(holder))
 
     def stmt_AugAssign(self, node: ast.AugAssign) -> None:
         load = ast.parse(ast.unparse(node.target), mode="eval").body
