@@ -72,15 +72,19 @@ def main() -> int:
                 tally["timed out"] += 1
                 with open(current) if os.path.exists(current) else open(os.devnull) as f:
                     under_way = f.read()
+                if os.path.exists(current):
+                    os.remove(current)
                 with open(args.log, "a") as log:
                     log.write(f"=== chunk seed {seed} killed after {args.chunk_minutes} min, in this check:\n"
                               f"{under_way}\n")
                 print(f"seed {seed}: killed after {args.chunk_minutes} min (the check under way is in {args.log})",
                       flush=True)
             return
-        finally:
-            if os.path.exists(current):
-                os.remove(current)
+        under_way = ""
+        if os.path.exists(current):
+            with open(current) as f:
+                under_way = f.read()
+            os.remove(current)
         passing = sum(int(p) for p in re.findall(r"(\d+) passing", run.stdout))
         with lock:
             tally["asked"] += n
@@ -90,6 +94,9 @@ def main() -> int:
                 tally["failed"] += 1
                 with open(args.log, "a") as log:
                     log.write(f"=== chunk seed {seed}, {n} examples\n{run.stdout[-30000:]}\n")
+                    if run.returncode < 0:  # killed by a signal (a crash inside Taichi): no report of its own
+                        log.write(f"=== chunk seed {seed} died of signal {-run.returncode}, in this check:\n"
+                                  f"{under_way}\n")
             minutes = (time.time() - start) / 60
             print(f"seed {seed}: {passing} of {n} examples checked, {'FAILED' if run.returncode else 'ok'}; "
                   f"{tally['checked']} in {minutes:.1f} min ({tally['checked'] / minutes:.1f} per minute)", flush=True)
