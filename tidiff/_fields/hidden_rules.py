@@ -30,18 +30,15 @@ from .._tangent.rule_helpers import RULE_ATTRIBUTE
 from .graph import CodeGraph, code_names, python_function, slots
 
 
-def rules_reached(*roots: Any) -> list[tuple[str, str]]:
-    """``(rule, caller)`` for every derivative rule reachable from ``roots`` (see the NOTE above).
-
-    ``caller`` is the name of the function whose code calls the rule.
-    """
+def rules_reached(graph: CodeGraph) -> list[tuple[str, str]]:
+    """``(rule, caller)`` for every derivative rule reachable in ``graph`` (see the NOTE above), and in the
+    functions of the tidiff transforms it calls; ``caller`` names the function whose code calls the rule."""
     found: dict[tuple[str, str], None] = {}
     seen: set[int] = set()
-    pending = list(roots)
-    while pending:
-        graph = CodeGraph(*pending)
+    graphs = [graph]
+    while graphs:
         pending = []
-        for obj in graph.nodes.values():
+        for obj in graphs.pop().nodes.values():
             fn = python_function(obj)
             if fn is None or id(fn) in seen:
                 continue
@@ -54,6 +51,8 @@ def rules_reached(*roots: Any) -> list[tuple[str, str]]:
                 body = _transformed_func(value)
                 if body is not None:
                     pending.append(body)
+        if pending:
+            graphs.append(CodeGraph(*pending))
     return list(found)
 
 
@@ -70,14 +69,12 @@ def _called(fn: types.FunctionType) -> list[Any]:
 
 def _transformed_func(value: Any) -> Any:
     """The ``@ti.func`` a tidiff function made from one (``td.grad(E)``, ``td.function(E)``) runs; else None."""
-    seen = 0
-    while value is not None and seen < 64:
-        tifunc = getattr(value, "tifunc", None)
-        if tifunc is not None and getattr(type(value), "__module__", "").startswith("tidiff."):
-            return tifunc
-        value = getattr(value, "parent", None) if getattr(type(value), "__module__", "").startswith("tidiff.") \
-            else None
-        seen += 1
+    for _ in range(64):  # a parent chain, never a cycle; bounded all the same
+        if value is None or not type(value).__module__.startswith("tidiff."):
+            return None
+        if getattr(value, "tifunc", None) is not None:
+            return value.tifunc
+        value = getattr(value, "parent", None)
     return None
 
 
@@ -85,17 +82,19 @@ def describe(rules: list[tuple[str, str]]) -> str | None:
     """Why Taichi's reverse mode is refused for code reaching ``rules`` (None for none)."""
     if not rules:
         return None
-    listed = "; ".join(f"{rule} (called in `{caller}`)" for rule, caller in rules)
-    return f"Taichi's reverse mode cannot apply {listed} (NOTE: [Rules Taichi's reverse mode cannot see])"
+    return f"Taichi's reverse mode cannot apply {_listed(rules)} (NOTE: [Rules Taichi's reverse mode cannot see])"
+
+
+def _listed(rules: list[tuple[str, str]]) -> str:
+    return "; ".join(f"{rule} (called in `{caller}`)" for rule, caller in rules)
 
 
 def refuse_hidden_rules(rules: list[tuple[str, str]], what: str) -> None:
     """Raise ``td.TransformError`` for reverse mode of ``what`` (a program or kernel) when it reaches rules."""
     if not rules:
         return
-    listed = "; ".join(f"{rule} (called in `{caller}`)" for rule, caller in rules)
     raise TransformError(
-        f"{what} in reverse mode: it reaches {listed}. Reverse mode of field programs and ndarray kernels is "
+        f"{what} in reverse mode: it reaches {_listed(rules)}. Reverse mode of field programs and ndarray kernels is "
         "Taichi's own, which differentiates the code as written and cannot apply these rules",
         hint="use forward mode (td.jvp, td.jacfwd), which applies them, or call a transform of the "
              "@ti.func inside the kernel (td.vjp(f)(...) in the kernel body), which is tidiff's own reverse mode",

@@ -117,7 +117,7 @@ class FieldProgram:
         """The derivative rules the program reaches that Taichi's reverse mode cannot apply (NOTE: [Rules
         Taichi's reverse mode cannot see]): found once; the tangent program has its primal program's."""
         if self._hidden_rules is None:
-            self._hidden_rules = rules_reached(self._source)
+            self._hidden_rules = rules_reached(self._graph)  # the program's own code graph, walked once
         return self._hidden_rules
 
     def check_reverse(self) -> None:

@@ -52,6 +52,7 @@ from .._arrays import Batch, is_tensor, numpy_dtype, to_numpy, torch_dtype
 from .._cache import uses
 from .._derived import TangentSignature
 from .._errors import taichi_cannot_reverse
+from .._fields.graph import CodeGraph
 from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
 from .._protocol import Function, register_kind
 from .._signature import ArgSpec
@@ -152,7 +153,7 @@ class NdarrayFunction(Function):
         """The derivative rules the kernel reaches that Taichi's reverse mode cannot apply (NOTE: [Rules
         Taichi's reverse mode cannot see]): found once; a tangent kernel has its primal kernel's."""
         if self._hidden_rules is None:
-            self._hidden_rules = rules_reached(self.kernel)
+            self._hidden_rules = rules_reached(CodeGraph(self.kernel))
         return self._hidden_rules
 
     def reverse_refused(self) -> str | None:
