@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import taichi as ti
 import torch
-from custom_functions import energy  # a td.custom_vjp function without a jvp rule
+from custom_functions import energy, energy_twin  # a td.custom_vjp function without a jvp rule
 
 import tidiff as td
 
@@ -235,3 +235,27 @@ def test_third_order_reverse_through_a_nested_tuple_of_tangents():
     third_b, third_a = td.jacrev(td.hessian(unused_then_floor_only, argnums=1), argnums=(-1, 0))(x0, x1)
     np.testing.assert_array_equal(third_b, np.zeros((1, 1, 1)))  # the case drawn: it failed to compile
     np.testing.assert_array_equal(third_a, np.zeros((1, 1, 2)))
+
+
+vec1d, mat22d = ti.types.vector(1, ti.f64), ti.types.matrix(2, 2, ti.f64)
+
+
+@ti.func
+def typed_constructors_of_one(x: vec2d) -> ti.f64:
+    filled = vec1d(x[0] * x[1])[0] + ti.math.vec3(x[1]).norm_sqr() * mat22d(x[0])
+    return energy(x, 1.5) + (filled @ vec2d(x)).sum()
+
+
+def test_reverse_of_a_typed_constructor_of_one_argument():
+    """``vec1d(x)`` (long run, seed 9205) was refused by the reverse transform, so code reaching a
+    custom_vjp rule without a jvp rule could not be differentiated: Taichi fills every entry with a
+    scalar argument and copies a vector one; the adjoint sums the cotangent back to the argument."""
+    x = np.array([0.3, -0.7])
+
+    def twin(x):
+        filled = (x[0] * x[1]) + 3 * x[1] ** 2 * x[0] * torch.ones((2, 2), dtype=torch.float64)
+        return energy_twin(x, 1.5) + (filled @ x).sum()
+
+    xt = torch.tensor(x, requires_grad=True)
+    (expected,) = torch.autograd.grad(twin(xt), xt)
+    np.testing.assert_allclose(td.grad(typed_constructors_of_one)(x), expected.numpy(), rtol=1e-12)

@@ -173,10 +173,11 @@ def neither_way(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Transf
     except NoForwardRule as raised:
         error = raised
     name = getattr(parent, "__name__", "the function")
+    construct = why_not(parent, active, n_outputs)
     return TransformError(
-        f"`{name}`: reverse mode cannot handle {why_not(parent, active, n_outputs)}, and forward mode "
+        f"`{name}`: reverse mode cannot handle {construct}, and forward mode "
         f"reaches `{error.function}`, a td.custom_vjp function without a jvp rule",
         error.filename, error.lineno,
-        f"give {error.function} a jvp rule with {error.function}.defjvp(...), or write the code around "
-        "the call without break and continue",
+        f"give {error.function} a jvp rule with {error.function}.defjvp(...), or write what reverse mode "
+        "cannot handle another way (docs/limits.md lists what it takes)",
     )

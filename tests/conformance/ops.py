@@ -149,6 +149,16 @@ def matrix_ctor(T):
     return [((),) * (T[0] * T[1])] if is_matrix(T) else []
 
 
+def filled(T):
+    """``vec3d(x)``: a scalar in every entry (Taichi's typed constructors of one scalar)."""
+    return [((),)] if T != () else []
+
+
+def typed_copy(T):
+    """``vec3d(v)``: a typed constructor of one vector or matrix copies it."""
+    return [(T,)] if T != () else []
+
+
 # -- static parameters --------------------------------------------------------------------------
 
 
@@ -199,6 +209,10 @@ def vector_ctor_params(draw, T, operands):
 
 def matrix_ctor_params(draw, T, operands):
     return {"n": T[0], "m": T[1]}
+
+
+def type_params(draw, T, operands):
+    return {"type": f"vec{T[0]}d" if is_vector(T) else f"mat{T[0]}{T[1]}d", "shape": str(T)}
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -285,6 +299,8 @@ OPS: dict[str, Op] = {
     "vector_dt": Op("ti.Vector([{args}], dt=ti.f64)", "torch.stack([{args}])", vector_ctor,
                     params=vector_ctor_params),
     "vector_type": Op("vec{n}d({args})", "torch.stack([{args}])", vector_ctor, params=vector_ctor_params),
+    "type_fill": Op("{type}({0})", "_filled({shape}, {0})", filled, params=type_params),
+    "type_copy": Op("{type}({0})", "(+{0})", typed_copy, params=type_params),
     # matrices
     "matmul": Op("({0} @ {1})", "({0} @ {1})", matmat),
     "transpose": Op("{0}.transpose()", "{0}.T", transpose),

@@ -97,6 +97,10 @@ def _eye(n):
     return torch.eye(n, dtype=F64)
 
 
+def _filled(shape, x):
+    return x * torch.ones(shape, dtype=F64)
+
+
 def _matrix(n, m, entries):
     return torch.stack(entries).reshape(n, m)
 
@@ -123,7 +127,8 @@ def _jvp(fn, primals, tangents):
 
 
 HELPERS = {f.__name__: f for f in (_set, _maximum, _minimum, _max_of, _min_of, _clamp, _smoothstep, _mix, _norm_sqr,
-                                   _norm, _normalized, _cross2, _det, _eye, _matrix, _grad, _jvp)}
+                                   _norm, _normalized, _cross2, _det, _eye, _filled, _matrix, _grad,
+                                   _jvp)}
 """What twin source may call besides torch and the library."""
 
 

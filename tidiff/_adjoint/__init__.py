@@ -13,7 +13,7 @@ def _made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
     key = (tuple(bool(a) for a in active), n_outputs)
     if key not in cache:
         try:
-            make = lambda parsed, act: Reverser(parsed, act, n_outputs, vjp_func)  # noqa: E731
+            make = lambda parsed, act: Reverser(parsed, act, n_outputs, _made)  # noqa: E731
             cache[key] = generate(f, key[0], make, tag="vjp")
         except NotReversible as reason:
             cache[key] = reason

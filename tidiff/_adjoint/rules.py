@@ -87,6 +87,11 @@ def _zero(like: Sym) -> Sym:
     return T.zero(like)
 
 
+def constructor_of_one(g: Sym, out: Sym, x: Sym) -> Contributions:
+    """The adjoint of ``ti.math.vec3(x)``: Taichi puts a scalar ``x`` in every entry and copies a vector."""
+    return [_sum_to(g, x)]
+
+
 # --- operators -------------------------------------------------------------
 defvjp(ast.Add, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to(g, y))
 defvjp(ast.Sub, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to(-g, y))

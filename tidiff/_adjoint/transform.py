@@ -69,7 +69,11 @@ _ZERO_ATTRIBUTES = {"n", "m", "shape", "dtype", "ndim"}
 
 
 class Reverser(ControlFlow):
-    """Builds the reverse function of one parsed ``@ti.func`` for one activity pattern."""
+    """Builds the reverse function of one parsed ``@ti.func`` for one activity pattern.
+
+    ``vjp_of(callee, active, n_outputs)`` gives a callee's reverse function, or the NotReversible
+    saying why it has none (named in this function's own refusal).
+    """
 
     def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int,
                  vjp_of: Callable[[Any, tuple[bool, ...], int], Any]) -> None:
@@ -529,9 +533,12 @@ class Reverser(ControlFlow):
             return self.rename(node)
         if len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple)):  # ti.math.mat2([[a, b], [c, d]])
             return self.construct(node, keywords)
+        if len(node.args) == 1:  # ti.math.vec3(x): x in every entry, or a copy of a vector x
+            arg = self.operand(node.args[0])
+            return self.op(rules.constructor_of_one, ast.Call(node.func, [arg], keywords), [arg], "vec")
         shape = (callee.n,) if callee.ndim == 1 else (callee.n, callee.m)
         size = shape[0] if len(shape) == 1 else shape[0] * shape[1]
-        if len(node.args) != size or size == 1:
+        if len(node.args) != size:
             raise NotReversible(f"the constructor `{ast.unparse(node)}` (one scalar per entry is supported)")
         args = [self.operand(a) for a in node.args]
         index = [(k,) for k in range(size)] if len(shape) == 1 else [divmod(k, shape[1]) for k in range(size)]
@@ -575,8 +582,9 @@ class Reverser(ControlFlow):
             reverse = (
                 rule.reverse(callee, mask, n_outputs) if rule is not None else self.vjp_of(callee, mask, n_outputs)
             )
-            if reverse is None:
-                raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible")
+            if reverse is None or isinstance(reverse, NotReversible):
+                why = f": {reverse}" if isinstance(reverse, NotReversible) else ""
+                raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible{why}")
             self.uses_bwd = self.uses_bwd or getattr(reverse, USES_BWD, False)
             self.recomputes = self.recomputes or getattr(reverse, RECOMPUTES, False)
             rank = iter(range(1, len(args) + 1))  # the result is (out, ct of each active operand...)
