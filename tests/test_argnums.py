@@ -119,3 +119,55 @@ def test_in_kernel_blocks_follow_argnums():
     out = np.zeros(5)
     in_kernel(*ARGS, out)
     close(out, [grads[0], grads[1][1], grads[2][0, 1], hessian[1][1][1, 0], hessian[1][0][1]])
+
+
+# -- every argument's pushes in one loop (NOTE: [One loop of pushes]) ---------------------------------------
+@ti.func
+def straight_again(x: ti.f64, v: vec2, m: mat2) -> ti.f64:  # straight, as a function of its own (own caches)
+    return x * v.dot(m @ v) + ti.sin(x * v[1]) + (m * m).sum() * x
+
+
+@ti.func
+def branchy_again(x: ti.f64, v: vec2, m: mat2) -> ti.f64:
+    out = x * v.dot(m @ v)
+    if v[0] > 0.0:
+        out += ti.sin(x * v[1]) * m[0, 1]
+    for i in range(2):
+        out += m[i, i] * x * x
+    return out
+
+
+@ti.kernel
+def in_kernel_again(x: ti.f64, v: vec2, m: mat2, out: ti.types.ndarray(ndim=1)):
+    gm, gx, gv = td.jacfwd(branchy_again, argnums=(2, 0, 1))(x, v, m)
+    hv, hx = td.hessian(straight_again, argnums=(1, 0))(x, v, m)[0]
+    out[0] = gx
+    out[1] = gv[1]
+    out[2] = gm[0, 1]
+    out[3] = hv[1, 0]
+    out[4] = hx[1]
+
+
+def test_pushes_of_all_arguments_in_one_loop(monkeypatch):
+    """With no lane budget every Jacobian by several arguments pushes all their components by one call in one
+    runtime loop (scalar blocks stored in it too): the same blocks, in argnums order, host and in kernels."""
+    monkeypatch.setattr(td._modes, "LANE_BUDGET", 0)
+    torch_f = {straight_again: torch_straight, branchy_again: torch_branchy}
+    for f in (straight_again, branchy_again):
+        grads, hessian = torch_blocks(torch_f[f])
+        for order in ORDERS:
+            for transform in (td.jacfwd, td.jacobian):
+                for g, w in zip(transform(f, argnums=order)(*ARGS), [grads[a % 3] for a in order], strict=True):
+                    close(g, w)
+            got = td.hessian(f, argnums=order)(*ARGS)
+            for i, j in itertools.product(range(len(order)), repeat=2):
+                close(got[i][j], hessian[order[i] % 3][order[j] % 3])
+        vjp = td.vjp(f, *ARGS)[1](1.5)
+        for g, w in zip(vjp, grads, strict=True):
+            close(g, 1.5 * w)
+    grads, _ = torch_blocks(torch_branchy)
+    _, hessian = torch_blocks(torch_straight)
+    out = np.zeros(5)
+    in_kernel_again(*ARGS, out)
+    close(out, [grads[0], grads[1][1], grads[2][0, 1], hessian[1][1][1, 0], hessian[1][0][1]])
+    assert td.source(td.jacfwd(branchy_again, argnums=(2, 0, 1)), *ARGS).count("= branchy_again_jvp(") == 1

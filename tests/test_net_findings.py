@@ -1,6 +1,5 @@
 """Bugs the conformance net (tests/conformance) found, each as a small regression test."""
 import numpy as np
-import pytest
 import taichi as ti
 import torch
 from custom_functions import energy, energy_twin  # a td.custom_vjp function without a jvp rule
@@ -210,14 +209,12 @@ def unused_then_floor_only(x0: ti.types.vector(2, ti.f64), x1: ti.types.vector(1
     return ti.floor(x0[0])
 
 
-@pytest.mark.xfail(strict=True, raises=ti.TaichiCompilationError, reason=(
-    "known failure: the reverse transform reads an entry of a tuple inside a call's results as an entry of a "
-    "vector; naming each leaf of the unpacked results fixed this case but broke test_helper_tuple_as_outputs "
-    "(whose results' nesting the callee's return does not show), so it was taken back"))
 def test_third_order_reverse_through_a_nested_tuple_of_tangents():
     """Found by the long run (seed 9101): reversing a jvp function whose callee returns tuples inside its
-    tuple (``t, dt = f_jvp_jvp(...)``, each a (value, tangent) pair) reads ``t[1]`` as an entry of a vector:
-    td.jacrev(td.hessian(f, argnums=1), argnums=(-1, 0)) fails to compile (a tuple indexed by an Expr)."""
+    tuple (``t, dt = f_jvp_jvp(...)``, each a (value, tangent) pair) read ``t[1]`` as an entry of a vector:
+    td.jacrev(td.hessian(f, argnums=1), argnums=(-1, 0)) failed to compile (a tuple indexed by an Expr).
+    Every leaf of nested results now has a name of its own, the nesting followed through the callee's code
+    (NOTE: [Nested results]); seed 9404 hit it again in td.jacfwd(td.jacrev(td.grad(f)))."""
     x0, x1 = np.array([1.17, 0.95]), np.array([-0.4])
 
     def twin(a, b):
@@ -259,3 +256,32 @@ def test_reverse_of_a_typed_constructor_of_one_argument():
     xt = torch.tensor(x, requires_grad=True)
     (expected,) = torch.autograd.grad(twin(xt), xt)
     np.testing.assert_allclose(td.grad(typed_constructors_of_one)(x), expected.numpy(), rtol=1e-12)
+
+
+@ti.func
+def rewritten_after_literals(x0: ti.types.vector(4, ti.f64)) -> ti.types.matrix(3, 3, ti.f64):
+    t0 = ti.asin(ti.tanh(ti.pow(ti.Matrix([[x0[3], x0[3], x0[1]], [x0[1], x0[0], x0[1]]]), 3)) * 0.9)
+    t1 = ti.log(ti.acos(ti.tanh(x0) * 0.9) ** 2 + 1.0)
+    t1 -= (-max(t0[0, 0], t1[0]))
+    t1 -= (t1 * -0.6)
+    m = ti.Matrix([[t0[0, 2], x0[1], x0[1]], [t0[0, 0], t1[0], t1[0]], [x0[3], t0[0, 0], x0[2]]])
+    return ti.cos(ti.cos(m)) + 2.3
+
+
+def test_forward_mode_of_a_vector_rewritten_after_literals_of_its_entries():
+    """Found by the long run (seed 9403; seed 9123 likewise): Taichi's optimizer miscompiled the tangent code,
+    which rewrote ``t1`` in place after matrix literals of its entries: jacfwd 1.104 where torch gives 0.714
+    (right with advanced_optimization=False). Tangent code now gives each new value a new name (NOTE:
+    [Rebinding in straight-line code])."""
+    x = np.array([1.4926739710302606, 0.6843406712712952, 0.8077728440491567, 0.8100741692369864])
+
+    def twin(x0):
+        t0 = torch.asin(torch.tanh(torch.stack([x0[3], x0[3], x0[1], x0[1], x0[0], x0[1]]).reshape(2, 3) ** 3) * 0.9)
+        t1 = torch.log(torch.acos(torch.tanh(x0) * 0.9) ** 2 + 1.0)
+        t1 = 1.6 * (t1 + torch.maximum(t0[0, 0], t1[0]))
+        m = torch.stack([t0[0, 2], x0[1], x0[1], t0[0, 0], t1[0], t1[0], x0[3], t0[0, 0], x0[2]]).reshape(3, 3)
+        return torch.cos(torch.cos(m)) + 2.3
+
+    expected = torch.autograd.functional.jacobian(twin, torch.tensor(x)).numpy()
+    np.testing.assert_allclose(td.jacfwd(rewritten_after_literals)(x), expected, rtol=1e-12, atol=1e-15)
+

@@ -24,6 +24,7 @@ from hypothesis.extra.numpy import mutually_broadcastable_shapes
 import tidiff as td
 
 from . import grammar, known, render_taichi, render_torch
+from .crashes import CURRENT_ENV, TAICHI_CRASHES
 from .grammar import Program
 
 MAX_ELEMENTS = 4
@@ -119,12 +120,6 @@ class Case:
 
 
 PITFALL_LOG_ENV = "TIDIFF_CONFORMANCE_PITFALL_LOG"
-TAICHI_CRASHES = {
-    "current_container_stmt": "Taichi 1.7.4's IR verifier rejects a branch calling a func in a static loop of three "
-                              "or more iterations inside a func (tests/test_taichi_pitfalls.py)",
-}
-"""A crash's signature in Taichi's message -> the known Taichi bug (NOTE: [Taichi pitfalls] in checks)."""
-CURRENT_ENV = "TIDIFF_CONFORMANCE_CURRENT"
 
 
 class TaichiPitfallWarning(UserWarning):

@@ -200,4 +200,7 @@ defvjp(rule_helpers.without, lambda g, out, v, i: helpers.without(g, i))
 defvjp(rule_helpers.without2, lambda g, out, v, i, j: helpers.without2(g, i, j))
 defvjp(rule_helpers.trace_adjoint, None, lambda g, out, like, v: g.trace())
 defvjp(rule_helpers.cast_adjoint, lambda g, out, v, dtype: helpers.cast_adjoint(g, dtype))  # its own adjoint
+defvjp(rule_helpers.rebound, lambda g, out, value, old: helpers.rebound_adjoint(g, value, old))
+defvjp(rule_helpers.rebound_tangent, lambda g, out, t, old: helpers.rebound_adjoint(g, t, old))
+defvjp(rule_helpers.rebound_adjoint, lambda g, out, h, value, old: helpers.rebound_tangent(g, old))
 defvjp(rule_helpers.extreme_adjoint, None, lambda g, out, x, v, largest: helpers.pick_extreme(x, g, largest))

@@ -31,12 +31,12 @@ import taichi as ti
 from .._tangent.activity import loaded_names
 from .._tangent.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
 from .._tangent.naming import Namer, helper_name, names_in
-from .._tangent.parse import MISSING, Parsed, hashable, parse, positional, resolve, static_call
+from .._tangent.parse import MISSING, Parsed, hashable, positional, resolve, static_call
 from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, zero
 from .._tangent.rules import lookup as forward_rule
 from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from .._tangent.transform import _callee_hint, callable_positional
-from . import rules
+from . import results, rules
 from .control import Branch, ControlFlow, Loop, Op
 from .linearize import linearized
 from .nodes import assign as _assign
@@ -159,8 +159,17 @@ class Reverser(ControlFlow):
             return
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, ast.Call) \
                 and _all_names(target.elts):
-            for t, v in zip(target.elts, self.call_outputs(node.value, _top_level(len(target.elts))), strict=False):
-                self.bind(t.id, v)
+            paths = self.returned_paths(node.value)
+            if sorted({p[0] for p in paths if p}) != list(range(len(target.elts))):
+                paths = _top_level(len(target.elts))
+            leaves = self.call_outputs(node.value, paths)
+            for k, t in enumerate(target.elts):
+                part = {p[1:]: v for p, v in zip(paths, leaves, strict=True) if p[:1] == (k,)}
+                if list(part) == [()]:
+                    self.bind(t.id, part[()])
+                else:  # a tuple inside the results (NOTE: [Nested results]): its leaves keep their names
+                    self.bind(t.id, _nested(part))
+                    self.tuples[self.ssa(t.id)] = part
             return
         if isinstance(target, (ast.Subscript, ast.Attribute)):
             return self.write_entry(target, node.value)
@@ -301,18 +310,27 @@ class Reverser(ControlFlow):
 
     def outputs(self, node: ast.expr) -> list[ast.expr]:
         if self.n_outputs > 1 and isinstance(node, ast.Call):  # return h(x), h returning a tuple
-            return self.call_outputs(node, _top_level(self.n_outputs))
+            paths = self.returned_paths(node)
+            return self.call_outputs(node, paths if len(paths) == self.n_outputs else _top_level(self.n_outputs))
         if isinstance(node, ast.Name) and self.env.get(node.id) in self.tuples:
             names = list(self.tuples[self.ssa(node.id)].values())
             if len(names) != self.n_outputs:
                 raise NotReversible(f"a return of {len(names)} values where {self.n_outputs} are expected")
             return names
         values = node.elts if isinstance(node, ast.Tuple) else [node]
-        if len(values) != self.n_outputs and len(_leaves(node)) == self.n_outputs:
-            values = _leaves(node)  # NOTE: [Nested results]
+        if len(values) != self.n_outputs and len(self.leaves(node)) == self.n_outputs:
+            values = self.leaves(node)  # NOTE: [Nested results]
         if len(values) != self.n_outputs:
             raise NotReversible(f"a return of {len(values)} values where {self.n_outputs} are expected")
         return [self.operand(v) for v in values]
+
+    def leaves(self, node: ast.expr) -> list[ast.expr]:
+        """The leaves of a returned value: tuples flattened, names bound to a call's results too."""
+        if isinstance(node, ast.Tuple):
+            return [leaf for e in node.elts for leaf in self.leaves(e)]
+        if isinstance(node, ast.Name) and self.env.get(node.id) in self.tuples:
+            return list(self.tuples[self.ssa(node.id)].values())
+        return [node]
 
     # --- expressions -------------------------------------------------------------
     def is_active(self, node: ast.expr) -> TypeGuard[ast.Name]:
@@ -618,43 +636,34 @@ class Reverser(ControlFlow):
         return True
 
     def tuple_element(self, node: ast.Subscript | ast.Attribute) -> ast.expr | None:
-        """``r[k]`` of a tuple-valued call result ``r``: the name bound to its element ``k``, or None."""
-        if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)):
-            return None
-        current = self.env.get(node.value.id)
+        """``r[k]`` (or ``r[k][j]``) of a tuple-valued call result ``r``: the name bound to that leaf, a tuple
+        of the names of a tuple inside the results, or None where ``r`` is no such result."""
+        path: list[int] = []
+        base: ast.expr = node
+        while isinstance(base, ast.Subscript):
+            index = self.rename(base.slice)
+            if not (isinstance(index, ast.Constant) and isinstance(index.value, int)):
+                return None
+            path.insert(0, index.value)
+            base = base.value
+        current = self.env.get(base.id) if isinstance(base, ast.Name) else None
         names = self.tuples.get(current) if isinstance(current, str) else None
-        index = self.rename(node.slice)
-        if names is None or not (isinstance(index, ast.Constant) and isinstance(index.value, int)):
+        if names is None or not path:
             return None
-        if (index.value,) not in names:  # a nested tuple of results (NOTE: [Nested results])
-            raise NotReversible(f"the read of `{ast.unparse(node)}`, a tuple inside a call's results")
-        return names[(index.value,)]
+        key = tuple(path)
+        if key in names:
+            return names[key]
+        part = {p[len(key):]: v for p, v in names.items() if p[:len(key)] == key}
+        if not part:
+            raise NotReversible(f"the read of `{ast.unparse(node)}`, past the end of a call's results")
+        return _nested(part)  # NOTE: [Nested results]
 
     def returned_paths(self, node: ast.expr) -> list[Path]:
-        """Index paths of the values a call returns: ``[(0,), (1,)]`` for a callee's final ``return (a, b)``,
-        ``[(0, 0), (0, 1), (1,)]`` for ``return ((a, b), c)`` (NOTE: [Nested results]), ``[()]`` for one value."""
+        """Index paths of the values a call returns: ``[(0,), (1,)]`` for a callee returning ``(a, b)``,
+        ``[(0, 0), (0, 1), (1,)]`` for ``((a, b), c)`` (NOTE: [Nested results]), ``[()]`` for one value."""
         if not isinstance(node, ast.Call):
             return [()]
-        made = self._made_callee(node.func)
-        if made is not MISSING:
-            return _top_level(callable_rule(made).outputs(made))
-        if self._is_local(node.func):
-            return [()]
-        callee = resolve(node.func, self.parsed.namespace)
-        if callable_rule(callee) is not None:
-            return _top_level(callable_rule(callee).outputs(callee))
-        if hashable(callee) and (callee in CUSTOM_VJPS or callee in CUSTOM_JVPS):
-            callee = callee.tifunc
-        rule = rules.lookup(callee) if hashable(callee) else None
-        if isinstance(rule, MultiOutput) and rule.n_outputs > 1:  # U, S, V = ti.svd(A)
-            return _top_level(rule.n_outputs)
-        if not transformable(callee):  # a @ti.func or a helper (NOTE: [Python helpers])
-            return [()]
-        body = parse(callee).tree.body
-        last = body[-1] if body else None
-        if isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple):
-            return _paths(last.value)
-        return [()]
+        return results.paths(results.call_shape(node, self.parsed, set(self.env) | self.defined))
 
     def _made_callee(self, func: ast.expr) -> Any:
         """A callee made by a call of module-level objects (``td.grad(E)``) that the transforms call
@@ -774,15 +783,12 @@ def _top_level(count: int) -> list[Path]:
     return [()] if count == 1 else [(k,) for k in range(count)]
 
 
-def _paths(node: ast.expr, path: Path = ()) -> list[Path]:
-    """Index paths of the leaves of a tuple expression."""
-    if not isinstance(node, ast.Tuple):
-        return [path]
-    return [p for k, e in enumerate(node.elts) for p in _paths(e, path + (k,))]
-
-
-def _leaves(node: ast.expr) -> list[ast.expr]:
-    return [e for sub in node.elts for e in _leaves(sub)] if isinstance(node, ast.Tuple) else [node]
+def _nested(leaves: dict[Path, ast.expr]) -> ast.expr:
+    """The tuple expression whose leaf at each path is ``leaves[path]``."""
+    if () in leaves:
+        return leaves[()]
+    count = max(p[0] for p in leaves) + 1
+    return ast.Tuple([_nested({p[1:]: v for p, v in leaves.items() if p[0] == k}) for k in range(count)], ast.Load())
 
 
 def _element(value: ast.expr, path: Path) -> ast.expr:

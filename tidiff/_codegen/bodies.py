@@ -157,6 +157,14 @@ class BodyWriter:
         self.stmts.append(ast.For(ast.Name(var, ast.Store()),
                                   ast.Call(ast.Name("range", ast.Load()), [ast.Constant(n)], []), body, []))
 
+    @contextlib.contextmanager
+    def when(self, test: ast.expr) -> Iterator[None]:
+        """``if test:`` around the statements written in the block."""
+        outer, self.stmts = self.stmts, []
+        yield
+        body, self.stmts = self.stmts or [ast.Pass()], outer
+        self.stmts.append(ast.If(test, body, []))
+
     def compile(self, results: Sequence[Any], single: bool, tag: str) -> Any:
         """The finished ``@ti.func``; a single result is returned bare, else as a flat tuple."""
         value = node_of(results[0]) if single else ast.Tuple([node_of(r) for r in results], ast.Load())
@@ -229,6 +237,51 @@ class _Pushes:
             t = w.let("t", w.callee(fn, name_of(self.parent) + "_jvp")(*self.primals, *tangents))
             store(t[1], _unravel(spec.shape, p))
 
+    def one_loop(self, argnums: Sequence[int]) -> bool:
+        """Whether the pushes of all ``argnums`` run in one runtime loop over all their components.
+
+        NOTE: [One loop of pushes] Each argument's pushes are one call of the
+        tangent function (widened, or in a loop of its own), and Taichi inlines
+        every call: k arguments are k copies of the parent's code, and a chain
+        of n transforms k**n copies, whose compile time grows with the square of
+        their size (``td.hessian`` by three arguments of a function with a
+        3x3 inverse in a loop: 9 copies, over 12 minutes; long run, seed 9302).
+        Where the calls would together pass LANE_BUDGET (NOTE: [Vector-mode
+        pushes]), all components are pushed by one call in one loop.
+        """
+        if len(argnums) < 2:
+            return False
+        size = sum(self.specs[a].size for a in argnums)
+        return size * _modes.tangent_function(self.parent, self.active)._tidiff_lane_cost > _modes.LANE_BUDGET
+
+    def all_in_one_loop(self, argnums: Sequence[int], stores: dict[int, Any]) -> None:
+        """Push the basis tangent of every component of every argument in ``argnums`` by one call in one
+        runtime loop (NOTE: [One loop of pushes]); ``stores[a](dout, index)`` consumes argument ``a``'s."""
+        w, order = self.w, sorted(argnums)
+        self.looped = True
+        fn = _modes.tangent_function(self.parent, self.active)
+        offsets = dict(zip(order, itertools.accumulate([self.specs[a].size for a in order], initial=0), strict=False))
+        total = sum(self.specs[a].size for a in order)
+        with w.loop("p", total) as p:
+            e = w.let("e", zero((total,), self.specs[order[0]].dtype))
+            w.store(_subscript(e, [p]), 1.0)
+            tangents = []
+            for b in order:
+                spec = self.specs[b]
+                indices = itertools.product(*[range(n) for n in spec.shape])
+                entries = {idx: _subscript(e, [offsets[b] + k]) for k, idx in enumerate(indices)}
+                tangents.append(literal(entries, spec.shape, spec.dtype))
+            t = w.let("t", w.callee(fn, name_of(self.parent) + "_jvp")(*self.primals, *tangents))
+            for a in order:
+                start, spec = offsets[a], self.specs[a]
+                test = ast.Compare(p.node, [ast.Lt()], [ast.Constant(start + spec.size)])
+                if start:
+                    test = ast.Compare(ast.Constant(start), [ast.LtE(), ast.Lt()],
+                                       [p.node, ast.Constant(start + spec.size)])
+                with w.when(test):
+                    q = p if not start else Sym(ast.BinOp(p.node, ast.Sub(), ast.Constant(start)))
+                    stores[a](t[1], _unravel(spec.shape, q))
+
     def reverse(self, n_outputs: int, cotangents: Sequence[Any]) -> Sym:
         """One call of the parent's reverse function: ``(out, ct of each active argument...)``."""
         fn = _modes.reverse_function(self.parent, self.active, n_outputs)
@@ -254,17 +307,24 @@ class LocalBlocks:
         self.w = w
         self.blocks: dict[tuple[int, int], Sym] = {}
         self.deferred: dict[tuple[int, int], tuple[tuple[int, ...], Any, dict[tuple[int, ...], Any]]] = {}
+        self.stored: set[tuple[int, int]] = set()  # scalar blocks written inside a loop
 
-    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False) -> None:
-        """Start block (o, a); ``constant_positions``: every entry will come at a constant position."""
+    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False,
+             in_loop: bool = False) -> None:
+        """Start block (o, a); ``constant_positions``: every entry will come at a constant position;
+        ``in_loop``: its entries are written inside a runtime loop (a scalar block too)."""
         if full and constant_positions:
             self.deferred[o, a] = (full, dtype, {})
-        elif full:
+        elif full or in_loop:
             self.blocks[o, a] = self.w.let(f"J_{o}_{a}", zero(full, dtype))
+            if not full:
+                self.stored.add((o, a))
 
     def put(self, o: int, a: int, full: tuple[int, ...], index: Sequence[Any], value: Any) -> None:
         """Entry ``index`` (a multi-index into ``full``, constants or runtime values) of block (o, a)."""
-        if not full:
+        if not full and (o, a) in self.stored:
+            self.w.store(self.blocks[o, a], value)
+        elif not full:
             self.blocks[o, a] = self.w.let(f"J_{o}_{a}", value)
         elif (o, a) in self.deferred:
             self.deferred[o, a][2][tuple(index)] = value  # of names bound once: valid at close
@@ -304,7 +364,8 @@ class OutputBlocks:
     def __init__(self, w: BodyWriter, arrays: dict[tuple[int, int], Sym], index: Sym) -> None:
         self.w, self.arrays, self.index = w, arrays, index
 
-    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False) -> None:
+    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False,
+             in_loop: bool = False) -> None:
         pass
 
     def close(self) -> None:
@@ -346,11 +407,13 @@ def jacobian_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], argnum
                         sink.put(o, a, full, oidx + idx, entry(ct, spec.shape, idx))
         sink.close()
         return pushes.value
+    one_loop = pushes.one_loop(argnums)
+    stores = {}
     for a in argnums:
         spec = specs[a]
         for o, out in enumerate(out_specs):
             if o in wanted:
-                sink.open(o, a, out.shape + spec.shape, out.dtype)
+                sink.open(o, a, out.shape + spec.shape, out.dtype, in_loop=one_loop)
 
         def store(dout: Sym, index: tuple[Any, ...], a: int = a, spec: ArgSpec = spec) -> None:
             for o in wanted:
@@ -359,7 +422,12 @@ def jacobian_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], argnum
                     sink.put(o, a, out.shape + spec.shape, oidx + tuple(index),
                              entry(_out(dout, o, single_out), out.shape, oidx))
 
-        pushes.each(argnums, a, store)
+        stores[a] = store
+    if one_loop:
+        pushes.all_in_one_loop(argnums, stores)
+    else:
+        for a in argnums:
+            pushes.each(argnums, a, stores[a])
     w.looped = w.looped or pushes.looped
     return pushes.value
 
@@ -392,9 +460,12 @@ def cotangent_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], out_s
         r = pushes.reverse(len(out_specs), cotangents)
         return {a: r[k + 1] for k, a in enumerate(argnums)}
     grads: dict[int, Sym] = {}
+    one_loop = pushes.one_loop(argnums)
+    stores = {}
     for a in argnums:
         spec = specs[a]
-        grads[a] = w.let(f"g_{a}", zero(spec.shape, spec.dtype)) if spec.shape else Sym(ast.Name("_", ast.Load()))
+        grads[a] = w.let(f"g_{a}", zero(spec.shape, spec.dtype)) if spec.shape or one_loop else \
+            Sym(ast.Name("_", ast.Load()))
 
         def store(dout: Sym, index: tuple[Any, ...], a: int = a, spec: ArgSpec = spec) -> None:
             terms = []
@@ -408,8 +479,15 @@ def cotangent_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], out_s
                 w.store(_subscript(grads[a], [_flat_position(spec.shape, tuple(index))]), total)
             elif spec.shape:
                 w.store(_subscript(grads[a], list(index)), total)
+            elif one_loop:
+                w.store(grads[a], total)
             else:
                 grads[a] = w.let(f"g_{a}", total)
 
-        pushes.each(argnums, a, store)
+        stores[a] = store
+    if one_loop:
+        pushes.all_in_one_loop(argnums, stores)
+    else:
+        for a in argnums:
+            pushes.each(argnums, a, stores[a])
     return grads

@@ -290,6 +290,32 @@ def dtype_of(x):
 
 
 @_compile_time
+def rebound(value, old):
+    """``old = value`` as a new variable, as Taichi would store it in ``old``: cast to ``old``'s element
+    type where the two differ (NOTE: [Rebinding in straight-line code] in ``rebinding.py``)."""
+    dtype = dtype_of(old)
+    return value if dtype_of(value) == dtype else ti.cast(value, dtype)
+
+
+@_compile_time
+def rebound_tangent(t, old):
+    """The tangent of ``rebound(value, old)`` from the value's tangent ``t``: cast alike, zero where
+    ``old`` is an integer (Taichi's assignment truncates: no derivative)."""
+    dtype = dtype_of(old)
+    if is_integral(dtype):
+        return ti.cast(t, dtype) * 0
+    return t if dtype_of(t) == dtype else ti.cast(t, dtype)
+
+
+@_compile_time
+def rebound_adjoint(g, value, old):
+    """The cotangent of ``value`` in ``rebound(value, old)`` from the result's cotangent ``g``."""
+    dtype = dtype_of(value)
+    cast = g if dtype_of(g) == dtype else ti.cast(g, dtype)
+    return cast * 0 if is_integral(dtype_of(old)) else cast
+
+
+@_compile_time
 def size_of(x):
     """How many entries a Taichi value has: 1 for scalars."""
     size = 1

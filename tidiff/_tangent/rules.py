@@ -389,6 +389,10 @@ def deflinear_in(keys: Any, position: int) -> None:
 deflinear_in([rule_helpers.sum_to, rule_helpers.broadcast_like, rule_helpers.without, rule_helpers.without2], 0)
 deflinear_in([rule_helpers.scatter, rule_helpers.scatter2, rule_helpers.trace_adjoint], 1)
 deflinear_in([rule_helpers.cast_tangent, rule_helpers.cast_adjoint, rule_helpers.row_of, rule_helpers.col_of], 0)
+# a new name for a new value (NOTE: [Rebinding in straight-line code]); linear in the value
+_register(rule_helpers.rebound,
+          lambda call: None if call.tangents[0] is None else helpers.rebound_tangent(call.tangents[0], call.args[1]))
+deflinear_in([rule_helpers.rebound_tangent, rule_helpers.rebound_adjoint], 0)
 # tapes of loop-carried values and the linearized custom rules of the reverse sweep (``_adjoint/control.py``)
 deflinear_in([rule_helpers.entries, rule_helpers.unflat_any, rule_helpers.tape_of], 0)
 defzero(rule_helpers.basis)

@@ -22,6 +22,7 @@ from .callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refu
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 from .naming import Namer, helper_name, names_in
 from .parse import MISSING, Parsed, hashable, positional, resolve, static_call
+from .rebinding import rename_rebindings
 from .rules import CUSTOM_JVPS, CUSTOM_VJPS, REFUSED, RULES, Call, Rule, callable_rule, lookup, zero
 from .sym import TAICHI, Sym, spell_taichi, taichi_name, zero_like
 
@@ -155,6 +156,8 @@ class Transformer:
             self.block = lanes.block(self.block)
             tangent_args = [ast.arg(lanes.names[a.arg][k], a.annotation)
                             for k in range(self.width) for a in tangent_args]
+        # NOTE: [Rebinding in straight-line code]
+        self.block = rename_rebindings(self.block, [a.arg for a in args.args + tangent_args], self.namer)
         decorator = ast.Attribute(_name(TAICHI), self.decorator, ast.Load())
         fn = ast.FunctionDef(name, ast.arguments([], args.args + tangent_args, None, [], [], None, []),
                              self.block or [ast.Pass()], [decorator], self.returns)

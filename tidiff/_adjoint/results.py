@@ -1,0 +1,101 @@
+"""The nesting of what a call returns, read from the code: the index paths of its leaves.
+
+NOTE: [Nested results] The reverse transform gives every leaf of a call's
+results a name of its own and a cotangent of its own; the callee's reverse
+function takes one cotangent per leaf (its ``return`` is flattened alike).
+Generated tangent code returns nested tuples (``(out, dout)`` of a function
+with several outputs, ``((J...), (dJ...))`` of a Jacobian's tangent) and
+unpacks them (``t, dt = f_jvp_jvp(...)``, then ``t[1]``), so the nesting is
+followed through the callee's code: a ``return`` of names bound to tuples
+(by a call, a tuple literal or an unpacking) has the nesting of those values,
+found the same way in the callee's callees. A name bound anywhere else (in a
+branch or a loop) counts as one value.
+"""
+from __future__ import annotations
+
+import ast
+from collections.abc import Container
+from typing import Any, TypeAlias
+
+from .._tangent.callees import transformable
+from .._tangent.parse import MISSING, Parsed, hashable, parse, resolve, static_call
+from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, callable_rule
+from . import rules
+from .rules import MultiOutput
+
+Path = tuple[int, ...]
+Shape: TypeAlias = "tuple[Shape, ...] | None"
+"""None for one value, else a tuple of the shapes of the elements."""
+
+
+def paths(shape: Shape) -> list[Path]:
+    """Index paths of the leaves: ``[()]`` for one value, ``[(0, 0), (0, 1), (1,)]`` for ``((a, b), c)``."""
+    if shape is None:
+        return [()]
+    return [(k,) + p for k, s in enumerate(shape) for p in paths(s)]
+
+
+def _flat(count: int) -> Shape:
+    return None if count == 1 else (None,) * count
+
+
+def call_shape(node: ast.Call, parsed: Parsed, local: Container[str]) -> Shape:
+    """The nesting of what the call ``node`` (in code parsed as ``parsed``, with these local names) returns."""
+    made = static_call(node.func, parsed.namespace, local)
+    if made is not MISSING and callable_rule(made) is not None:  # td.grad(E)(x)
+        return _flat(callable_rule(made).outputs(made))
+    root: ast.expr = node.func
+    while isinstance(root, (ast.Attribute, ast.Subscript)):
+        root = root.value
+    if not isinstance(root, ast.Name) or root.id in local:
+        return None
+    callee = resolve(node.func, parsed.namespace)
+    if callable_rule(callee) is not None:
+        return _flat(callable_rule(callee).outputs(callee))
+    if hashable(callee) and (callee in CUSTOM_VJPS or callee in CUSTOM_JVPS):
+        callee = callee.tifunc
+    rule = rules.lookup(callee) if hashable(callee) else None
+    if isinstance(rule, MultiOutput) and rule.n_outputs > 1:  # U, S, V = ti.svd(A)
+        return _flat(rule.n_outputs)
+    if not transformable(callee):
+        return None
+    return function_shape(callee)
+
+
+def function_shape(callee: Any) -> Shape:
+    """The nesting of what a ``@ti.func`` (or helper) returns, from its final ``return``."""
+    parsed = parse(callee)
+    body = parsed.tree.body
+    if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+        return None
+    env: dict[str, Shape] = {}
+    params = {a.arg for a in parsed.tree.args.args}
+    for stmt in body[:-1]:
+        bound = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for name in bound:
+            env[name] = None  # bound in a branch or a loop, or as an entry: one value
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target, value = stmt.targets[0], _expr_shape(stmt.value, env, parsed, params)
+            if isinstance(target, ast.Name):
+                env[target.id] = value
+            elif isinstance(target, ast.Tuple) and isinstance(value, tuple) and len(value) == len(target.elts):
+                for element, shape in zip(target.elts, value, strict=True):
+                    if isinstance(element, ast.Name):
+                        env[element.id] = shape
+    return _expr_shape(body[-1].value, env, parsed, params)
+
+
+def _expr_shape(node: ast.expr, env: dict[str, Shape], parsed: Parsed, params: set[str]) -> Shape:
+    if isinstance(node, ast.Tuple):
+        return tuple(_expr_shape(e, env, parsed, params) for e in node.elts)
+    if isinstance(node, ast.Name):
+        return env.get(node.id)
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+            and isinstance(node.slice.value, int):
+        whole = _expr_shape(node.value, env, parsed, params)
+        if isinstance(whole, tuple) and 0 <= node.slice.value < len(whole):
+            return whole[node.slice.value]
+        return None
+    if isinstance(node, ast.Call):
+        return call_shape(node, parsed, set(env) | params)
+    return None

@@ -1,0 +1,95 @@
+"""Generated tangent code rebinds no variable in straight-line code: each new value gets a new name.
+
+NOTE: [Rebinding in straight-line code] Taichi 1.7.4's optimizer miscompiles
+some straight-line code that gives a vector or matrix variable a new whole
+value after matrix literals of its entries: later reads of its entries return
+stale values (tests/test_taichi_pitfalls.py, found twice by the conformance
+net in tidiff's tangent code: seeds 9123 and 9403, a jacfwd 50% off; the same
+code with ``advanced_optimization=False`` is right). The reverse transform
+writes SSA names and never met it. So the tangent transform's output, which
+keeps the user's names, is renamed the same way: where a variable is given a new
+whole value by a top-level statement after the last branch, loop or unpacking
+that binds it, ``t1 -= neg`` becomes
+``t1_1 = _tidiff_rules.rebound(t1 - neg, t1)`` and later reads say ``t1_1``.
+``rebound`` keeps Taichi's meaning of the assignment: the value is cast to the
+old variable's element type (an ``i32`` variable stays ``i32``), a no-op where
+the types agree. Until then a variable keeps its name: a branch or loop binds
+the name itself, whose value depends on the path taken.
+"""
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+
+from .naming import Namer
+from .sym import RULE_HELPERS
+
+
+def _bound_in(stmts: Iterable[ast.stmt]) -> set[str]:
+    """Names bound anywhere in ``stmts``, nested blocks included."""
+    names: set[str] = set()
+    for stmt in stmts:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return names
+
+
+def _simple(stmt: ast.stmt) -> str | None:
+    """The name a ``x = ...`` or ``x op= ...`` statement binds, else None."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+        return stmt.target.id
+    return None
+
+
+def _last_bound_otherwise(block: list[ast.stmt]) -> dict[str, int]:
+    """For each name, the position of the last statement binding it other than as ``x = ...`` or
+    ``x op= ...``: a branch or loop (whose value depends on the path), an unpacking, an annotation."""
+    last: dict[str, int] = {}
+    for k, stmt in enumerate(block):
+        if _simple(stmt) is None:
+            for name in _bound_in([stmt]):
+                last[name] = k
+    return last
+
+
+class _Reads(ast.NodeTransformer):
+    def __init__(self, current: dict[str, str]) -> None:
+        self.current = current
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        if isinstance(node.ctx, ast.Load) and node.id in self.current:
+            return ast.copy_location(ast.Name(self.current[node.id], ast.Load()), node)
+        return node
+
+
+def _rebound(value: ast.expr, old: str) -> ast.expr:
+    func = ast.Attribute(ast.Name(RULE_HELPERS, ast.Load()), "rebound", ast.Load())
+    return ast.Call(func, [value, ast.Name(old, ast.Load())], [])
+
+
+def rename_rebindings(block: list[ast.stmt], params: Iterable[str], namer: Namer) -> list[ast.stmt]:
+    """``block`` with every new whole value of a variable under a fresh name, from the point where no
+    branch, loop or unpacking binds it any more (see the NOTE)."""
+    last_other = _last_bound_otherwise(block)
+    bound = set(params)
+    current: dict[str, str] = {}
+    out: list[ast.stmt] = []
+    for k, stmt in enumerate(block):
+        reads = _Reads(current)
+        name = _simple(stmt)
+        if name is None or k < last_other.get(name, -1) or name not in bound:
+            out.append(reads.visit(stmt))
+            bound |= _bound_in([stmt])
+            continue
+        old = current.get(name, name)
+        if isinstance(stmt, ast.AugAssign):
+            value: ast.expr = ast.BinOp(ast.Name(old, ast.Load()), stmt.op, reads.visit(stmt.value))
+        else:
+            assert isinstance(stmt, ast.Assign)
+            value = reads.visit(stmt.value)
+        current[name] = new = namer.fresh(name)
+        out.append(ast.copy_location(ast.Assign([ast.Name(new, ast.Store())], _rebound(value, old)), stmt))
+    return out
