@@ -42,8 +42,10 @@ def _last_extreme(v, largest):
     """``v.max()`` / ``v.min()``; at a tie the derivative goes to the last of the equal entries (row by row)."""
     flat = v.reshape(-1)
     best = flat.max() if largest else flat.min()
-    last = int(torch.nonzero(flat == best)[-1, 0])
-    return flat[last]
+    hits = torch.nonzero(flat == best)
+    if not len(hits):  # a NaN (long run, seed 9506): no entry equals it, and no derivative is defined
+        return best
+    return flat[int(hits[-1, 0])]
 
 
 def _max_of(v):

@@ -63,7 +63,8 @@ def main() -> int:
         current = f"{args.log}.current-{seed}"
         env[CURRENT_ENV] = current
         try:
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            # --capture=sys: what Taichi's C++ code writes reaches this script even when it ends the process
+            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys",
                                   "--hypothesis-show-statistics", f"--hypothesis-seed={seed}", os.path.join(HERE)],
                                  capture_output=True, text=True, env=env, cwd=ROOT, timeout=60 * args.chunk_minutes)
         except subprocess.TimeoutExpired:
