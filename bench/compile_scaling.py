@@ -15,6 +15,9 @@ Workloads (B elements, float64):
   ``jit(vmap(jacfwd(g)))``, closed form ``(1 - y_i^2)(S delta_ij + x_i)``.
 - ``mlp``: ``jacfwd(jacrev(layer, 0), 0)`` of ``tanh(W x + b)`` by its 4x8 ``W``
   (a 4x4x8x4x8 block per element), tidiff and JAX.
+- ``hessian3``: the Hessian by three arguments, ``x`` (n) and two scalars, of
+  ``log(sum exp(a x)) + b (x.x)^2``: nine blocks per element, tidiff and JAX
+  (NOTE: [One loop of pushes] in ``tidiff/_codegen/bodies.py``).
 
 ``--offline-cache`` instead measures the second of two processes sharing
 Taichi's on-disk cache (nothing should compile).
@@ -50,8 +53,14 @@ def _tidiff(workload: str, n: int, cache_dir: str | None) -> tuple[float, float,
     x = _inputs(workload, n)
     call = {"hessian": lambda: td.hessian(namespace["f"])(x[0]),
             "jacobian": lambda: td.jacobian(namespace["g"])(x[0]),
-            "mlp": lambda: td.jacfwd(td.jacrev(namespace["layer"], argnums=0), argnums=0)(*x)}[workload]
+            "mlp": lambda: td.jacfwd(td.jacrev(namespace["layer"], argnums=0), argnums=0)(*x),
+            "hessian3": lambda: _flat_blocks(td.hessian(namespace["f3"], argnums=(0, 1, 2))(*x))}[workload]
     return _first_and_warm(call)
+
+
+def _flat_blocks(blocks) -> np.ndarray:
+    """A Hessian by several arguments (a tuple of rows of blocks) as one (B, -1) array."""
+    return np.concatenate([np.asarray(b).reshape(B, -1) for row in blocks for b in row], axis=1)
 
 
 def _closed_form(workload: str, n: int) -> tuple[float, float, np.ndarray]:
@@ -83,10 +92,16 @@ def _jax(workload: str, n: int) -> tuple[float, float, np.ndarray]:
     def layer(W, x, b):
         return jnp.tanh(W @ x + b)
 
+    def f3(x, a, b):
+        return jnp.log(jnp.sum(jnp.exp(a * x))) + b * jnp.dot(x, x) ** 2
+
     fn = {"hessian": jax.jit(jax.vmap(jax.hessian(f))),
           "jacobian": jax.jit(jax.vmap(jax.jacfwd(g))),
-          "mlp": jax.jit(jax.vmap(jax.jacfwd(jax.jacrev(layer, 0), 0), in_axes=(None, 0, None)))}[workload]
+          "mlp": jax.jit(jax.vmap(jax.jacfwd(jax.jacrev(layer, 0), 0), in_axes=(None, 0, None))),
+          "hessian3": jax.jit(jax.vmap(jax.hessian(f3, argnums=(0, 1, 2))))}[workload]
     x = [jnp.asarray(a) for a in _inputs(workload, n)]
+    if workload == "hessian3":
+        return _first_and_warm(lambda: _flat_blocks(jax.block_until_ready(fn(*x))))
     return _first_and_warm(lambda: np.asarray(fn(*x).block_until_ready()))
 
 
@@ -99,6 +114,8 @@ def _inputs(workload: str, n: int) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     if workload == "mlp":
         return [rng.standard_normal((4, 8)) * 0.3, rng.standard_normal((B, 8)), rng.standard_normal(4) * 0.1]
+    if workload == "hessian3":
+        return [rng.standard_normal((B, n)) * 0.3, 1.0 + 0.1 * rng.standard_normal(B), rng.standard_normal(B)]
     return [rng.standard_normal((B, n)) * 0.3]
 
 
@@ -126,6 +143,13 @@ import taichi as ti
 @ti.func
 def g(x: ti.types.vector({n}, ti.f64)) -> ti.types.vector({n}, ti.f64):
     return ti.tanh(x * x.sum())
+''',
+    "hessian3": '''
+import taichi as ti
+
+@ti.func
+def f3(x: ti.types.vector({n}, ti.f64), a: ti.f64, b: ti.f64) -> ti.f64:
+    return ti.log(ti.exp(a * x).sum()) + b * x.dot(x) ** 2
 ''',
     "mlp": '''
 import taichi as ti
@@ -225,7 +249,7 @@ def main() -> None:
         for n in sizes if workload != "mlp" else [8]:
             row = {"workload": workload, "n": n}
             for peer in args.peers.split(","):
-                if peer == "taichi" and workload == "mlp":
+                if peer == "taichi" and workload in ("mlp", "hessian3"):
                     continue
                 row[peer] = measure(peer, workload, n)
                 print(workload, n, peer, _cell(row[peer]), flush=True)
