@@ -28,13 +28,13 @@ from typing import Any, TypeGuard
 
 import taichi as ti
 
-from .._tangent.activity import loaded_names
+from .._tangent.activity import integer_locals, loaded_names
 from .._tangent.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
 from .._tangent.naming import Namer, helper_name, names_in
 from .._tangent.parse import MISSING, Parsed, hashable, positional, resolve, static_call
 from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, zero
 from .._tangent.rules import lookup as forward_rule
-from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
+from .._tangent.sym import RULE_HELPERS, TAICHI, Sym, spell_taichi, taichi_name
 from .._tangent.transform import _callee_hint, callable_positional
 from . import results, rules
 from .control import Branch, ControlFlow, Loop, Op
@@ -85,6 +85,7 @@ class Reverser(ControlFlow):
         self.namer = Namer(names_in(self.tree))
         self.env = {p: p for p in self.params}  # variable -> the SSA name holding its current value
         self.defined = set(self.params)
+        self.integral = integer_locals(self.tree)  # the first binding, at the top level, keeps the name
         self.active = {p for p, a in zip(self.params, active, strict=False) if a}
         self.temps: set[str] = set()
         self.tuples: dict[str, dict[Path, ast.expr]] = {}  # SSA name of a tuple-valued call result ->
@@ -292,6 +293,12 @@ class Reverser(ControlFlow):
     def bind(self, variable: str, value: ast.expr, annotation: ast.expr | None = None) -> None:
         """``variable = value`` as a fresh SSA name (an op's own temporary is renamed instead)."""
         ssa = variable if variable not in self.defined else self.namer.fresh(variable)
+        if variable in self.integral and ssa != variable:  # Taichi keeps the integer type: no derivative
+            self.forward.append(_assign(ssa, ast.Call(ast.Attribute(ast.Name(RULE_HELPERS, ast.Load()), "rebound",
+                                                                    ast.Load()), [value, _name(variable)], [])))
+            self.defined.add(ssa)
+            self.env[variable] = ssa
+            return
         if isinstance(value, ast.Name) and value.id in self.tuples:  # r = s, s a tuple: r names the same elements
             self.tuples[ssa] = self.tuples[value.id]
         self.defined.add(ssa)

@@ -48,6 +48,26 @@ def local_names(tree: ast.FunctionDef) -> set[str]:
     return params | loop_vars | {n for names, _ in writes for n in names}
 
 
+def _is_int_constant(node: ast.expr) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool)
+
+
+def integer_locals(tree: ast.FunctionDef) -> set[str]:
+    """Variables Taichi types as integers for the whole function: first bound, at its top level, to an
+    integer constant (``k = 0``). Taichi keeps a variable's type, so a float assigned to one later is
+    truncated (with its warning "Assign may lose precision"): such a variable carries no derivative."""
+    seen = {a.arg for a in tree.args.args}
+    integral = set()
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                and stmt.targets[0].id not in seen and _is_int_constant(stmt.value):
+            integral.add(stmt.targets[0].id)
+        seen |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return integral
+
+
 def active_variables(tree: ast.FunctionDef, active_params: Iterable[str]) -> set[str]:
     """Variables that depend on an active parameter through assignments (to a fixpoint).
 
@@ -55,17 +75,19 @@ def active_variables(tree: ast.FunctionDef, active_params: Iterable[str]) -> set
     but a name may be both: Taichi scopes a ``ti.static`` loop's counter to
     the loop, so ``i = 2 * x`` before ``for i in ti.static(range(3))`` is
     still ``2 * x`` after it. Such a name is active here; the transformer
-    treats it as the counter, without tangent, inside the loop only.
+    treats it as the counter, without tangent, inside the loop only. A variable
+    Taichi types as an integer (:func:`integer_locals`) never is.
     """
     writes, _ = assignments(tree.body)
     active = set(active_params)
+    integral = integer_locals(tree)
     changed = True
     while changed:
         changed = False
         for names, value in writes:
             if loaded_names(value) & active:
                 for name in names:
-                    if name not in active:
+                    if name not in active and name not in integral:
                         active.add(name)
                         changed = True
     return active
