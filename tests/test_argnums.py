@@ -102,23 +102,30 @@ def test_scalar_example_from_the_issue():
     assert [[float(h) for h in row] for row in hessian] == [[18.0, 4.0], [4.0, 6.0]]
 
 
-@ti.kernel
-def in_kernel(x: ti.f64, v: vec2, m: mat2, out: ti.types.ndarray(ndim=1)):
-    gm, gx, gv = td.jacfwd(branchy, argnums=(2, 0, 1))(x, v, m)
-    hv, hx = td.hessian(straight, argnums=(1, 0))(x, v, m)[0]
-    out[0] = gx
-    out[1] = gv[1]
-    out[2] = gm[0, 1]
-    out[3] = hv[1, 0]
-    out[4] = hx[1]
+def blocks_in_a_kernel(branchy_f, straight_f):
+    """A kernel writing entries of a jacfwd and a hessian block (in argnums order) of these functions."""
+    @ti.kernel
+    def run(x: ti.f64, v: vec2, m: mat2, out: ti.types.ndarray(ndim=1)):
+        gm, gx, gv = td.jacfwd(branchy_f, argnums=(2, 0, 1))(x, v, m)
+        hv, hx = td.hessian(straight_f, argnums=(1, 0))(x, v, m)[0]
+        out[0] = gx
+        out[1] = gv[1]
+        out[2] = gm[0, 1]
+        out[3] = hv[1, 0]
+        out[4] = hx[1]
+    return run
 
 
-def test_in_kernel_blocks_follow_argnums():
+def check_blocks_in_a_kernel(branchy_f, straight_f):
     grads, _ = torch_blocks(torch_branchy)
     _, hessian = torch_blocks(torch_straight)
     out = np.zeros(5)
-    in_kernel(*ARGS, out)
+    blocks_in_a_kernel(branchy_f, straight_f)(*ARGS, out)
     close(out, [grads[0], grads[1][1], grads[2][0, 1], hessian[1][1][1, 0], hessian[1][0][1]])
+
+
+def test_in_kernel_blocks_follow_argnums():
+    check_blocks_in_a_kernel(branchy, straight)
 
 
 # -- every argument's pushes in one loop (NOTE: [One loop of pushes]) ---------------------------------------
@@ -135,17 +142,6 @@ def branchy_again(x: ti.f64, v: vec2, m: mat2) -> ti.f64:
     for i in range(2):
         out += m[i, i] * x * x
     return out
-
-
-@ti.kernel
-def in_kernel_again(x: ti.f64, v: vec2, m: mat2, out: ti.types.ndarray(ndim=1)):
-    gm, gx, gv = td.jacfwd(branchy_again, argnums=(2, 0, 1))(x, v, m)
-    hv, hx = td.hessian(straight_again, argnums=(1, 0))(x, v, m)[0]
-    out[0] = gx
-    out[1] = gv[1]
-    out[2] = gm[0, 1]
-    out[3] = hv[1, 0]
-    out[4] = hx[1]
 
 
 def test_pushes_of_all_arguments_in_one_loop(monkeypatch):
@@ -165,9 +161,5 @@ def test_pushes_of_all_arguments_in_one_loop(monkeypatch):
         vjp = td.vjp(f, *ARGS)[1](1.5)
         for g, w in zip(vjp, grads, strict=True):
             close(g, 1.5 * w)
-    grads, _ = torch_blocks(torch_branchy)
-    _, hessian = torch_blocks(torch_straight)
-    out = np.zeros(5)
-    in_kernel_again(*ARGS, out)
-    close(out, [grads[0], grads[1][1], grads[2][0, 1], hessian[1][1][1, 0], hessian[1][0][1]])
+    check_blocks_in_a_kernel(branchy_again, straight_again)
     assert td.source(td.jacfwd(branchy_again, argnums=(2, 0, 1)), *ARGS).count("= branchy_again_jvp(") == 1

@@ -254,6 +254,15 @@ class _Pushes:
         size = sum(self.specs[a].size for a in argnums)
         return size * _modes.tangent_function(self.parent, self.active)._tidiff_lane_cost > _modes.LANE_BUDGET
 
+    def every(self, argnums: Sequence[int], stores: dict[int, Any], one_loop: bool) -> None:
+        """Push the basis tangents of every argument in ``argnums``, in one loop (:meth:`one_loop` said so)
+        or argument by argument; ``stores[a](dout, index)`` consumes argument ``a``'s."""
+        if one_loop:
+            self.all_in_one_loop(argnums, stores)
+            return
+        for a in argnums:
+            self.each(argnums, a, stores[a])
+
     def all_in_one_loop(self, argnums: Sequence[int], stores: dict[int, Any]) -> None:
         """Push the basis tangent of every component of every argument in ``argnums`` by one call in one
         runtime loop (NOTE: [One loop of pushes]); ``stores[a](dout, index)`` consumes argument ``a``'s."""
@@ -423,11 +432,7 @@ def jacobian_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], argnum
                              entry(_out(dout, o, single_out), out.shape, oidx))
 
         stores[a] = store
-    if one_loop:
-        pushes.all_in_one_loop(argnums, stores)
-    else:
-        for a in argnums:
-            pushes.each(argnums, a, stores[a])
+    pushes.every(argnums, stores, one_loop)
     w.looped = w.looped or pushes.looped
     return pushes.value
 
@@ -485,9 +490,5 @@ def cotangent_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], out_s
                 grads[a] = w.let(f"g_{a}", total)
 
         stores[a] = store
-    if one_loop:
-        pushes.all_in_one_loop(argnums, stores)
-    else:
-        for a in argnums:
-            pushes.each(argnums, a, stores[a])
+    pushes.every(argnums, stores, one_loop)
     return grads
