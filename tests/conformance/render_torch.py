@@ -112,8 +112,10 @@ def _grad(fn, argnum):
     def g(*args):
         with torch.enable_grad():
             args = list(args)
-            if not args[argnum].requires_grad:
-                args[argnum] = args[argnum].detach().requires_grad_()
+            # a variable of its own: the argument may also reach other arguments (long run, seed 9803:
+            # h(-x[1], x)), whose paths are not this argument's derivative; a clone stays on the graph
+            arg = args[argnum]
+            args[argnum] = arg.clone() if arg.requires_grad else arg.detach().requires_grad_()
             out = fn(*args)
             if not out.requires_grad:
                 return torch.zeros_like(args[argnum])

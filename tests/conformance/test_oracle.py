@@ -83,3 +83,27 @@ def test_twin_takes_ties_as_tidiff_documents():
         x = torch.tensor(point, dtype=torch.float64, requires_grad=True)
         (want,) = torch.autograd.grad(twin(x), x)
         np.testing.assert_allclose(td.grad(ties)(np.array(point)), want.numpy(), rtol=1e-15)
+
+
+@ti.func
+def scaled(a: ti.f64, v: ti.types.vector(2, ti.f64)) -> ti.f64:
+    return a * v[0]
+
+
+@ti.func
+def grad_of_shared(x: ti.types.vector(2, ti.f64)) -> ti.types.vector(2, ti.f64):
+    return td.grad(scaled, argnums=1)(x[1], x)  # (x[1], 0): by v alone, though a is read from x too
+
+
+def test_twin_grad_is_by_its_argument_alone():
+    """Found by the long run (seed 9803): the twin of td.grad(h, argnums=1)(-x[1], x) differentiated by the
+    tensor x, so the path through the first argument counted too; tidiff was right."""
+    grad = namespace()["_grad"]
+
+    def twin(x):
+        return grad(lambda a, v: a * v[0], 1)(x[1], x)
+
+    x = np.array([0.3, -0.8])
+    want = torch.autograd.functional.jacobian(twin, torch.tensor(x))
+    np.testing.assert_allclose(want.numpy(), [[0.0, 1.0], [0.0, 0.0]])
+    np.testing.assert_allclose(td.jacrev(grad_of_shared)(x), want.numpy(), rtol=1e-15)
