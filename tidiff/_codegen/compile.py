@@ -14,8 +14,6 @@ import linecache
 import weakref
 from typing import Any
 
-from taichi.lang import impl
-
 _counter = itertools.count()
 
 
@@ -36,46 +34,11 @@ def compile_source(source: str | ast.Module | ast.stmt, name: str, namespace: di
     exec(compile(source, filename, "exec", dont_inherit=True), namespace)  # no __future__ from here
     obj = namespace[name]
     obj._tidiff_source = source
-    if getattr(obj, "_is_wrapped_kernel", False):
-        for kernel in (obj._primal, obj._adjoint):
-            kernel.launch_kernel = _without_cfg_optimization(kernel.launch_kernel)
     try:
         weakref.finalize(obj, linecache.cache.pop, filename, None)
     except TypeError:  # an object that cannot be weakly referenced keeps its entry
         pass
     return obj
-
-
-# NOTE: [Taichi's CFG optimization] Taichi 1.7.4's control-flow-graph
-# optimization (store-to-load forwarding and dead-store elimination over
-# local vectors and matrices) miscompiles code that rewrites a vector in
-# place after matrix literals of its entries: later reads see stale entries.
-# The conformance net found it again and again in tidiff's tangent code (long
-# run, seeds 9123, 9403, 9405, 9712, 9726: jacfwd, jvp and the dot-product
-# test off by up to 50%, silently; right with ``cfg_optimization=False``) and
-# in the values of generated programs themselves (about one program in a
-# hundred, logged as Taichi pitfalls). Renaming in straight-line code (NOTE:
-# [Rebinding in straight-line code]) dodged the first cases but not rewrites
-# inside loops. So every kernel tidiff generates is compiled with that pass off
-# (``cfg_optimization`` is read when a kernel compiles, at its first launch):
-# LLVM's own passes do the same forwarding later, and first calls compile
-# faster (W2's Hessian 1.2 s instead of 1.7 s). A user's own kernels, with td
-# calls inside, compile with the user's setting: ``ti.init(cfg_optimization=False)``
-# avoids the miscompile there (docs/limits.md).
-
-
-def _without_cfg_optimization(launch: Any) -> Any:
-    """``Kernel.launch_kernel`` compiling (at its first launch) without Taichi's CFG optimization."""
-    def launch_kernel(t_kernel: Any, *args: Any) -> Any:
-        cfg = impl.current_cfg()
-        if not cfg.cfg_optimization:
-            return launch(t_kernel, *args)
-        cfg.cfg_optimization = False
-        try:
-            return launch(t_kernel, *args)
-        finally:
-            cfg.cfg_optimization = True
-    return launch_kernel
 
 
 # NOTE: [Where compile time goes] A first call compiles one Taichi kernel;

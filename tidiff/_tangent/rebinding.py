@@ -14,11 +14,7 @@ that binds it, ``t1 -= neg`` becomes
 ``rebound`` keeps Taichi's meaning of the assignment: the value is cast to the
 old variable's element type (an ``i32`` variable stays ``i32``), a no-op where
 the types agree. Until then a variable keeps its name: a branch or loop binds
-the name itself, whose value depends on the path taken. The bug is in Taichi's
-CFG optimization, which tidiff's own kernels now compile without (NOTE:
-[Taichi's CFG optimization] in ``_codegen/compile.py``, which also covers
-rewrites inside loops); the renaming keeps tangent code right inside a user's
-kernel too, which compiles with the user's settings.
+the name itself, whose value depends on the path taken.
 """
 from __future__ import annotations
 
