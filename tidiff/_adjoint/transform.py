@@ -32,9 +32,10 @@ from .._tangent.activity import integer_locals, loaded_names
 from .._tangent.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
 from .._tangent.naming import Namer, helper_name, names_in
 from .._tangent.parse import MISSING, Parsed, hashable, positional, resolve, static_call
+from .._tangent.rebinding import rebound_call
 from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, zero
 from .._tangent.rules import lookup as forward_rule
-from .._tangent.sym import RULE_HELPERS, TAICHI, Sym, spell_taichi, taichi_name
+from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
 from .._tangent.transform import _callee_hint, callable_positional
 from . import results, rules
 from .control import Branch, ControlFlow, Loop, Op
@@ -294,8 +295,7 @@ class Reverser(ControlFlow):
         """``variable = value`` as a fresh SSA name (an op's own temporary is renamed instead)."""
         ssa = variable if variable not in self.defined else self.namer.fresh(variable)
         if variable in self.integral and ssa != variable:  # Taichi keeps the integer type: no derivative
-            self.forward.append(_assign(ssa, ast.Call(ast.Attribute(ast.Name(RULE_HELPERS, ast.Load()), "rebound",
-                                                                    ast.Load()), [value, _name(variable)], [])))
+            self.forward.append(_assign(ssa, rebound_call(value, variable)))
             self.defined.add(ssa)
             self.env[variable] = ssa
             return

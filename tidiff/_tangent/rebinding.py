@@ -65,7 +65,8 @@ class _Reads(ast.NodeTransformer):
         return node
 
 
-def _rebound(value: ast.expr, old: str) -> ast.expr:
+def rebound_call(value: ast.expr, old: str) -> ast.expr:
+    """``_tidiff_rules.rebound(value, old)``: ``value`` as Taichi would store it in the variable ``old``."""
     func = ast.Attribute(ast.Name(RULE_HELPERS, ast.Load()), "rebound", ast.Load())
     return ast.Call(func, [value, ast.Name(old, ast.Load())], [])
 
@@ -91,5 +92,5 @@ def rename_rebindings(block: list[ast.stmt], params: Iterable[str], namer: Namer
             assert isinstance(stmt, ast.Assign)
             value = reads.visit(stmt.value)
         current[name] = new = namer.fresh(name)
-        out.append(ast.copy_location(ast.Assign([ast.Name(new, ast.Store())], _rebound(value, old)), stmt))
+        out.append(ast.copy_location(ast.Assign([ast.Name(new, ast.Store())], rebound_call(value, old)), stmt))
     return out
