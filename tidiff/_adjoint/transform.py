@@ -301,6 +301,8 @@ class Reverser(ControlFlow):
             return
         if isinstance(value, ast.Name) and value.id in self.tuples:  # r = s, s a tuple: r names the same elements
             self.tuples[ssa] = self.tuples[value.id]
+        elif isinstance(value, ast.Tuple):  # t = r[0], a tuple inside a call's results (NOTE: [Nested results])
+            self.tuples[ssa] = _leaves(value)
         self.defined.add(ssa)
         last = self.ops[-1] if self.ops else None
         if (annotation is None and isinstance(value, ast.Name) and value.id in self.temps
@@ -344,7 +346,15 @@ class Reverser(ControlFlow):
         return isinstance(node, ast.Name) and node.id in self.active
 
     def reads_active(self, node: ast.expr) -> bool:
-        return any(self.env.get(n) in self.active for n in loaded_names(node))
+        return any(self._active_ssa(self.env.get(n)) for n in loaded_names(node))
+
+    def _active_ssa(self, ssa: object) -> bool:
+        """Whether the value named ``ssa`` carries a derivative: an active name, or a tuple of call results
+        with an active leaf (``t, dt = f_jvp_jvp(x, ...)``; NOTE: [Nested results])."""
+        if ssa in self.active:
+            return True
+        leaves = self.tuples.get(ssa) if isinstance(ssa, str) else None
+        return leaves is not None and any(self.is_active(leaf) for leaf in leaves.values())
 
     def rename(self, node: ast.expr) -> ast.expr:
         """A copy of an expression reading the current SSA names of local variables."""
@@ -796,6 +806,13 @@ def _nested(leaves: dict[Path, ast.expr]) -> ast.expr:
         return leaves[()]
     count = max(p[0] for p in leaves) + 1
     return ast.Tuple([_nested({p[1:]: v for p, v in leaves.items() if p[0] == k}) for k in range(count)], ast.Load())
+
+
+def _leaves(value: ast.expr) -> dict[Path, ast.expr]:
+    """The leaves of a (nested) tuple expression by index path: the inverse of :func:`_nested`."""
+    if not isinstance(value, ast.Tuple):
+        return {(): value}
+    return {(k,) + p: leaf for k, e in enumerate(value.elts) for p, leaf in _leaves(e).items()}
 
 
 def _element(value: ast.expr, path: Path) -> ast.expr:
