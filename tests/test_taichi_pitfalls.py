@@ -265,3 +265,41 @@ def test_a_vector_rewritten_after_literals_of_its_entries_is_miscompiled():
 
     got = run(ti.Vector([-0.5326140926502904, -0.7249415699311464, -0.38906455755512903]))
     assert got[0] == 0.0, got  # Taichi 1.7.4; right: 4.5 ** -0.7
+
+
+@ti.func
+def rewritten_twice_in_a_loop(t):
+    for _ in range(2):  # a runtime loop
+        t = t * (t[1] + 0.3)
+        t = t - t[1] * t[2]
+    return t
+
+
+@ti.func
+def rewritten_under_new_names_in_a_loop(t):
+    for _ in range(2):
+        a = t * (t[1] + 0.3)
+        b = a - a[1] * a[2]
+        t = b
+    return t
+
+
+def test_a_vector_rewritten_twice_in_a_runtime_loop_reads_stale_entries():
+    """Found by the long run (seeds 9712, 9726, 9727) in tidiff's tangent code, reduced to plain Taichi: no
+    literal, two whole writes of a vector in a runtime loop, the second reading entries of the first. The
+    same body under new names (tidiff's tangent code since: NOTE: [Rebinding in loops]) is right, and so
+    is the first with ``advanced_optimization=False``; ``cfg_optimization=False`` alone does not help here."""
+
+    @ti.kernel
+    def run(x: V3) -> ti.types.matrix(2, 3, ti.f64):
+        wrong, right = rewritten_twice_in_a_loop(x), rewritten_under_new_names_in_a_loop(x)
+        return ti.Matrix.rows([wrong, right])
+
+    x = np.array([0.1, 0.4, -0.3])
+    want = x.copy()
+    for _ in range(2):
+        want = want * (want[1] + 0.3)
+        want = want - want[1] * want[2]
+    got = run(ti.Vector(list(x))).to_numpy()
+    np.testing.assert_allclose(got[1], want, rtol=1e-14)  # right
+    assert not np.allclose(got[0], want, rtol=1e-3), got  # Taichi 1.7.4: stale entries

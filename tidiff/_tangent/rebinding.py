@@ -15,6 +15,17 @@ that binds it, ``t1 -= neg`` becomes
 old variable's element type (an ``i32`` variable stays ``i32``), a no-op where
 the types agree. Until then a variable keeps its name: a branch or loop binds
 the name itself, whose value depends on the path taken.
+
+NOTE: [Rebinding in loops] Inside a runtime ``for`` loop the same miscompile
+needs no literal at all: ``for i in range(2): t = t * (t[1] + 0.3); t = t -
+t[1] * t[2]`` reads stale entries of ``t`` with the optimizer on (Taichi's
+own value, not only tidiff's tangent: tests/test_taichi_pitfalls.py; long run,
+seeds 9712, 9726, 9727: a jvp 2% off); the same body writing ``a = t * ...;
+b = a - a[1] * a[2]; t = b`` is right. So every block nested in a function
+(a loop's body, a branch) is renamed as the function's body is, and ends by
+writing each variable it renamed and that lives on after it back to that
+variable's own name (``t = t_2``). A block that can leave early (``break``,
+``continue``, ``return``) would skip that write-back and keeps its names.
 """
 from __future__ import annotations
 
@@ -25,7 +36,7 @@ from .naming import Namer
 from .sym import RULE_HELPERS
 
 
-def _bound_in(stmts: Iterable[ast.stmt]) -> set[str]:
+def _bound_in(stmts: Iterable[ast.AST]) -> set[str]:
     """Names bound anywhere in ``stmts``, nested blocks included."""
     names: set[str] = set()
     for stmt in stmts:
@@ -33,6 +44,14 @@ def _bound_in(stmts: Iterable[ast.stmt]) -> set[str]:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 names.add(node.id)
     return names
+
+
+def _bound_here(stmt: ast.stmt) -> set[str]:
+    """Names ``stmt`` binds in its own block: Taichi scopes the names first bound in a nested block (a branch,
+    a loop's body and counter) to that block."""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else \
+        [stmt.target] if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) else []
+    return _bound_in(targets)
 
 
 def _simple(stmt: ast.stmt) -> str | None:
@@ -73,17 +92,38 @@ def rebound_call(value: ast.expr, old: str) -> ast.expr:
 
 def rename_rebindings(block: list[ast.stmt], params: Iterable[str], namer: Namer) -> list[ast.stmt]:
     """``block`` with every new whole value of a variable under a fresh name, from the point where no
-    branch, loop or unpacking binds it any more (see the NOTE)."""
+    branch, loop or unpacking binds it any more, in nested blocks too (see the NOTEs)."""
+    return _renamed(block, set(params), namer, write_back=False)
+
+
+def _leaves_early(block: list[ast.stmt]) -> bool:
+    return any(isinstance(node, (ast.Break, ast.Continue, ast.Return)) for stmt in block for node in ast.walk(stmt))
+
+
+def _nested_renamed(stmt: ast.stmt, bound: set[str], namer: Namer) -> ast.stmt:
+    """A loop or branch whose blocks are renamed (NOTE: [Rebinding in loops]); other statements as they are."""
+    if isinstance(stmt, (ast.For, ast.While, ast.If)):
+        inner = bound | _bound_in([stmt.target]) if isinstance(stmt, ast.For) else bound
+        body = stmt.body if _leaves_early(stmt.body) else _renamed(stmt.body, inner, namer, write_back=True)
+        orelse = stmt.orelse if _leaves_early(stmt.orelse) else _renamed(stmt.orelse, inner, namer, write_back=True)
+        copy = type(stmt)(**{**{f: getattr(stmt, f) for f in stmt._fields}, "body": body, "orelse": orelse})
+        return ast.copy_location(copy, stmt)
+    return stmt
+
+
+def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: bool) -> list[ast.stmt]:
+    """``block`` renamed, where ``outer`` are the names bound before it; ``write_back``: end by giving each
+    renamed one of those its last value under its own name."""
     last_other = _last_bound_otherwise(block)
-    bound = set(params)
+    bound = set(outer)
     current: dict[str, str] = {}
     out: list[ast.stmt] = []
     for k, stmt in enumerate(block):
         reads = _Reads(current)
         name = _simple(stmt)
         if name is None or k < last_other.get(name, -1) or name not in bound:
-            out.append(reads.visit(stmt))
-            bound |= _bound_in([stmt])
+            out.append(reads.visit(_nested_renamed(stmt, bound, namer)))
+            bound |= _bound_here(stmt)
             continue
         old = current.get(name, name)
         if isinstance(stmt, ast.AugAssign):
@@ -93,4 +133,7 @@ def rename_rebindings(block: list[ast.stmt], params: Iterable[str], namer: Namer
             value = reads.visit(stmt.value)
         current[name] = new = namer.fresh(name)
         out.append(ast.copy_location(ast.Assign([ast.Name(new, ast.Store())], rebound_call(value, old)), stmt))
+    if write_back:
+        out += [ast.Assign([ast.Name(name, ast.Store())], ast.Name(new, ast.Load()))
+                for name, new in current.items() if name in outer]
     return out
