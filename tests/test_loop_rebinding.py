@@ -105,8 +105,9 @@ def test_forward_and_second_order_equal_torch(case, x, dx):
     want_value, want_tangent = torch.func.jvp(twin, (xt,), (dxt,))
     np.testing.assert_allclose(value, want_value.numpy(), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(tangent, want_tangent.numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(td.jacfwd(td.jacrev(f))(x), torch.func.jacfwd(torch.func.jacrev(twin))(xt).numpy(),
-                               rtol=1e-9, atol=1e-11)
+    hessians = torch.func.jacfwd(torch.func.jacrev(twin))(xt).numpy()
+    np.testing.assert_allclose(td.jacfwd(td.jacrev(f))(x), hessians, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(td.jacrev(td.jacfwd(f))(x), hessians, rtol=1e-9, atol=1e-11)  # reverse of renamed code
 
 
 def test_the_tangent_code_of_a_loop_writes_carried_values_back():
