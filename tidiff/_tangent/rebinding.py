@@ -30,6 +30,7 @@ variable's own name (``t = t_2``). A block that can leave early (``break``,
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Iterable
 
 from .naming import Namer
@@ -92,8 +93,9 @@ def rebound_call(value: ast.expr, old: str) -> ast.expr:
 
 def rename_rebindings(block: list[ast.stmt], params: Iterable[str], namer: Namer) -> list[ast.stmt]:
     """``block`` with every new whole value of a variable under a fresh name, from the point where no
-    branch, loop or unpacking binds it any more, in nested blocks too (see the NOTEs)."""
-    return _renamed(block, set(params), namer, write_back=False)
+    branch, loop or unpacking binds it any more, in nested blocks too (see the NOTEs). The renaming edits
+    nodes in place, so it works on a copy: ``block`` may share nodes with a parsed function."""
+    return _renamed(copy.deepcopy(block), set(params), namer, write_back=False)
 
 
 def _leaves_early(block: list[ast.stmt]) -> bool:
