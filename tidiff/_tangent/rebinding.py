@@ -24,8 +24,14 @@ seeds 9712, 9726, 9727: a jvp 2% off); the same body writing ``a = t * ...;
 b = a - a[1] * a[2]; t = b`` is right. So every block nested in a function
 (a loop's body, a branch) is renamed as the function's body is, and ends by
 writing each variable it renamed and that lives on after it back to that
-variable's own name (``t = t_2``). A block that can leave early (``break``,
-``continue``, ``return``) would skip that write-back and keeps its names.
+variable's own name (``t = t_2``). Reads of such a carried variable, stored
+more than once, go through copies: one made where a block that rewrites it
+starts (``t_1 = t``), and one made after the last loop or branch of a block
+that binds it (seed 9712: a literal of ``t``'s entries after a static loop
+rewriting ``t`` read stale ones; through the copy it is right). So every
+entry read is of a variable stored once. A block that can leave early
+(``break``, ``continue``, ``return``) would skip the write-back and keeps its
+names.
 """
 from __future__ import annotations
 
@@ -113,6 +119,15 @@ def _nested_renamed(stmt: ast.stmt, bound: set[str], namer: Namer) -> ast.stmt:
     return stmt
 
 
+def _copies(names: list[str], current: dict[str, str], namer: Namer) -> list[ast.stmt]:
+    """``name_1 = name`` for each name, read as ``name_1`` from here on."""
+    stmts: list[ast.stmt] = []
+    for name in names:
+        current[name] = copy_name = namer.fresh(name)
+        stmts.append(ast.Assign([ast.Name(copy_name, ast.Store())], ast.Name(name, ast.Load())))
+    return stmts
+
+
 def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: bool) -> list[ast.stmt]:
     """``block`` renamed, where ``outer`` are the names bound before it; ``write_back``: end by giving each
     renamed one of those its last value under its own name."""
@@ -120,11 +135,18 @@ def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: b
     bound = set(outer)
     current: dict[str, str] = {}
     out: list[ast.stmt] = []
+    if write_back:  # read carried values through a copy made on entry (NOTE: [Rebinding in loops])
+        rebound_here = {name for stmt in block if (name := _simple(stmt)) is not None}
+        out += _copies(sorted((rebound_here & outer) - set(last_other)), current, namer)
     for k, stmt in enumerate(block):
         reads = _Reads(current)
         name = _simple(stmt)
         if name is None or k < last_other.get(name, -1) or name not in bound:
             out.append(reads.visit(_nested_renamed(stmt, bound, namer)))
+            if isinstance(stmt, (ast.For, ast.While, ast.If)) and not (write_back and k == len(block) - 1):
+                # after the last loop or branch binding them (not where the block ends: written back at once)
+                out += _copies(sorted(n for n in _bound_in(stmt.body + stmt.orelse) & bound if last_other[n] == k),
+                               current, namer)
             bound |= _bound_here(stmt)
             continue
         old = current.get(name, name)
