@@ -13,10 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from nested_trees import close, nonnegative
 
 import tidiff as td
 
-RTOL, ATOL = 1e-9, 1e-12
 B = 3
 
 
@@ -43,20 +43,6 @@ def torch_pair(M, s):
 
 def floats(shape):
     return hnp.arrays(np.float64, shape, elements=st.floats(-1.5, 1.5))
-
-
-def close(actual, expected):
-    if isinstance(expected, (tuple, list)):
-        assert isinstance(actual, tuple) and len(actual) == len(expected)
-        for a, e in zip(actual, expected, strict=True):
-            close(a, e)
-        return
-    np.testing.assert_allclose(actual, expected.numpy(), rtol=RTOL, atol=ATOL)
-
-
-def nonnegative(argnums, n):
-    """torch.func's nested jacfwd reads a negative argnums wrongly (torch 2.13): give it the position."""
-    return tuple(a % n for a in argnums) if isinstance(argnums, tuple) else argnums % n
 
 
 def torch_batched(fn, args, batched):
