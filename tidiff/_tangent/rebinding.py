@@ -105,6 +105,7 @@ def rename_rebindings(block: list[ast.stmt], params: Iterable[str], namer: Namer
 
 
 def _leaves_early(block: list[ast.stmt]) -> bool:
+    """Whether ``block`` holds a ``break``, ``continue`` or ``return`` (in nested loops too: a cautious answer)."""
     return any(isinstance(node, (ast.Break, ast.Continue, ast.Return)) for stmt in block for node in ast.walk(stmt))
 
 
@@ -114,8 +115,8 @@ def _nested_renamed(stmt: ast.stmt, bound: set[str], namer: Namer) -> ast.stmt:
         inner = bound | _bound_in([stmt.target]) if isinstance(stmt, ast.For) else bound
         body = stmt.body if _leaves_early(stmt.body) else _renamed(stmt.body, inner, namer, write_back=True)
         orelse = stmt.orelse if _leaves_early(stmt.orelse) else _renamed(stmt.orelse, inner, namer, write_back=True)
-        copy = type(stmt)(**{**{f: getattr(stmt, f) for f in stmt._fields}, "body": body, "orelse": orelse})
-        return ast.copy_location(copy, stmt)
+        renamed = type(stmt)(**{**{f: getattr(stmt, f) for f in stmt._fields}, "body": body, "orelse": orelse})
+        return ast.copy_location(renamed, stmt)
     return stmt
 
 
