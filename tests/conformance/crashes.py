@@ -11,5 +11,24 @@ TAICHI_CRASHES = {
 same bug sometimes ends the process (a C++ exception escaping: signal 6); the long run then finds the
 signature in the chunk's output."""
 
+TAICHI_ALONE = "[Taichi alone, no tidiff]"
+"""Begins the name of a check that runs only Taichi's code (``ti.ad.Tape`` of a plain field program): a process
+that dies in it died of a Taichi bug (long run, seeds 10102 and 10106: Taichi's reverse mode warns "Loading
+variable ... before anything is stored to it", then a segfault or bus error at launch)."""
+
 CURRENT_ENV = "TIDIFF_CONFORMANCE_CURRENT"
 """The variable naming the file where each check writes its reproduction while it runs."""
+
+
+def known_crash(output: str, under_way: str) -> str | None:
+    """Why a process that died was killed by a known Taichi bug, or None (then it is a failure to look at).
+
+    ``output``: what the process wrote; ``under_way``: the reproduction of the check it was in (the file
+    named by ``CURRENT_ENV``). Known: a signature of ``TAICHI_CRASHES`` in the output, or a death inside a
+    check of Taichi alone (``TAICHI_ALONE``).
+    """
+    known = next((why for sign, why in TAICHI_CRASHES.items() if sign in output), None)
+    if known is None and TAICHI_ALONE in under_way:
+        check = under_way.split(TAICHI_ALONE)[1].split("\n")[0].strip()
+        known = f"Taichi alone (no tidiff code) ended the process in: {check}"
+    return known
