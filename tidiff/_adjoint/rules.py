@@ -18,7 +18,7 @@ import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
 
 from .._tangent import rule_helpers
-from .._tangent.rules import exponent_less_one, is_dtype, is_integral, log_of_base, unbound_method
+from .._tangent.rules import exponent_less_one, is_dtype, is_integral, log_of_base, reciprocal_or_zero, unbound_method
 from .._tangent.sym import Sym, helpers
 from .._tangent.sym import ti as T
 
@@ -155,7 +155,8 @@ defvjp(method("dot") + [ti.math.dot], lambda g, out, x, y: g * y, lambda g, out,
 defvjp(method("cross") + [ti.math.cross], lambda g, out, x, y: helpers.cross_adjoint_left(g, x, y),
        lambda g, out, x, y: helpers.cross_adjoint_right(g, x, y))
 defvjp(method("outer_product"), lambda g, out, x, y: g @ y, lambda g, out, x, y: g.transpose() @ x)
-defvjp(method("norm") + [ti.math.length], lambda g, out, x, *eps: g * x / out)  # sqrt(|x|^2 + eps)
+defvjp(method("norm") + [ti.math.length],  # sqrt(|x|^2 + eps); NOTE: [Norm at zero]
+       lambda g, out, x, *eps: g * x * reciprocal_or_zero(out))
 defvjp(method("norm_inv"), lambda g, out, x, *eps: -g * out ** 3 * x)  # rsqrt(|x|^2 + eps)
 defvjp(method("norm_sqr"), lambda g, out, x: 2 * g * x)
 def _normalized_adjoint(g: Sym, out: Sym, x: Sym, *eps: Sym) -> Sym:
@@ -168,7 +169,8 @@ def _normalized_adjoint(g: Sym, out: Sym, x: Sym, *eps: Sym) -> Sym:
 defvjp(method("normalized") + [ti.math.normalize], _normalized_adjoint)
 defvjp(method("determinant") + [ti.math.determinant], lambda g, out, x: g * helpers.cofactors(x))
 defvjp(method("inverse") + [ti.math.inverse], lambda g, out, x: -(out.transpose() @ g @ out.transpose()))
-defvjp(ti.math.distance, lambda g, out, x, y: g * (x - y) / out, lambda g, out, x, y: -g * (x - y) / out)
+defvjp(ti.math.distance, lambda g, out, x, y: g * (x - y) * reciprocal_or_zero(out),  # NOTE: [Norm at zero]
+       lambda g, out, x, y: -g * (x - y) * reciprocal_or_zero(out))
 defvjp(method("transpose"), lambda g, out, x: g.transpose())
 defvjp(method("trace"), lambda g, out, x: helpers.trace_adjoint(x, g))
 defvjp(method("sum"), lambda g, out, x: _zero(x) + g)

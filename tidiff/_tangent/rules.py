@@ -348,7 +348,30 @@ def _smoothstep(call: Call) -> Sym | None:
 defjvp(method("dot") + [ti.math.dot], lambda g, x, y: g.dot(y), lambda g, x, y: x.dot(g))
 defjvp(method("cross") + [ti.math.cross], lambda g, x, y: g.cross(y), lambda g, x, y: x.cross(g))
 defjvp(method("outer_product"), lambda g, x, y: g.outer_product(y), lambda g, x, y: x.outer_product(g))
-defjvp(method("norm") + [ti.math.length], lambda g, x, *eps: x.dot(g) / x.norm(*eps))  # sqrt(|x|^2 + eps)
+# NOTE: [Norm at zero]
+# The derivative of ``|x|`` is ``x / |x|``: 0 / 0 at a zero vector, where the norm has no derivative.
+# A zero vector is common where nothing is differentiated through it: a spring at rest, two bodies in
+# contact at the start (DiffTaichi's rigid_body: a joint closed at t = 0, a state the program does not
+# differentiate by, inside a field it does). A tangent or cotangent of 0 then met 0 / 0 and gave NaN,
+# which spread to every derivative of a field program by forward mode, where Taichi's reverse mode left
+# it in the state's own gradient. The rules take the derivative of the norm at zero as 0, as torch does
+# (``torch.linalg.vector_norm``'s subgradient), and ``1 / |x|`` from a radicand that is 1 there, so that
+# derivatives of the rule itself (second order) are finite too.
+def reciprocal_or_zero(norm: Sym) -> Sym:
+    """``1 / norm``, or 0 where ``norm`` (a value of a norm, in reverse rules) is 0 (NOTE: [Norm at zero])."""
+    zero = norm.eq(0)
+    return T.select(zero, 0.0, 1.0 / T.select(zero, 1.0, norm))
+
+
+def inverse_norm(x: Sym, *eps: Sym) -> Sym:
+    """``1 / x.norm(eps)``, or 0 where the norm is 0 (NOTE: [Norm at zero])."""
+    radicand = x.norm_sqr() + eps[0] if eps else x.norm_sqr()
+    zero = radicand.eq(0)
+    return T.select(zero, 0.0, 1.0 / T.sqrt(T.select(zero, 1.0, radicand)))
+
+
+defjvp(method("norm") + [ti.math.length],
+       lambda g, x, *eps: x.dot(g) * inverse_norm(x, *eps))  # sqrt(|x|^2 + eps)
 defjvp(method("norm_inv"), lambda g, x, *eps: -x.norm_inv(*eps) ** 3 * x.dot(g))  # rsqrt(|x|^2 + eps)
 defjvp(method("norm_sqr"), lambda g, x: 2 * x.dot(g))
 
@@ -363,9 +386,9 @@ def _normalized_tangent(g: Sym, x: Sym, *eps: Sym) -> Sym:
 defjvp(method("normalized") + [ti.math.normalize], _normalized_tangent)
 defjvp(method("determinant") + [ti.math.determinant], lambda g, x: (helpers.cofactors(x) * g).sum())
 defjvp(method("inverse") + [ti.math.inverse], lambda g, x: -(x.inverse() @ g @ x.inverse()))
-defjvp(ti.math.distance,
-       lambda g, x, y: (x - y).dot(g) / (x - y).norm(),
-       lambda g, x, y: -(x - y).dot(g) / (x - y).norm())
+defjvp(ti.math.distance,  # NOTE: [Norm at zero]
+       lambda g, x, y: (x - y).dot(g) * inverse_norm(x - y),
+       lambda g, x, y: -(x - y).dot(g) * inverse_norm(x - y))
 defjvp(method("transpose"), lambda g, x: g.transpose())
 defjvp(method("trace"), lambda g, x: g.trace())
 defjvp(method("sum"), lambda g, x: g.sum())
