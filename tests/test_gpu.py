@@ -45,7 +45,8 @@ def test_the_probe_reads_the_arch_taichi_started_on():
 
 @needs_cuda
 def test_field_programs_and_time_loops_on_cuda():
-    run = ("import sys, pytest, taichi as ti; code = pytest.main(['-q', '-p', 'no:cacheprovider', *sys.argv[1:]]); "
+    run = ("import sys, pytest, taichi as ti; "
+           "code = pytest.main(['-q', '-n', '0', '-p', 'no:cacheprovider', *sys.argv[1:]]); "
            "print('ARCH', ti.lang.impl.current_cfg().arch.name); sys.exit(code)")
     result = subprocess.run([sys.executable, "-c", run, *GPU_FILES], capture_output=True, text=True, timeout=3000,
                             env=_env(), cwd=ROOT)

@@ -13,10 +13,11 @@ import numpy as np
 
 import tidiff as td
 
-from . import kernels, oracle
+from . import kernels, oracle, render_taichi
 from .cases import Case
 from .compare import Mismatch, assert_fd_close, assert_tree_close, assert_values_close
 from .oracle import jac, main_output, per_element, positions, with_aux
+from .unoptimized import values_without_optimizer
 
 
 def _compare(case: Case, got: Any, want: Any, what: str) -> None:
@@ -36,7 +37,8 @@ class TaichiPitfall(Mismatch):
 # differs too, the case is a Taichi pitfall (a miscompile, or an op Taichi defines otherwise than the
 # twin spells it): reported as TaichiPitfall, with a minimal program in tests/test_taichi_pitfalls.py
 # and a line in docs/limits.md once understood. Programs calling transforms (tgrad, tjvp) run tidiff's
-# code even in a plain kernel, so their values are not classified. A crash inside Taichi's compiler (an
+# code even in a plain kernel: their value is classified by tidiff's own value with Taichi's optimizer off
+# (``unoptimized.py``: right there, the optimizer is at fault). A crash inside Taichi's compiler (an
 # internal assertion, ``[verify.cpp...]``) is, when a plain kernel calling the function crashes alike,
 # transforms in it or not: an internal assertion failing on what Taichi's frontend accepted is Taichi's.
 
@@ -50,7 +52,15 @@ def check_value(case: Case) -> Any:
             _compare(case, got, want, "value")
         except Mismatch as mismatch:
             if {"tgrad", "tjvp"} & case.program.ops:
-                raise
+                unoptimized = values_without_optimizer(render_taichi.source(case.program), case.program.main.name,
+                                                       case.arrays)
+                try:
+                    assert_tree_close(tuple(unoptimized), tuple(oracle.leaves(want)), "value without the optimizer")
+                except Mismatch:
+                    raise mismatch from None
+                raise TaichiPitfall(f"tidiff's value with Taichi's optimizer off (advanced_optimization=False) "
+                                    f"agrees with the torch twin: Taichi's optimizer miscompiles the program "
+                                    f"(NOTE: [Taichi pitfalls]; unoptimized.py).\n{mismatch}") from mismatch
             plain = kernels.plain_values(case)
             try:
                 assert_tree_close(tuple(plain), tuple(oracle.leaves(want)), "plain Taichi value")

@@ -64,8 +64,10 @@ def main() -> int:
         env[CURRENT_ENV] = current
         try:
             # --capture=sys: what Taichi's C++ code writes reaches this script even when it ends the process
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys",
-                                  "--hypothesis-show-statistics", f"--hypothesis-seed={seed}", os.path.join(HERE)],
+            # -n 0: one process (pyproject's addopts run files in parallel), whose statistics are read below
+            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                                  "--capture=sys", "--hypothesis-show-statistics", f"--hypothesis-seed={seed}",
+                                  os.path.join(HERE)],
                                  capture_output=True, text=True, env=env, cwd=ROOT, timeout=60 * args.chunk_minutes)
         except subprocess.TimeoutExpired:
             with lock:
