@@ -1,5 +1,7 @@
 """The oracle itself: where torch's own derivatives are wrong, the twin must not use them; and how a value
 mismatch is classified (tidiff's fault, or Taichi's own)."""
+import types
+
 import numpy as np
 import pytest
 import taichi as ti
@@ -7,7 +9,7 @@ import torch
 
 import tidiff as td
 
-from .cases import Case
+from .cases import Case, _modes_agree
 from .checks import TaichiPitfall, check_value
 from .compare import Mismatch
 from .grammar import Expr, Func, Program
@@ -107,3 +109,21 @@ def test_twin_grad_is_by_its_argument_alone():
     want = torch.autograd.functional.jacobian(twin, torch.tensor(x))
     np.testing.assert_allclose(want.numpy(), [[0.0, 1.0], [0.0, 0.0]])
     np.testing.assert_allclose(td.jacrev(grad_of_shared)(x), want.numpy(), rtol=1e-15)
+
+
+def test_a_twin_whose_jacobian_differs_by_mode_is_no_oracle():
+    """Long run, seed 10506: torch's reverse mode gave -4.5e-4 where its forward mode, tidiff and central
+    differences give 0 (a saturated tanh behind ``t[1, 1] - t`` of equal entries whose derivative is huge).
+    Such draws are rejected (``_modes_agree``); here a twin of the same shape."""
+    helpers = namespace()
+
+    def cancelling(x):
+        s = (((1.7 / (torch.cos(x * 30.0) ** 2 + 1.0)) ** 3) ** 3).sum() * 1e6
+        t = helpers["_filled"]((2, 3), s)
+        m = helpers["_matrix"](2, 2, [x[0], x[1], x[1], x[0]]) ** 2 + 0.5
+        return torch.exp(torch.tanh(t)) + m @ (t[1, 1] - t)
+
+    case = types.SimpleNamespace(arrays=[np.array([0.3, -0.7, 1.1])], cores=[(3,)], twin=cancelling)
+    assert not _modes_agree(case)
+    case.twin = lambda x: torch.sin(x) * x.sum()
+    assert _modes_agree(case)
