@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 import tidiff as td
 
 from . import grammar, known, render_taichi, render_torch
-from .compare import as_numpy
+from .compare import Mismatch, as_numpy, assert_values_close
 from .crashes import CURRENT_ENV, TAICHI_CRASHES
 from .grammar import Program
 from .oracle import broadcast_all, leaves, per_element
@@ -229,8 +229,6 @@ def _modes_agree(case: Case) -> bool:
     ``tanh`` behind ``t[1, 1] - t`` of a matrix of equal entries). A twin torch's forward mode cannot run
     (a custom rule without one, a transform inside) says nothing: kept.
     """
-    from .compare import Mismatch, assert_values_close
-
     if not all(np.issubdtype(np.asarray(a).dtype, np.floating) for a in case.arrays):
         return True
     batch, full = broadcast_all(case.arrays, case.cores)

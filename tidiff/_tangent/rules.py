@@ -386,9 +386,16 @@ def _normalized_tangent(g: Sym, x: Sym, *eps: Sym) -> Sym:
 defjvp(method("normalized") + [ti.math.normalize], _normalized_tangent)
 defjvp(method("determinant") + [ti.math.determinant], lambda g, x: (helpers.cofactors(x) * g).sum())
 defjvp(method("inverse") + [ti.math.inverse], lambda g, x: -(x.inverse() @ g @ x.inverse()))
-defjvp(ti.math.distance,  # NOTE: [Norm at zero]
-       lambda g, x, y: (x - y).dot(g) * inverse_norm(x - y),
-       lambda g, x, y: -(x - y).dot(g) * inverse_norm(x - y))
+@defrule(ti.math.distance)
+def _distance(call: Call) -> Sym | None:
+    """``|x - y|``: one term along ``dx - dy``, so the factor of NOTE: [Norm at zero] is written once."""
+    (x, y), (dx, dy) = call.args, call.tangents
+    if dx is None and dy is None:
+        return None
+    along = dx if dy is None else (-dy if dx is None else dx - dy)
+    return (x - y).dot(along) * inverse_norm(x - y)
+
+
 defjvp(method("transpose"), lambda g, x: g.transpose())
 defjvp(method("trace"), lambda g, x: g.trace())
 defjvp(method("sum"), lambda g, x: g.sum())
