@@ -303,3 +303,43 @@ def test_a_vector_rewritten_twice_in_a_runtime_loop_reads_stale_entries():
     got = run(ti.Vector(list(x))).to_numpy()
     np.testing.assert_allclose(got[1], want, rtol=1e-14)  # right
     assert not np.allclose(got[0], want, rtol=1e-3), got  # Taichi 1.7.4: stale entries
+
+
+@ti.func
+def branch_then_runtime_loop(x0: ti.f64, x1: ti.f64) -> ti.f64:
+    t = ti.Vector([x1]) ** 2 + 0.5
+    if x0 > 0.3:
+        for _ in range(1):
+            t = t + 0.5
+    else:
+        t = t * 0.5
+    for _ in range(2):
+        t = ti.sin(t)
+    return t[0]
+
+
+def test_reverse_mode_of_a_vector_through_a_branch_and_a_runtime_loop_fails_its_ir_verifier():
+    """Found by the long run (seed 10707) in Taichi's reverse mode of a plain ndarray kernel (and of the field
+    program around the same function), reduced by deleting and simplifying statements: kernel.grad does not
+    compile, 'IR broken: stmt BinaryOpStmt ... cannot have operand BinaryOpStmt ...'. The kernel itself
+    compiles and runs. A runtime error, not a wrong value; no tidiff code involved."""
+
+    @ti.kernel
+    def apply(a: ti.types.ndarray(dtype=ti.f64, ndim=1), b: ti.types.ndarray(dtype=ti.f64, ndim=1),
+              out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+        for i in range(a.shape[0]):
+            out[i] = branch_then_runtime_loop(a[i], b[i])
+
+    arrays = [ti.ndarray(ti.f64, 2, needs_grad=True) for _ in range(3)]
+    arrays[0].from_numpy(np.array([0.1, 0.5]))
+    arrays[1].from_numpy(np.array([0.7, 0.7]))
+    apply(*arrays)
+    t = 0.7**2 + 0.5
+    np.testing.assert_allclose(arrays[2].to_numpy(), np.sin(np.sin([t * 0.5, t + 0.5])), rtol=1e-14)
+    arrays[2].grad.from_numpy(np.ones(2))
+    try:
+        apply.grad(*arrays)
+    except RuntimeError as e:
+        assert "verify.cpp" in str(e) and "cannot have operand" in str(e), e
+    else:
+        raise AssertionError("Taichi compiled it: the pitfall is fixed, update docs/limits.md")

@@ -18,6 +18,7 @@ from typing import Any
 
 import hypothesis.strategies as st
 import numpy as np
+import taichi as ti
 import torch
 from hypothesis import assume, reject
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
@@ -27,7 +28,7 @@ import tidiff as td
 
 from . import grammar, known, render_taichi, render_torch
 from .compare import Mismatch, as_numpy, assert_values_close
-from .crashes import CURRENT_ENV, TAICHI_CRASHES
+from .crashes import CURRENT_ENV, known_error
 from .grammar import Program
 from .oracle import broadcast_all, leaves, per_element
 
@@ -112,14 +113,14 @@ class Case:
                 f.write(self.report(call))
         try:
             yield
-        except RuntimeError as e:
-            known = next((why for sign, why in TAICHI_CRASHES.items() if sign in str(e)), None)
+        except (RuntimeError, ti.TaichiCompilationError) as e:
+            known = known_error(str(e), call)
             if known is None:
                 e.add_note(self.report(call))
                 raise
             from .checks import TaichiPitfall
 
-            pitfall = TaichiPitfall(f"Taichi's compiler crashed in {call}: {known} (NOTE: [Taichi pitfalls]).\n{e}")
+            pitfall = TaichiPitfall(f"Taichi failed in {call}: {known} (NOTE: [Taichi pitfalls]).\n{e}")
             pitfall.add_note(self.report(call))
             record_pitfall(pitfall)
             reject()

@@ -14,7 +14,9 @@ signature in the chunk's output."""
 TAICHI_ALONE = "[Taichi alone, no tidiff]"
 """Begins the name of a check that runs only Taichi's code (``ti.ad.Tape`` of a plain field program): a process
 that dies in it died of a Taichi bug (long run, seeds 10102 and 10106: Taichi's reverse mode warns "Loading
-variable ... before anything is stored to it", then a segfault or bus error at launch)."""
+variable ... before anything is stored to it", then a segfault or bus error at launch), and an error it raises is
+Taichi's (seed 10707: Taichi's reverse mode of a plain ndarray kernel fails its own IR verifier, "IR broken: stmt
+BinaryOpStmt ... cannot have operand BinaryOpStmt ...")."""
 
 CURRENT_ENV = "TIDIFF_CONFORMANCE_CURRENT"
 """The variable naming the file where each check writes its reproduction while it runs."""
@@ -27,8 +29,21 @@ def known_crash(output: str, under_way: str) -> str | None:
     named by ``CURRENT_ENV``). Known: a signature of ``TAICHI_CRASHES`` in the output, or a death inside a
     check of Taichi alone (``TAICHI_ALONE``).
     """
-    known = next((why for sign, why in TAICHI_CRASHES.items() if sign in output), None)
+    known = _signature(output)
     if known is None and TAICHI_ALONE in under_way:
         check = under_way.split(TAICHI_ALONE)[1].split("\n")[0].strip()
         known = f"Taichi alone (no tidiff code) ended the process in: {check}"
     return known
+
+
+def known_error(message: str, call: str) -> str | None:
+    """Why Taichi raised an error with ``message`` in the check ``call``, or None (then it is a failure to look
+    at). Known: a signature of ``TAICHI_CRASHES``, or any error in a check of Taichi alone (``TAICHI_ALONE``)."""
+    known = _signature(message)
+    if known is None and call.startswith(TAICHI_ALONE):
+        known = "Taichi alone (no tidiff code) raised it"
+    return known
+
+
+def _signature(text: str) -> str | None:
+    return next((why for sign, why in TAICHI_CRASHES.items() if sign in text), None)

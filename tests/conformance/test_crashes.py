@@ -1,8 +1,15 @@
-"""How the long run tells a Taichi crash from a failure: a known message, or a death in a check of Taichi alone."""
+"""How the long run tells a Taichi crash from a failure: a known message, or a death or an error in a check of
+Taichi alone."""
 import types
 
-from .cases import Case
-from .crashes import CURRENT_ENV, TAICHI_ALONE, known_crash
+import hypothesis.strategies as st
+import pytest
+import taichi as ti
+from hypothesis import given, settings
+from hypothesis.errors import Unsatisfiable
+
+from .cases import PITFALL_LOG_ENV, Case, TaichiPitfallWarning
+from .crashes import CURRENT_ENV, TAICHI_ALONE, known_crash, known_error
 
 
 def test_a_known_message_names_the_taichi_bug():
@@ -28,3 +35,41 @@ def test_a_check_of_taichi_alone_gives_the_file_back_to_the_check_around_it(tmp_
         with Case.checking(case, f"{TAICHI_ALONE} ti.ad.Tape"):
             assert current.read_text() == f"{TAICHI_ALONE} ti.ad.Tape"
         assert current.read_text() == "field program: grad"
+
+
+IR_BROKEN = ("[verify.cpp:basic_verify@56] IR broken: stmt BinaryOpStmt 1468378 cannot have operand BinaryOpStmt "
+             "1468812.")  # Taichi's reverse mode of a plain ndarray kernel (long run, seed 10707)
+
+
+def test_an_error_in_a_check_of_taichi_alone_is_taichi_s():
+    assert known_error(IR_BROKEN, f"{TAICHI_ALONE} kernel.grad of the ndarray kernel") == \
+        "Taichi alone (no tidiff code) raised it"
+
+
+def test_an_unknown_error_in_a_check_of_tidiff_is_a_failure():
+    assert known_error(IR_BROKEN, "ndarray kernel: value, jvp, vjp") is None
+    assert "scalarize" in known_error("matrix_ptr_stmt->offset->template is<ConstStmt>", "ndarray kernel: vjp")
+
+
+@pytest.mark.parametrize("error", [RuntimeError(IR_BROKEN), ti.TaichiCompilationError("Taichi cannot compile it")])
+def test_a_check_of_taichi_alone_that_raises_rejects_the_draw_as_a_pitfall(error, monkeypatch):
+    monkeypatch.delenv(PITFALL_LOG_ENV, raising=False)
+    case = types.SimpleNamespace(report=lambda call: call)
+
+    @settings(max_examples=2, database=None)
+    @given(st.none())
+    def check(_):
+        with Case.checking(case, f"{TAICHI_ALONE} kernel.grad of the ndarray kernel"):
+            raise error
+
+    with pytest.warns(TaichiPitfallWarning, match="Taichi alone"), pytest.raises(Unsatisfiable):
+        check()
+
+
+def test_a_check_of_tidiff_that_raises_the_same_fails_with_the_reproduction(monkeypatch):
+    monkeypatch.delenv(PITFALL_LOG_ENV, raising=False)
+    case = types.SimpleNamespace(report=lambda call: f"reproduction of {call}")
+    with pytest.raises(RuntimeError, match="IR broken") as raised:
+        with Case.checking(case, "ndarray kernel: vjp"):
+            raise RuntimeError(IR_BROKEN)
+    assert raised.value.__notes__ == ["reproduction of ndarray kernel: vjp"]
