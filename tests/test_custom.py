@@ -140,6 +140,29 @@ def test_second_order_differentiates_the_primal_code_and_the_rule_as_jax():
 
 
 @ti.func
+def scaled_by_a_rule_of_y(x: ti.f64, y: ti.f64) -> ti.f64:
+    """x times a custom_vjp function of y alone: forward mode by x does not reach the rule, by y it does."""
+    return x * scaled_square(ti.math.vec2(y, 1.0), 2.0)
+
+
+def test_forward_mode_over_a_jacobian_by_an_argument_the_rule_does_not_see():
+    """``td.jacfwd(td.jacrev(f, argnums=0), argnums=1)`` with f's custom_vjp function (no jvp rule) taking y alone
+    (long run, seed 20133). td.jacrev by x, one input component and one output, was built on f's tangent
+    function, which forward mode by y cannot take (a TransformError), while with x of three components it was
+    built on the reverse function and gave a number. Now always on the reverse function, whose code forward mode
+    takes (NOTE: [Forward mode of a gradient's code]): d/dy of the value's code 2 (y^2 + 1) is 4y, not the rule's
+    3y. (JAX refuses this composition: its jvp meets the custom_vjp function outside the inner vjp.) Reverse over
+    reverse uses the rule, as JAX: 3y."""
+    x, y = 0.7, -0.4
+    for inner in (td.grad, td.jacrev, td.jacobian):
+        got = td.jacfwd(inner(scaled_by_a_rule_of_y, argnums=0), argnums=1)(x, y)
+        assert got == pytest.approx(4.0 * y, rel=1e-14), inner
+        assert td.jacrev(inner(scaled_by_a_rule_of_y, argnums=0), argnums=1)(x, y) == pytest.approx(3.0 * y, rel=1e-14)
+    with pytest.raises(td.TransformError, match="custom_vjp function without a jvp rule"):
+        td.jacfwd(td.jacfwd(scaled_by_a_rule_of_y, argnums=0), argnums=1)(x, y)  # jacfwd is forward mode, as asked
+
+
+@ti.func
 def clipped_in_a_loop(x: ti.f64) -> ti.f64:
     out = 0.0
     i = 0

@@ -34,6 +34,7 @@ from ._errors import NoForwardRule, TransformError
 from ._signature import ArgSpec
 from ._tangent import jvp_func
 from ._tangent.emit import owned_cache
+from ._tangent.rules import CUSTOM_VJPS
 
 # NOTE: [Vector-mode pushes] A Jacobian by an argument of n components is
 # best one call of the parent's tangent function widened to carry all n
@@ -126,6 +127,8 @@ def _jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[Arg
         return Mode("forward", f"the reverse transform does not take {why_not(parent, active, len(out_specs))}")
     if flavour == "rev" and getattr(reverse, USES_BWD, False):
         return Mode("reverse", "a reverse-mode transform reaches a custom_vjp rule")
+    if _refused_by_other_arguments(parent, active, in_specs):
+        return Mode("reverse", "forward mode by the other arguments reaches a custom_vjp rule without a jvp rule")
     if getattr(reverse, RECOMPUTES, False):
         return Mode("forward", LOOP_REASON)
     n_in = sum(in_specs[a].size for a in argnums)
@@ -135,6 +138,26 @@ def _jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[Arg
     if n_out > 1 and all(widens(parent, active, in_specs[a].size) for a in argnums):
         return Mode("forward", "the forward pushes are one widened call")
     return Mode("reverse", f"{n_out} output components, fewer than {n_in} input components")
+
+
+def _refused_by_other_arguments(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgSpec]) -> bool:
+    """Whether forward mode by every float argument reaches a custom_vjp rule without a jvp rule that forward
+    mode by ``active`` alone does not (its arguments do not depend on them).
+
+    A Jacobian body built on ``parent``'s tangent function could then not be differentiated again by those
+    arguments (``td.jacfwd(td.jacrev(f, argnums=0), argnums=1)``: long run, seed 20133), where a body built on
+    its reverse function can (NOTE: [Forward mode of a gradient's code] in ``_tangent/emit.py``; JAX refuses it).
+    """
+    everywhere = tuple(s.is_float for s in in_specs)
+    if everywhere == tuple(active) or not CUSTOM_VJPS:  # no custom_vjp function in this process: none refuses
+        return False
+    try:
+        tangent_function(parent, everywhere)
+    except NoForwardRule:
+        return True
+    except TransformError:  # forward mode by those arguments fails for another reason: not this question
+        return False
+    return False
 
 
 def cotangent_mode(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Mode:

@@ -37,7 +37,11 @@ but its own code, so the tangent of a reverse function, and of every function
 transformed for it (helpers its forward sweep calls, callees' reverse
 functions), differentiates that code instead of refusing: the same numbers as
 JAX. Transforms in this mode are cached apart from the ordinary ones, so a
-jvp of the function itself still refuses.
+jvp of the function itself still refuses. A Jacobian by arguments that do not
+reach the rule (its forward mode by them is defined) is built on the reverse
+function all the same where forward mode by the others is refused
+(``_modes._refused_by_other_arguments``): a derivative by those can follow
+(``td.jacfwd(td.jacrev(f, argnums=0), argnums=1)``), whatever the sizes.
 """
 
 
