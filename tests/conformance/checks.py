@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from hypothesis import reject
 
 import tidiff as td
 
@@ -140,6 +141,29 @@ def _directional_differences(case: Case, tangents: list, h: float) -> tuple[list
     return coarse, fine
 
 
+def _reject_if_torch_modes_differ(case: Case, twin: Any, ct: Any, grads: Any, want: tuple,
+                                  mismatch: Mismatch) -> None:
+    """tidiff's cotangents differ from torch's reverse mode ``want``: no oracle (the draw rejected) where torch's
+    own forward mode gives other cotangents, which tidiff's agree with; else tidiff's failure.
+
+    Long run, seed 10829: an output ``cross(c * (1, 1, 1), (1, 1, 1))``, zero whatever c, whose cotangent
+    reaches c as ``sum(cross((1, 1, 1), ct))``: exactly 0 for a unit cotangent (so the Jacobians by both of
+    torch's modes are 0, and ``_modes_agree`` passes), a rounding error of 1e-17 for a random one, times a
+    derivative of c near 1e12 from the program before it: torch's reverse mode 9e-5, its forward mode 0,
+    tidiff 0. The same kind of oracle failure as seed 10506 (``_modes_agree`` in cases.py), met only with
+    the vjp's random cotangent."""
+    try:
+        forward = oracle.forward_cotangents(twin, case.cores, case.arrays, ct)
+    except Exception:  # noqa: BLE001 - any op torch's forward mode does not take: no second opinion
+        raise mismatch from None
+    try:
+        assert_tree_close(forward, want, "twin's cotangents by torch's forward and reverse mode")
+    except Mismatch:
+        _compare(case, grads, forward, "vjp cotangents against torch's forward mode (its reverse mode differs)")
+        reject()
+    raise mismatch
+
+
 def check_vjp(case: Case, rng: np.random.Generator, has_aux: bool) -> None:
     """td.vjp of the whole batched function; and the dot-product test against td.jvp where forward mode exists."""
     n_main = 1 if has_aux else len(case.out_shapes)
@@ -157,7 +181,10 @@ def check_vjp(case: Case, rng: np.random.Generator, has_aux: bool) -> None:
         _compare(case, result[0], out, "vjp primal out")
         if has_aux:
             _compare(case, result[2], per_element(case.twin, case.arrays, case.cores)[1], "vjp aux")
-        _compare(case, grads, tuple(want), "vjp cotangents")
+        try:
+            _compare(case, grads, tuple(want), "vjp cotangents")
+        except Mismatch as mismatch:
+            _reject_if_torch_modes_differ(case, twin, ct, grads, tuple(want), mismatch)
     if case.program.forward_ok:
         tangents = case.like_args(rng)
         case.notes.append(f"dot-product test tangents = {[t.tolist() for t in tangents]!r}")

@@ -177,5 +177,22 @@ def vjp(twin: Callable, cores: Sequence[tuple], primals: Sequence, cotangent: An
     return tree_map(_numpy, out), tree_map(_numpy, grads)
 
 
+def forward_cotangents(twin: Callable, cores: Sequence[tuple], primals: Sequence, cotangent: Any) -> tuple:
+    """``J^T c`` of the whole batched twin by torch's forward mode: entry k is ``<J e_k, c>``, one
+    ``torch.func.jvp`` per input component (no vmap, so the twin's branches on values run as they are)."""
+    whole, xs = batched(twin, cores), tensors(primals)
+    cts = [torch.tensor(np.array(c), dtype=F64) for c in leaves(cotangent)]
+    result = []
+    for i, x in enumerate(xs):
+        entries = []
+        for k in range(x.numel()):
+            basis = [torch.zeros_like(y) for y in xs]
+            basis[i].view(-1)[k] = 1.0
+            _, tout = torch.func.jvp(whole, xs, tuple(basis))
+            entries.append(sum(float((t * c).sum()) for t, c in zip(leaves(tout), cts, strict=True)))
+        result.append(np.array(entries).reshape(x.shape))
+    return tuple(result)
+
+
 def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()

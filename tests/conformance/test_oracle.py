@@ -2,15 +2,19 @@
 mismatch is classified (tidiff's fault, or Taichi's own)."""
 import types
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 import taichi as ti
 import torch
+from hypothesis import given, settings
+from hypothesis.errors import Unsatisfiable
 
 import tidiff as td
 
+from . import oracle
 from .cases import Case, _modes_agree
-from .checks import TaichiPitfall, check_value
+from .checks import TaichiPitfall, _reject_if_torch_modes_differ, check_value
 from .compare import Mismatch
 from .grammar import Expr, Func, Program
 from .ops import OPS
@@ -127,3 +131,33 @@ def test_a_twin_whose_jacobian_differs_by_mode_is_no_oracle():
     assert not _modes_agree(case)
     case.twin = lambda x: torch.sin(x) * x.sum()
     assert _modes_agree(case)
+
+
+def crossed_with_ones(x):
+    """``cross(c * (1, 1, 1), (1, 1, 1))`` is 0 whatever c; its cotangent reaches c as ``sum(cross(ones, ct))``,
+    a rounding error for a random ct, here times a derivative of c near 1e12."""
+    c = torch.tan(x * 1.5).sum() * 1e12
+    return torch.linalg.cross(namespace()["_filled"]((3,), c), torch.ones(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("tidiff_gives, rejected", [(0.0, True), (1.0, False)])
+def test_a_vjp_whose_twin_differs_by_mode_is_no_oracle(tidiff_gives, rejected):
+    """Long run, seed 10829: torch's reverse mode gave cotangents of 9e-5 where its forward mode and tidiff give 0
+    (``_modes_agree`` passes: both Jacobians are exactly 0, a unit cotangent leaves no rounding error). A draw
+    whose vjp differs from torch's reverse mode is rejected where torch's forward mode differs too and tidiff
+    agrees with it; a vjp agreeing with neither is tidiff's failure."""
+    x = np.array([0.3, -0.7])
+    ct = np.array([0.53, 0.89, -0.72])
+    case = types.SimpleNamespace(arrays=[x], cores=[(2,)], use_torch=False)
+    want = oracle.vjp(crossed_with_ones, case.cores, case.arrays, ct)[1]
+    assert np.abs(want[0]).max() > 1e-6  # torch's reverse mode: rounding error, amplified
+    np.testing.assert_array_equal(oracle.forward_cotangents(crossed_with_ones, case.cores, case.arrays, ct)[0], 0.0)
+    mismatch = Mismatch("tidiff's vjp differs from torch's reverse mode")
+
+    @settings(max_examples=2, database=None)
+    @given(st.none())
+    def check(_):
+        _reject_if_torch_modes_differ(case, crossed_with_ones, ct, (np.full(2, tidiff_gives),), tuple(want), mismatch)
+
+    with pytest.raises(Unsatisfiable if rejected else Mismatch):
+        check()
