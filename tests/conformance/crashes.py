@@ -33,7 +33,28 @@ def known_crash(output: str, under_way: str) -> str | None:
     if known is None and TAICHI_ALONE in under_way:
         check = under_way.split(TAICHI_ALONE)[1].split("\n")[0].strip()
         known = f"Taichi alone (no tidiff code) ended the process in: {check}"
+    if known is None and _last_words_are_the_reverse_warning(output) and any(
+            f"\n{kind}:" in under_way for kind in TAICHI_REVERSE_CHECKS):
+        known = ("Taichi's reverse mode warned 'Loading variable ... before anything is stored to it' compiling the "
+                 "last kernel, then ended the process (docs/limits.md)")
     return known
+
+
+REVERSE_WARNING = "before anything is stored to it"
+TAICHI_REVERSE_CHECKS = ("field program", "ndarray kernel")
+"""Checks of programs whose reverse mode is Taichi's (kernel.grad over tidiff's kernels: a field program's gradient,
+an ndarray kernel's vjp, and second derivatives by reverse mode over their tangent kernels). Where the last thing
+Taichi wrote before the process died is its warning that a compiled gradient kernel loads a variable before
+anything is stored to it, the death is that Taichi bug (long run, seed 10835: ``td.hvp`` of a field program,
+Taichi's reverse mode of tidiff's tangent kernel warns, then a bus error at launch; seeds 10102 and 10106 the
+same in ``ti.ad.Tape`` alone)."""
+
+
+def _last_words_are_the_reverse_warning(output: str) -> bool:
+    """Whether Taichi's last line before the process died (and before Python's fault handler's report) is its
+    warning of a load before any store."""
+    lines = [line for line in output.rsplit("Fatal Python error", 1)[0].splitlines() if line.strip()]
+    return bool(lines) and REVERSE_WARNING in lines[-1]
 
 
 def known_error(message: str, call: str) -> str | None:

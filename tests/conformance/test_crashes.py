@@ -73,3 +73,27 @@ def test_a_check_of_tidiff_that_raises_the_same_fails_with_the_reproduction(monk
         with Case.checking(case, "ndarray kernel: vjp"):
             raise RuntimeError(IR_BROKEN)
     assert raised.value.__notes__ == ["reproduction of ndarray kernel: vjp"]
+
+
+WARNED_THEN_DIED = """....................xx..........
+[W 11/26/26 15:04:53.929 1915] TaichiWarning
+While compiling `apply_jvp_c131_0_reverse_grad`, Statement $888 (type=taichi::lang::LocalLoadStmt);
+Loading variable 887 before anything is stored to it.
+Fatal Python error: Bus error
+
+Current thread 0x00007f (most recent call first):
+  File "taichi/lang/kernel_impl.py", line 969 in launch_kernel
+"""
+
+
+def test_a_death_right_after_taichi_s_reverse_mode_warning_in_a_field_program_is_taichi_s():
+    """Long run, seed 10835: td.hvp of a field program (Taichi's reverse mode of tidiff's tangent kernel)."""
+    under_way = "program ...\nargs = [...]\nfield program: value, grad, vjp, jvp, jacobian, hvp"
+    why = known_crash(WARNED_THEN_DIED, under_way)
+    assert why is not None and "before anything is stored" in why
+
+
+def test_a_death_after_the_warning_elsewhere_is_a_failure():
+    assert known_crash(WARNED_THEN_DIED, "program ...\nargs = [...]\nout, vjp_fn = td.vjp(f, *args)") is None
+    later = WARNED_THEN_DIED.replace("Fatal Python error", "[W] TaichiWarning\nanother warning\nFatal Python error")
+    assert known_crash(later, "program ...\nargs = [...]\nfield program: value, grad") is None
