@@ -152,12 +152,9 @@ def _refused_by_other_arguments(parent: Any, active: tuple[bool, ...], in_specs:
     if everywhere == tuple(active) or not CUSTOM_VJPS:  # no custom_vjp function in this process: none refuses
         return False
     try:
-        tangent_function(parent, everywhere)
-    except NoForwardRule:
-        return True
+        return not forward_possible(parent, everywhere)
     except TransformError:  # forward mode by those arguments fails for another reason: not this question
         return False
-    return False
 
 
 def cotangent_mode(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Mode:

@@ -26,8 +26,9 @@ def known_crash(output: str, under_way: str) -> str | None:
     """Why a process that died was killed by a known Taichi bug, or None (then it is a failure to look at).
 
     ``output``: what the process wrote; ``under_way``: the reproduction of the check it was in (the file
-    named by ``CURRENT_ENV``). Known: a signature of ``TAICHI_CRASHES`` in the output, or a death inside a
-    check of Taichi alone (``TAICHI_ALONE``).
+    named by ``CURRENT_ENV``). Known: a signature of ``TAICHI_CRASHES`` in the output, a death inside a
+    check of Taichi alone (``TAICHI_ALONE``), or one right after Taichi's reverse-mode warning in a check of
+    a program whose reverse mode is Taichi's (``TAICHI_REVERSE_CHECKS``).
     """
     known = _signature(output)
     if known is None and TAICHI_ALONE in under_way:
