@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import doctest
 import io
-import os
 import pathlib
 import re
 import subprocess
@@ -51,6 +50,7 @@ import traceback
 from dataclasses import dataclass
 
 import pytest
+from child_env import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -140,8 +140,7 @@ def run_page(path: pathlib.Path) -> None:
 
 @pytest.mark.parametrize("path", PAGES, ids=[p.name for p in PAGES])
 def test_page_runs(path):
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE",
-               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = child_env(OMP_WAIT_POLICY="PASSIVE")
     result = subprocess.run([sys.executable, __file__, str(path)], capture_output=True, text=True, timeout=600,
                             env=env, cwd=ROOT)
     if result.returncode != 0:

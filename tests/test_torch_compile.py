@@ -6,8 +6,6 @@ it gives the eager values and gradients. The oracle of eager itself is
 tests/test_torch.py and tests/test_ndarray.py (gradcheck, torch formulas).
 """
 import gc
-import os
-import pathlib
 import subprocess
 import sys
 import weakref
@@ -15,6 +13,7 @@ import weakref
 import pytest
 import taichi as ti
 import torch
+from child_env import child_env
 from ndarray_kernels import EPS, causal_conv  # the squared causal convolution
 from ndarray_kernels import conv_torch as causal_torch
 
@@ -241,7 +240,7 @@ def test_compiled_graphs_are_not_loaded_from_another_process(tmp_path):
     """NOTE: [Operator names]: a second process with the same Inductor cache compiles its own graph,
     whose backward names its own operators (with names reused across processes it died with
     "'_OpNamespace' 'tidiff' object has no attribute 'vjp_fn_..."')."""
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), PYTHONPATH=str(pathlib.Path(__file__).parents[1]))
+    env = child_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
     script = tmp_path / "cached_compile.py"  # Taichi reads a @ti.func's source from its file
     script.write_text(CACHED_COMPILE)
     for _ in range(2):

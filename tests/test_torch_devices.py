@@ -1,12 +1,11 @@
 """dtypes and devices of td.torch.function operators (issue 14, item 4)."""
-import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 import taichi as ti
 import torch
+from child_env import child_env
 
 import tidiff as td
 
@@ -88,6 +87,6 @@ def test_cuda_tensors_with_taichi_cuda(tmp_path):
     """CUDA tensors with ti.init(arch=ti.cuda), in a process of its own (ti.init resets the runtime)."""
     script = tmp_path / "cuda_run.py"  # Taichi reads a @ti.func's source from its file
     script.write_text(CUDA_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[1]))
+    env = child_env()
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]

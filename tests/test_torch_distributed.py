@@ -1,12 +1,12 @@
 """DistributedDataParallel (gloo, two processes) over a td.torch.function operator trains to the
 single-process parameters (issue 14, item 3)."""
 import importlib.util
-import os
 import pathlib
 import subprocess
 import sys
 
 import torch
+from child_env import child_env
 
 WORKER = pathlib.Path(__file__).with_name("ddp_worker.py")
 
@@ -21,7 +21,7 @@ def _worker():
 def test_ddp_two_processes_equal_single_process(tmp_path):
     worker = _worker()
     single = worker.train(worker.Model())
-    env = dict(os.environ, PYTHONPATH=str(WORKER.parents[1]), OMP_NUM_THREADS="1")
+    env = child_env(OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, str(WORKER), str(tmp_path)], capture_output=True, text=True, timeout=600,
                          env=env)
     assert run.returncode == 0, run.stderr[-4000:]
