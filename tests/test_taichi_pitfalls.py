@@ -343,3 +343,43 @@ def test_reverse_mode_of_a_vector_through_a_branch_and_a_runtime_loop_fails_its_
         assert "verify.cpp" in str(e) and "cannot have operand" in str(e), e
     else:
         raise AssertionError("Taichi compiled it: the pitfall is fixed, update docs/limits.md")
+
+
+@ti.func
+def rewritten_after_a_runtime_loop(x):
+    t = ti.Matrix([[0.5, 0.5], [0.5, 0.5]])
+    if t[1, 0] > 0.3:  # always taken
+        t = t * 0.5
+    else:
+        for i in ti.static(range(2)):
+            t += x[i]
+    for _ in range(1):  # a runtime loop
+        t = ti.sin(t)
+    t = x.outer_product(x)  # whatever t was
+    t = ti.tan(t * t[0, 1])
+    return t[1, 0]
+
+
+@ti.func
+def renamed_after_a_runtime_loop(x):
+    u = x.outer_product(x)
+    u = ti.tan(u * u[0, 1])
+    return u[1, 0]
+
+
+def test_a_matrix_rewritten_after_a_branch_and_a_runtime_loop_keeps_its_old_value():
+    """Found by the long run (seed 11015, at 57c2bb2), reduced to plain Taichi by deleting and simplifying
+    statements: after the runtime loop, t is written whole twice, yet Taichi returns sin(0.25), t's entry
+    from the loop. Right with ``advanced_optimization=False``. tidiff's own code of the function (td.function,
+    its tangent and reverse functions: renamed variables) is right; where tidiff calls the user's function as
+    Taichi compiles it (the value or aux beside a Jacobian) it returns Taichi's number."""
+
+    @ti.kernel
+    def run(x: ti.types.vector(2, ti.f64)) -> ti.types.vector(2, ti.f64):
+        return ti.Vector([rewritten_after_a_runtime_loop(x), renamed_after_a_runtime_loop(x)])
+
+    x = np.array([0.0765097908207737, 1.3743307775626277])
+    want = np.tan((x[0] * x[1]) ** 2)
+    wrong, right = run(ti.Vector(list(x))).to_numpy()
+    np.testing.assert_allclose(right, want, rtol=1e-14)
+    assert wrong == np.sin(0.25), wrong  # Taichi 1.7.4; right: tan((x0 x1)^2) = 0.011056...
