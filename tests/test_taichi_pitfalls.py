@@ -370,9 +370,10 @@ def renamed_after_a_runtime_loop(x):
 def test_a_matrix_rewritten_after_a_branch_and_a_runtime_loop_keeps_its_old_value():
     """Found by the long run (seed 11015, at 57c2bb2), reduced to plain Taichi by deleting and simplifying
     statements: after the runtime loop, t is written whole twice, yet Taichi returns sin(0.25), t's entry
-    from the loop. Right with ``advanced_optimization=False``. tidiff's own code of the function (td.function,
-    its tangent and reverse functions: renamed variables) is right; where tidiff calls the user's function as
-    Taichi compiles it (the value or aux beside a Jacobian) it returns Taichi's number."""
+    from the loop. Right with ``advanced_optimization=False``. In the unreduced program tidiff's tangent and
+    reverse functions (renamed variables) were right, and so was td.function's kernel, which calls the user's
+    function too (the miscompile depends on the kernel around it); the aux beside a forward-push Jacobian,
+    computed by calling the user's function after the loop of pushes, was Taichi's number."""
 
     @ti.kernel
     def run(x: ti.types.vector(2, ti.f64)) -> ti.types.vector(2, ti.f64):
