@@ -395,3 +395,49 @@ def test_forward_mode_reads_a_vector_after_the_static_loop_that_rewrote_it():
     x = np.array([[1.3166678452560916, 1.3777365955694387], [-0.6486041941046574, -0.6979457586968281]])
     want = torch.func.jacfwd(read_after_a_static_loop_twin)(torch.tensor(x)).numpy()
     np.testing.assert_allclose(td.jacfwd(read_after_a_static_loop)(x), want, rtol=1e-12, atol=1e-14)
+
+
+@ti.func
+def aux_after_a_runtime_loop(x: ti.types.vector(8, ti.f64)):
+    y = ti.Vector([x[0], x[1]])
+    t = ti.Matrix([[0.5, 0.5], [0.5, 0.5]])
+    if t[1, 0] > 0.3:  # always taken
+        t = t * 0.5
+    else:
+        for i in ti.static(range(2)):
+            t += y[i]
+    for _ in range(1):  # a runtime loop
+        t = ti.sin(t)
+    t = y.outer_product(y)  # whatever t was
+    t = ti.tan(t * t[0, 1])
+    return t[1, 0] * x, t[1, 0]
+
+
+def test_the_aux_beside_looped_pushes_is_the_pushes_primal():
+    """Long run, seed 11015: the aux beside a Jacobian of forward pushes in a runtime loop came from a
+    second call of the user's function after the loop, which Taichi 1.7.4 miscompiles here (sin(0.25)-like
+    stale entries; tests/test_taichi_pitfalls.py), while the pushes themselves were right. The value and
+    the aux are now the primal outputs of the pushes (NOTE: [The value beside looped pushes])."""
+    x = np.linspace(0.1, 1.0, 8)
+    x[:2] = 0.0765097908207737, 1.3743307775626277
+    xs = np.stack([x, 0.9 * x, 1.1 * x])
+    for xb in (x, xs):
+        s = (xb[..., 0] * xb[..., 1]) ** 2
+        t = np.tan(s)
+        dt = np.zeros(xb.shape)
+        dt[..., 0], dt[..., 1] = 2 * s / xb[..., 0] / np.cos(s) ** 2, 2 * s / xb[..., 1] / np.cos(s) ** 2
+        want = t[..., None, None] * np.eye(8) + xb[..., :, None] * dt[..., None, :]
+        for transform in (td.jacfwd, td.jacrev, td.jacobian):
+            jac, aux = transform(aux_after_a_runtime_loop, has_aux=True)(xb)
+            np.testing.assert_allclose(aux, t, rtol=1e-13, err_msg=transform.__name__)
+            np.testing.assert_allclose(jac, want, rtol=1e-13, err_msg=transform.__name__)
+    np.testing.assert_allclose(aux_in_a_kernel(ti.Vector(list(x))), np.tan((x[0] * x[1]) ** 2), rtol=1e-13)
+
+
+jacfwd_with_aux = td.jacfwd(aux_after_a_runtime_loop, has_aux=True)
+
+
+@ti.kernel
+def aux_in_a_kernel(x: ti.types.vector(8, ti.f64)) -> ti.f64:
+    _, aux = jacfwd_with_aux(x)
+    return aux

@@ -373,7 +373,8 @@ def test_a_matrix_rewritten_after_a_branch_and_a_runtime_loop_keeps_its_old_valu
     from the loop. Right with ``advanced_optimization=False``. In the unreduced program tidiff's tangent and
     reverse functions (renamed variables) were right, and so was td.function's kernel, which calls the user's
     function too (the miscompile depends on the kernel around it); the aux beside a forward-push Jacobian,
-    computed by calling the user's function after the loop of pushes, was Taichi's number."""
+    then computed by calling the user's function after the loop of pushes, was Taichi's number (now the
+    pushes' primal: tests/test_net_findings.py::test_the_aux_beside_looped_pushes_is_the_pushes_primal)."""
 
     @ti.kernel
     def run(x: ti.types.vector(2, ti.f64)) -> ti.types.vector(2, ti.f64):

@@ -203,9 +203,10 @@ class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
         parent_body = self.parent.body_for(specs)
         w = BodyWriter(identifier(self.name), [s.name for s in specs])
         sink = LocalBlocks(w)
+        wants_value = any(it[0] == "out" for it in lay.items)
         value = jacobian_blocks(w, parent_body, specs, lay.argnums, out_specs, not isinstance(tree, tuple),
-                                lay.wanted(), FLAVOUR[self.kind], sink)
-        if any(it[0] == "out" for it in lay.items) and value is None:
+                                lay.wanted(), FLAVOUR[self.kind], sink, keep_value=wants_value)
+        if wants_value and value is None:
             value = w.let("value", w.callee(parent_body, identifier(self.parent.name))(*w.args()))
         single = not isinstance(tree, tuple)
 

@@ -97,7 +97,8 @@ class BlocksKernel:
         if write is not None:
             write(w, sink)
         else:
-            value = jacobian_blocks(w, parent, specs, argnums, out_specs, single_out, wanted, flavour, sink)
+            value = jacobian_blocks(w, parent, specs, argnums, out_specs, single_out, wanted, flavour, sink,
+                                    keep_value=any(it[0] == "out" for it in items))
         if any(it[0] == "out" for it in items):
             if value is None:
                 value = w.let("value", w.callee(parent, name_of(parent))(*w.args()))

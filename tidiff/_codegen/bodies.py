@@ -204,11 +204,37 @@ def _unravel(shape: tuple[int, ...], p: Sym) -> tuple[Sym, ...]:
 class _Pushes:
     """Calls of the parent's tangent (or reverse) function from inside a body being written."""
 
-    def __init__(self, w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], active: tuple[bool, ...]) -> None:
+    def __init__(self, w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], active: tuple[bool, ...],
+                 out_specs: Sequence[ArgSpec] | None = None, single_out: bool = True) -> None:
+        """``out_specs``, where given, are the parent's outputs, kept from looped pushes (:meth:`_kept`)."""
         self.w, self.parent, self.specs, self.active = w, parent, specs, active
+        self.out_specs, self.single_out = out_specs, single_out
         self.primals = w.args(0, len(specs))
-        self.value: Sym | None = None  # the parent's outputs, as a widened push or a reverse call returned them
+        self.value: Sym | None = None  # the parent's outputs, as a push or a reverse call returned them
         self.looped = False  # whether some pushes run in a runtime loop
+
+    def _kept(self) -> list[Sym] | None:
+        """Names declared before a loop of pushes, to which each push stores the parent's outputs.
+
+        NOTE: [The value beside looped pushes] A Jacobian's value (or aux) is
+        the primal output of its own pushes, never a second call of the parent
+        after the loop: that call is the user's code as Taichi compiles it in
+        this kernel, and Taichi 1.7.4's optimizer can get it wrong where the
+        pushes' renamed copy is right (long run, seed 11015: aux 0.4096 beside
+        a right Jacobian, torch 1.6036; tests/test_taichi_pitfalls.py). It also
+        saves that call's compile time.
+        """
+        if self.value is not None or self.out_specs is None:
+            return None
+        return [self.w.let(f"value_{o}", zero(s.shape, s.dtype)) for o, s in enumerate(self.out_specs)]
+
+    def _keep(self, kept: list[Sym] | None, out: Sym) -> None:
+        """Store a push's primal outputs ``out`` into the ``kept`` names (a no-op where none were declared)."""
+        if kept is None:
+            return
+        for o, name in enumerate(kept):
+            self.w.store(name, out if self.single_out else out[o])
+        self.value = kept[0] if self.single_out else Sym(ast.Tuple([k.node for k in kept], ast.Load()))
 
     def each(self, argnums: Sequence[int], a: int, store: Any) -> None:
         """Push the basis tangent of every component of argument ``a``; ``store(dout, index)`` consumes each.
@@ -230,11 +256,13 @@ class _Pushes:
             return
         self.looped = True
         fn = _modes.tangent_function(self.parent, self.active)
+        kept = self._kept()
         with w.loop("p", spec.size) as p:
             e = w.let("e", zero(spec.shape, spec.dtype))
             w.store(entry(e, (spec.size,) if len(spec.shape) > 2 else spec.shape, _dynamic_index(spec.shape, p)), 1.0)
             tangents = [e if b == a else basis(self.specs[b], None) for b in order]
             t = w.let("t", w.callee(fn, name_of(self.parent) + "_jvp")(*self.primals, *tangents))
+            self._keep(kept, t[0])
             store(t[1], _unravel(spec.shape, p))
 
     def one_loop(self, argnums: Sequence[int]) -> bool:
@@ -271,6 +299,7 @@ class _Pushes:
         fn = _modes.tangent_function(self.parent, self.active)
         offsets = dict(zip(order, itertools.accumulate([self.specs[a].size for a in order], initial=0), strict=False))
         total = sum(self.specs[a].size for a in order)
+        kept = self._kept()
         with w.loop("p", total) as p:
             e = w.let("e", zero((total,), self.specs[order[0]].dtype))
             w.store(_subscript(e, [p]), 1.0)
@@ -281,6 +310,7 @@ class _Pushes:
                 entries = {idx: _subscript(e, [offsets[b] + k]) for k, idx in enumerate(indices)}
                 tangents.append(literal(entries, spec.shape, spec.dtype))
             t = w.let("t", w.callee(fn, name_of(self.parent) + "_jvp")(*self.primals, *tangents))
+            self._keep(kept, t[0])
             for a in order:
                 start, spec = offsets[a], self.specs[a]
                 test = ast.Compare(p.node, [ast.Lt()], [ast.Constant(start + spec.size)])
@@ -390,11 +420,12 @@ class OutputBlocks:
 
 def jacobian_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], argnums: Sequence[int],
                     out_specs: Sequence[ArgSpec], single_out: bool, wanted: Sequence[int],
-                    flavour: str, sink: LocalBlocks | OutputBlocks) -> Sym | None:
+                    flavour: str, sink: LocalBlocks | OutputBlocks, keep_value: bool = False) -> Sym | None:
     """Write Jacobian blocks, one per (output in ``wanted``, argnum), of shape ``out.shape + arg.shape``,
-    into ``sink``; returns the parent's outputs where a push or reverse call computed them (else None)."""
+    into ``sink``; returns the parent's outputs where a push or reverse call computed them (else None),
+    and, with ``keep_value``, where pushes in a loop did (NOTE: [The value beside looped pushes])."""
     active = tuple(k in argnums for k in range(len(specs)))
-    pushes = _Pushes(w, parent, specs, active)
+    pushes = _Pushes(w, parent, specs, active, out_specs if keep_value else None, single_out)
     mode = _modes.jacobian_mode(parent, active, specs, argnums, out_specs, wanted, flavour)
     order = sorted(argnums)
     if mode.way == "reverse":

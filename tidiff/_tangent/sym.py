@@ -98,6 +98,8 @@ class Sym:
     def __and__(self, other: Any) -> Sym: return binop(ast.BitAnd(), self, other)
 
     def __getitem__(self, index: Any) -> Sym:
+        if isinstance(self.node, ast.Tuple) and isinstance(index, int):  # (a, b)[1] is b
+            return Sym(self.node.elts[index])
         return Sym(ast.Subscript(self.node, node_of(index), ast.Load()))
 
     def __getattr__(self, attr: str) -> Sym:
