@@ -7,14 +7,17 @@ stale values (tests/test_taichi_pitfalls.py, found twice by the conformance
 net in tidiff's tangent code: seeds 9123 and 9403, a jacfwd 50% off; the same
 code with ``advanced_optimization=False`` is right). The reverse transform
 writes SSA names and never met it. So the tangent transform's output, which
-keeps the user's names, is renamed the same way: where a variable is given a new
-whole value by a top-level statement after the last branch, loop or unpacking
-that binds it, ``t1 -= neg`` becomes
-``t1_1 = _tidiff_rules.rebound(t1 - neg, t1)`` and later reads say ``t1_1``.
-``rebound`` keeps Taichi's meaning of the assignment: the value is cast to the
-old variable's element type (an ``i32`` variable stays ``i32``), a no-op where
-the types agree. Until then a variable keeps its name: a branch or loop binds
-the name itself, whose value depends on the path taken.
+keeps the user's names, is renamed the same way: where a variable already
+bound is given a new whole value by a statement of the block, ``t1 -= neg``
+becomes ``t1_1 = _tidiff_rules.rebound(t1 - neg, t1)`` and later reads say
+``t1_1``. ``rebound`` keeps Taichi's meaning of the assignment: the value is
+cast to the old variable's element type (an ``i32`` variable stays ``i32``), a
+no-op where the types agree. A branch or loop that binds the name binds it
+under its own name (its value depends on the path taken), so the last renamed
+value is written back just before it (``t1 = t1_1``); an unpacking binds it
+anew. Renaming only after the last such statement was not enough (long run,
+seed 11260: ``t0 = out[1]`` kept its name because a static loop rewrote ``t0``
+later, and a jacfwd read stale entries of it, 6% off).
 
 NOTE: [Rebinding in loops] Inside a runtime ``for`` loop the same miscompile
 needs no literal at all: ``for i in range(2): t = t * (t[1] + 0.3); t = t -
@@ -142,7 +145,17 @@ def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: b
     for k, stmt in enumerate(block):
         reads = _Reads(current)
         name = _simple(stmt)
-        if name is None or k < last_other.get(name, -1) or name not in bound:
+        if name is None or name not in bound:
+            if name is None:  # a loop, branch or unpacking binds these by their own names from here on
+                rebinds = sorted(_bound_in([stmt]) & set(current))
+                if isinstance(stmt, (ast.For, ast.While, ast.If)):  # each path starts from the last value
+                    out += [ast.Assign([ast.Name(n, ast.Store())], ast.Name(current.pop(n), ast.Load()))
+                            for n in rebinds]
+                    reads = _Reads(current)
+                else:
+                    stmt = reads.visit(stmt)
+                    for n in rebinds:
+                        current.pop(n)
             out.append(reads.visit(_nested_renamed(stmt, bound, namer)))
             if isinstance(stmt, (ast.For, ast.While, ast.If)) and not (write_back and k == len(block) - 1):
                 # after the last loop or branch binding them (not where the block ends: written back at once)
