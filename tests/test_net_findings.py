@@ -3,6 +3,7 @@ import numpy as np
 import taichi as ti
 import torch
 from custom_functions import energy, energy_twin  # a td.custom_vjp function without a jvp rule
+from test_taichi_pitfalls import rewritten_after_a_runtime_loop
 
 import tidiff as td
 
@@ -399,18 +400,8 @@ def test_forward_mode_reads_a_vector_after_the_static_loop_that_rewrote_it():
 
 @ti.func
 def aux_after_a_runtime_loop(x: ti.types.vector(8, ti.f64)):
-    y = ti.Vector([x[0], x[1]])
-    t = ti.Matrix([[0.5, 0.5], [0.5, 0.5]])
-    if t[1, 0] > 0.3:  # always taken
-        t = t * 0.5
-    else:
-        for i in ti.static(range(2)):
-            t += y[i]
-    for _ in range(1):  # a runtime loop
-        t = ti.sin(t)
-    t = y.outer_product(y)  # whatever t was
-    t = ti.tan(t * t[0, 1])
-    return t[1, 0] * x, t[1, 0]
+    t = rewritten_after_a_runtime_loop(ti.Vector([x[0], x[1]]))  # tan((x0 x1)^2), which Taichi can miscompile
+    return t * x, t
 
 
 def test_the_aux_beside_looped_pushes_is_the_pushes_primal():
