@@ -8,12 +8,12 @@ import pytest
 import taichi as ti
 import torch
 from hypothesis import given, settings
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
 import tidiff as td
 
 from . import oracle
-from .cases import Case, _modes_agree
+from .cases import Case, _modes_agree, assume_tame
 from .checks import TaichiPitfall, _reject_if_torch_modes_differ, check_value
 from .compare import Mismatch
 from .grammar import Expr, Func, Program
@@ -161,3 +161,23 @@ def test_a_vjp_whose_twin_differs_by_mode_is_no_oracle(tidiff_gives, rejected):
 
     with pytest.raises(Unsatisfiable if rejected else Mismatch):
         check()
+
+
+def twin_of_seed_11364(x):
+    """The third entry of cos(v) x normalized(w) with v[0] = v[1] and w[0] = w[1]: zero up to rounding."""
+    v = torch.cos(torch.stack([x[1], x[1], x[0]]))
+    w = torch.stack([x[0], x[0], x[1]]) + 0.7391
+    return torch.remainder(torch.linalg.cross(v, w / torch.linalg.norm(w))[2] * x[0], 1.3)
+
+
+def test_inputs_putting_a_jump_at_its_jump_up_to_rounding_are_rejected():
+    """Long run, seed 11364 (NOTE: [Values at a jump] in cases.py): torch rounded such a zero to -3e-18 and
+    its % 1.3 to 1.3, tidiff to 0; both right. Such inputs say nothing: rejected. Away from a jump: kept."""
+    at_jump = [np.array([0.28761861180610526, -1.1285252277077364])]
+    with pytest.raises(UnsatisfiedAssumption):
+        assume_tame(lambda arrays: twin_of_seed_11364(torch.tensor(arrays[0])), at_jump)
+    with pytest.raises(UnsatisfiedAssumption):
+        assume_tame(lambda arrays: torch.floor(torch.tensor(arrays[0]) * 2.0), [np.array([0.5 - 1e-17])])
+    assume_tame(lambda arrays: torch.remainder(torch.tensor(arrays[0]), 1.3), [np.array([0.4, -2.1])])
+    assume_tame(lambda arrays: torch.tensor(arrays[0]) % 1.3 + torch.trunc(torch.tensor(arrays[0]) * 2.0),
+                [np.array([0.4, -2.1])])
