@@ -385,3 +385,38 @@ def test_a_matrix_rewritten_after_a_branch_and_a_runtime_loop_keeps_its_old_valu
     wrong, right = run(ti.Vector(list(x))).to_numpy()
     np.testing.assert_allclose(right, want, rtol=1e-14)
     assert wrong == np.sin(0.25), wrong  # Taichi 1.7.4; right: tan((x0 x1)^2) = 0.011056...
+
+
+points = ti.Vector.field(2, ti.f64, shape=3, needs_grad=True)
+pair_loss = ti.field(ti.f64, shape=(), needs_grad=True)
+
+
+@ti.kernel
+def pair_products():
+    """sum over i, j of d[0] * d[1] with d = x[i] - x[j] + 0.3: the shape of an n-body force loop."""
+    for i in points:
+        f = 0.0
+        for j in range(3):  # a runtime loop
+            d = points[i] - points[j] + 0.3  # a vector local given a new value from field reads
+            f += d[0] * d[1]
+        pair_loss[None] += f
+
+
+def pair_products_gradient(x: np.ndarray) -> np.ndarray:
+    """The gradient of ``pair_products``'s loss: d[0] * d[1] for the pair (i, j) moves x[i] and -x[j]."""
+    d = x[:, None, :] - x[None, :, :] + 0.3
+    swapped = d[..., ::-1]
+    return swapped.sum(axis=1) - swapped.sum(axis=0)
+
+
+def test_reverse_mode_of_a_vector_local_in_a_runtime_loop_is_wrong():
+    """Found through a DiffTaichi-style n-body program (session 26): Taichi's own reverse mode (ti.ad.Tape,
+    no tidiff) of a loop that gives a vector local a new value from field reads in each iteration gets the
+    gradient wrong (half of it here); the same loop over scalar locals is right. tidiff checks Taichi's
+    reverse mode against its own forward mode before trusting it (tests/test_reverse_checked.py)."""
+    x = np.array([[0.1, -0.4], [0.9, 0.3], [-0.5, 0.2]])
+    points.from_numpy(x)
+    with ti.ad.Tape(loss=pair_loss):
+        pair_products()
+    right = pair_products_gradient(x)  # central differences of the kernel agree to 1e-9
+    np.testing.assert_allclose(points.grad.to_numpy(), right / 2, rtol=1e-13)  # Taichi 1.7.4: half of it

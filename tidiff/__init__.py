@@ -22,6 +22,7 @@ from ._fields.parts import part as part
 from ._kinds.custom import custom_jvp as custom_jvp
 from ._kinds.custom import custom_vjp as custom_vjp
 from ._protocol import Function as Function
+from ._reverse_check import TaichiReverseWarning as TaichiReverseWarning
 from ._scan import scan as scan
 from ._source import source as source
 from ._tangent import stop_gradient as stop_gradient
@@ -41,6 +42,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "CacheInfo",
     "Function",
+    "TaichiReverseWarning",
     "TransformError",
     "cache_info",
     "compose",

@@ -27,6 +27,7 @@ from .._errors import describe_shape
 from .._fields import FieldProgram
 from .._fields.hidden_rules import describe
 from .._protocol import Function, register_kind
+from .._reverse_check import checked_vjp, wrong_reverse
 from .._signature import ArgSpec
 from .._tree import Tree, flat_tree
 
@@ -76,6 +77,11 @@ class FieldFunction(Function):
         return list(self.program.primal(batch.arrays))
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        return checked_vjp(self, batch, cotangents, lambda: self.taichi_vjp(batch, cotangents),
+                           f"the field program `{self.name}`")
+
+    def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        """The vjp by Taichi's reverse mode alone (replaying the recorded launches' adjoints), unchecked."""
         uses(self.program)
         cts = [None if c is None else np.require(np.broadcast_to(c, s.shape), requirements="C")
                for c, s in zip(cotangents, self._out, strict=True)]
@@ -83,7 +89,7 @@ class FieldFunction(Function):
         return list(grads)
 
     def reverse_refused(self) -> str | None:
-        return describe(self.program.hidden_rules())
+        return describe(self.program.hidden_rules()) or wrong_reverse(self)
 
     def program_outputs(self) -> list[int | None]:
         """Per output, the program output holding it (None: zeros, not computed)."""
@@ -96,7 +102,9 @@ class FieldFunction(Function):
         specs = self.signature(self._in)[0]
         outs = [np.zeros(s.shape, s.dtype) if o is None else outs[o]
                 for o, s in zip(self.program_outputs(), specs, strict=True)]
-        return outs, lambda cotangents: list(pullback(self._program_cotangents(cotangents)))
+        return outs, lambda cotangents: checked_vjp(
+            self, batch, cotangents, lambda: list(pullback(self._program_cotangents(cotangents))),
+            f"the field program `{self.name}`")
 
     def _program_cotangents(self, cotangents: Sequence[Any]) -> list[Any]:
         """Cotangents of the program's outputs: each in its output's shape (those of zero outputs dropped)."""
@@ -143,7 +151,8 @@ class FieldTangent(FieldFunction):
         tangents = iter(outs[m:])
         return outs[:m] + [next(tangents) if s.is_float else np.zeros(s.shape, s.dtype) for s in self._primal_out]
 
-    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+    def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        """Taichi's reverse mode over the tangent program (second order), unchecked."""
         m = len(self._primal_out)
         kept = list(cotangents[:m]) + [cotangents[m + o] for o in self._float_outputs()]
         uses(self.program)

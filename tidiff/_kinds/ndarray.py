@@ -55,6 +55,7 @@ from .._errors import taichi_cannot_reverse
 from .._fields.graph import CodeGraph
 from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
 from .._protocol import Function, register_kind
+from .._reverse_check import checked_vjp, wrong_reverse
 from .._signature import ArgSpec
 from .._tangent import jvp_ndarray_kernel
 from .._tangent.parse import kernel_function
@@ -157,7 +158,7 @@ class NdarrayFunction(Function):
         return self._hidden_rules
 
     def reverse_refused(self) -> str | None:
-        return describe(self.hidden_rules())
+        return describe(self.hidden_rules()) or wrong_reverse(self)
 
     # -- signature -----------------------------------------------------------
     def param_names(self) -> list[str]:
@@ -248,7 +249,13 @@ class NdarrayFunction(Function):
         return [self._result(o, as_numpy) for o in outs]
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        """Input cotangents by Taichi's ``kernel.grad`` (NOTE: [Gradient aliases]); outputs are not recomputed."""
+        """Input cotangents by Taichi's ``kernel.grad`` (NOTE: [Gradient aliases]), checked against forward mode
+        (NOTE: [Checking Taichi's reverse mode]); outputs are not recomputed."""
+        return checked_vjp(self, batch, cotangents, lambda: self.taichi_vjp(batch, cotangents),
+                           f"the ndarray kernel `{self.name}`")
+
+    def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        """The vjp by Taichi's ``kernel.grad`` alone, unchecked."""
         refuse_hidden_rules(self.hidden_rules(), f"the ndarray kernel `{self.name}`")
         ins, out_specs, device, as_numpy = self._inputs(batch)
         tensors: dict[str, Any] = {}

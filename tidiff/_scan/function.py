@@ -24,6 +24,7 @@ from .._arrays import Batch
 from .._derived import SameArguments
 from .._errors import describe_shape
 from .._protocol import Function, as_function
+from .._reverse_check import pushed_vjp, verified, wrong_reverse
 from .._signature import ArgSpec
 from .._tree import Tree
 from .fields import FieldStepper
@@ -72,8 +73,21 @@ class Scan(SameArguments):
         stepper.begin(batch, 0)
         return run(stepper, self.length)
 
+    def _wrong_reverse(self, batch: Batch) -> str | None:
+        """Why the step's Taichi reverse mode, which a field stepper replays, is not used (NOTE: [Checking
+        Taichi's reverse mode]); a host stepper calls the step's vjp, which is checked itself."""
+        if not isinstance(self.stepper(), FieldStepper):
+            return None
+        return verified(self.step, batch, f"the step `{self.step.name}` of `{self.name}`")
+
+    def reverse_refused(self) -> str | None:
+        return wrong_reverse(self.step)  # found wrong: Jacobians push forward
+
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         self.signature(batch.specs)
+        wrong = self._wrong_reverse(batch)
+        if wrong is not None:
+            return pushed_vjp(self, batch, cotangents, wrong)
         stepper = self.stepper()
         stepper.begin(batch, self.schedule.slots)
         self._holder = None
@@ -94,6 +108,9 @@ class Scan(SameArguments):
         self._holder = holder = object()
 
         def pullback(cotangents: Sequence[Any]) -> list[Any]:
+            wrong = self._wrong_reverse(batch)
+            if wrong is not None:
+                return pushed_vjp(self, batch, cotangents, wrong)
             kept = self._holder is holder
             stepper.begin(batch, self.schedule.slots)
             grads = pull_back(stepper, self.schedule, cotangents, kept=kept)

@@ -1,0 +1,202 @@
+"""Taichi's reverse mode is checked against tidiff's forward mode before it is trusted.
+
+The reverse mode of field programs and ndarray kernels is Taichi's, and Taichi 1.7.4 gets an n-body force
+loop wrong (tests/test_taichi_pitfalls.py). tidiff checks the first vjp of each function with
+``<J^T c, t> == <c, J t>`` and, where Taichi is wrong, computes it by forward mode (NOTE: [Checking Taichi's
+reverse mode] in tidiff/_reverse_check.py). Every derivative here is compared with torch's.
+"""
+import warnings
+
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from test_taichi_pitfalls import cube_through_a_local_copy, loss_field, x_field
+
+import tidiff as td
+import tidiff._reverse_check as reverse_check
+
+N = 4
+positions = ti.Vector.field(2, ti.f64, shape=N)
+stiffness = ti.field(ti.f64, shape=())
+force = ti.Vector.field(2, ti.f64, shape=N)
+energy = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def pair_forces():
+    for i in positions:
+        f = ti.Vector([0.0, -9.8])
+        for j in range(N):  # a runtime loop giving the vector local d a new value each iteration
+            if i != j:
+                d = positions[i] - positions[j]
+                r = d.norm(1e-6)
+                f += -stiffness[None] * (r - 0.5) * d / r
+        force[i] = f
+
+
+@ti.kernel
+def weigh():
+    for i in force:
+        energy[None] += (force[i] * ti.Vector([1.0, 2.0])).sum() * (1.0 + i) + ti.sin(force[i][0])
+
+
+def step():
+    pair_forces()
+    weigh()
+
+
+def torch_forces(x, k):
+    d = x[:, None, :] - x[None, :, :]
+    r = torch.sqrt((d * d).sum(-1) + 1e-6)
+    pull = -k * (r - 0.5)[..., None] * d / r[..., None]
+    off = 1.0 - torch.eye(N, dtype=x.dtype)
+    return torch.tensor([0.0, -9.8], dtype=x.dtype) + (pull * off[..., None]).sum(1)
+
+
+def torch_energy(x, k):
+    f = torch_forces(x, k)
+    weights = torch.arange(1.0, N + 1, dtype=x.dtype)
+    return ((f * torch.tensor([1.0, 2.0], dtype=x.dtype)).sum(-1) * weights).sum() + torch.sin(f[:, 0]).sum()
+
+
+E = td.function(step, inputs=[positions, stiffness], outputs=[energy])
+FORCES = td.function(pair_forces, inputs=[positions, stiffness], outputs=[force])
+START = np.array([[0.1, -0.4], [0.9, 0.3], [-0.5, 0.2], [0.4, 1.1]])
+
+
+def tensor(a):
+    return torch.tensor(a, dtype=torch.float64)
+
+
+def torch_grads(fn, *args):
+    return [g.numpy() for g in torch.autograd.functional.jacobian(fn, tuple(tensor(a) for a in args))]
+
+
+def test_taichi_reverse_mode_found_wrong_is_replaced_by_forward_mode_with_a_warning():
+    """The first gradient warns once and is right; so is everything after it, with no second warning."""
+    with pytest.warns(td.TaichiReverseWarning, match="field program `step`.*central differences"):
+        value, (dx, dk) = td.value_and_grad(E, argnums=(0, 1))(START, 3.0)
+    want = torch_grads(torch_energy, START, 3.0)
+    np.testing.assert_allclose(value, torch_energy(tensor(START), tensor(3.0)).item(), rtol=1e-13)
+    np.testing.assert_allclose(dx, want[0], rtol=1e-10)
+    np.testing.assert_allclose(dk, want[1], rtol=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(td.grad(E)(START, 3.0), want[0], rtol=1e-10)
+        assert "wrong" in E.reverse_refused()  # Jacobians now choose forward mode
+
+
+@pytest.mark.filterwarnings("ignore::tidiff.TaichiReverseWarning")  # each function's first vjp warns
+@given(arrays(np.float64, (N, 2), elements=st.floats(-2.0, 2.0)), st.floats(0.5, 4.0))
+def test_every_transform_of_the_n_body_program_agrees_with_torch(x, k):
+    want = torch_grads(torch_energy, x, k)
+    dx, dk = td.grad(E, argnums=(0, 1))(x, k)
+    np.testing.assert_allclose(dx, want[0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(dk, want[1], rtol=1e-9, atol=1e-12)
+    jacobian = torch.autograd.functional.jacobian(lambda a: torch_forces(a, tensor(k)), tensor(x))
+    np.testing.assert_allclose(td.jacrev(FORCES)(x, k), jacobian.numpy(), rtol=1e-9, atol=1e-12)
+    c = np.cos(np.arange(2 * N)).reshape(N, 2)
+    _, vjp_fn = td.vjp(FORCES, x, k)
+    np.testing.assert_allclose(vjp_fn(c)[0], np.einsum("ij,ijkl->kl", c, jacobian.numpy()), rtol=1e-9, atol=1e-12)
+    t = np.sin(np.arange(2 * N)).reshape(N, 2)
+    _, (hx, hk) = td.hvp(E, (x, k), (t, 0.5))
+    H = torch.autograd.functional.hessian(torch_energy, (tensor(x), tensor(k)))
+    np.testing.assert_allclose(hx, np.einsum("ijkl,kl->ij", H[0][0].numpy(), t) + H[0][1].numpy() * 0.5,
+                               rtol=1e-8, atol=1e-10)
+
+
+def test_a_local_copy_cubed_in_a_runtime_loop_is_right():
+    """tests/test_taichi_pitfalls.py's first reverse-mode pitfall (Taichi gives 2 a**2 for d(a**3)/da)."""
+    cube = td.function(cube_through_a_local_copy, inputs=[x_field], outputs=[loss_field])
+    with pytest.warns(td.TaichiReverseWarning):
+        np.testing.assert_allclose(td.grad(cube)(np.array([0.7])), [3 * 0.7**2], rtol=1e-12)
+
+
+@ti.kernel
+def pair_products(x: ti.types.ndarray(dtype=ti.math.vec2, ndim=1), out: ti.types.ndarray(dtype=ti.math.vec2, ndim=1)):
+    for i in range(x.shape[0]):
+        f = ti.Vector([0.0, 0.0])
+        for j in range(x.shape[0]):
+            d = x[i] - x[j] + 0.3
+            f += d * d[0]
+        out[i] = f
+
+
+def torch_pair_products(x):
+    d = x[:, None, :] - x[None, :, :] + 0.3
+    return (d * d[..., :1]).sum(1)
+
+
+PAIRS = td.function(pair_products, inputs=["x"], outputs={"out": lambda x: x.shape})
+
+
+def test_an_ndarray_kernel_and_its_torch_op_are_right_where_taichi_reverse_is_not():
+    x = tensor(START).requires_grad_(True)
+    c = torch.cos(torch.arange(8.0, dtype=torch.float64)).reshape(4, 2)
+    _, want = torch.autograd.functional.vjp(torch_pair_products, x.detach(), c)
+    with pytest.warns(td.TaichiReverseWarning, match="ndarray kernel `pair_products`"):
+        _, vjp_fn = td.vjp(PAIRS, START)
+        np.testing.assert_allclose(vjp_fn(c.numpy())[0], want.numpy(), rtol=1e-12)
+    (td.torch.function(PAIRS)(x) * c).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), want.numpy(), rtol=1e-12)
+    with pytest.warns(td.TaichiReverseWarning, match="`jvp\\(pair_products\\)`"):  # second order: its own check
+        assert torch.autograd.gradgradcheck(td.torch.function(PAIRS), (x,))
+
+
+def test_a_program_taichi_gets_right_is_checked_once_and_warns_nothing():
+    @ti.kernel
+    def plain(x: ti.types.ndarray(dtype=ti.f64, ndim=1), out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+        for i in range(x.shape[0]):
+            out[i] = ti.sin(x[i]) * x[(i + 1) % x.shape[0]]
+
+    op = td.function(plain, inputs=["x"], outputs={"out": lambda x: x.shape})
+    x = np.linspace(-1.0, 1.0, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = td.vjp(op, x)[1](np.ones(5))[0]
+    np.testing.assert_allclose(g, np.cos(x) * np.roll(x, -1) + np.roll(np.sin(x), 1), rtol=1e-14)
+    assert op.reverse_refused() is None and op.memo.peek("reverse verdict").trusted
+
+
+def test_too_many_components_to_push_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(reverse_check, "MOST_PUSHES", 4)
+    op = td.function(pair_products, inputs=["x"], outputs={"out": lambda x: x.shape})
+    with pytest.warns(td.TaichiReverseWarning), pytest.raises(td.TransformError, match="8 tangent runs"):
+        td.vjp(op, START)[1](np.ones((4, 2)))
+
+
+moving = ti.Vector.field(2, ti.f64, shape=N)
+moved = ti.Vector.field(2, ti.f64, shape=N)
+
+
+@ti.kernel
+def drift():
+    for i in moving:
+        f = ti.Vector([0.0, 0.0])
+        for j in range(N):
+            d = moving[i] - moving[j] + 0.3
+            f += d * d[0]
+        moved[i] = moving[i] + 0.01 * f
+
+
+def torch_drift(x, steps):
+    for _ in range(steps):
+        d = x[:, None, :] - x[None, :, :] + 0.3
+        x = x + 0.01 * (d * d[..., :1]).sum(1)
+    return x
+
+
+def test_a_time_loop_over_a_step_taichi_gets_wrong_is_right():
+    """td.scan replays the step's adjoints itself (a field stepper): the step is checked there too."""
+    sim = td.scan(td.function(drift, inputs=[moving], outputs=[moved]), length=5)
+    c = np.cos(np.arange(2.0 * N)).reshape(N, 2)
+    _, want = torch.autograd.functional.vjp(lambda x: torch_drift(x, 5), tensor(START), tensor(c))
+    with pytest.warns(td.TaichiReverseWarning, match="the step `drift`"):
+        _, vjp_fn = td.vjp(sim, START)
+        np.testing.assert_allclose(vjp_fn(c)[0], want.numpy(), rtol=1e-12)
+    jacobian = torch.autograd.functional.jacobian(lambda x: torch_drift(x, 5), tensor(START))
+    np.testing.assert_allclose(td.jacrev(sim)(START), jacobian.numpy(), rtol=1e-12)
