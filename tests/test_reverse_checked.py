@@ -200,3 +200,72 @@ def test_a_time_loop_over_a_step_taichi_gets_wrong_is_right():
         np.testing.assert_allclose(vjp_fn(c)[0], want.numpy(), rtol=1e-12)
     jacobian = torch.autograd.functional.jacobian(lambda x: torch_drift(x, 5), tensor(START))
     np.testing.assert_allclose(td.jacrev(sim)(START), jacobian.numpy(), rtol=1e-12)
+
+
+held = ti.field(ti.f64, shape=())
+weight = ti.field(ti.f64, shape=())
+product = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def accumulate():
+    product[None] += held[None] * weight[None]
+
+
+@ti.kernel
+def overwrite():
+    held[None] = weight[None] ** 2  # a later kernel overwrites what an earlier one read (taichi #3885)
+
+
+def read_then_overwritten():
+    accumulate()
+    overwrite()
+
+
+def test_a_field_read_then_overwritten_by_a_later_kernel_has_the_gradient_of_the_program_as_run():
+    """docs/limits.md: Taichi's reverse mode gives d/dw 9 at y = 5, w = 2 (it sees y = w**2 = 4, not the y = 5
+    the first kernel read); the program's loss is y * w, so the gradient is (w, y) = (2, 5), as td.jvp says."""
+    program = td.function(read_then_overwritten, inputs=[held, weight], outputs=[product])
+    with pytest.warns(td.TaichiReverseWarning, match="read_then_overwritten"):
+        dy, dw = td.grad(program, argnums=(0, 1))(5.0, 2.0)
+    np.testing.assert_allclose((dy, dw), (2.0, 5.0), rtol=1e-12)
+    np.testing.assert_allclose(td.jvp(program, (5.0, 2.0), (0.0, 1.0))[1], 5.0, rtol=1e-12)
+
+
+single_points = ti.Vector.field(2, ti.f32, shape=N)
+single_loss = ti.field(ti.f32, shape=())
+
+
+@ti.kernel
+def single_pairs():
+    for i in single_points:
+        f = 0.0
+        for j in range(N):
+            d = single_points[i] - single_points[j] + 0.3
+            f += d[0] * d[1]
+        single_loss[None] += f
+
+
+@ti.kernel
+def single_squares():
+    for i in single_points:
+        single_loss[None] += ti.sin(single_points[i][0]) * single_points[i][1] ** 2
+
+
+def test_float32_programs_are_checked_in_their_precision():
+    """A float32 program Taichi gets wrong is found and right to float32 precision; one it gets right is
+    not flagged (the check's tolerance is float32's there)."""
+    x = START.astype(np.float32)
+    d = START[:, None, :] - START[None, :, :] + 0.3
+    want = d[..., ::-1].sum(axis=1) - d[..., ::-1].sum(axis=0)
+    wrong = td.function(single_pairs, inputs=[single_points], outputs=[single_loss])
+    with pytest.warns(td.TaichiReverseWarning):
+        got = td.grad(wrong)(x)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    right = td.function(single_squares, inputs=[single_points], outputs=[single_loss])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = td.grad(right)(x)
+    want = np.stack([np.cos(START[:, 0]) * START[:, 1] ** 2, 2 * np.sin(START[:, 0]) * START[:, 1]], axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
