@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-from test_taichi_pitfalls import cube_through_a_local_copy, loss_field, x_field
+from test_taichi_pitfalls import cube_through_a_local_copy, loss_field, overwritten_in_a_loop, x_field
 
 import tidiff as td
 import tidiff._reverse_check as reverse_check
@@ -269,3 +269,21 @@ def test_float32_programs_are_checked_in_their_precision():
         got = td.grad(right)(x)
     want = np.stack([np.cos(START[:, 0]) * START[:, 1] ** 2, 2 * np.sin(START[:, 0]) * START[:, 1]], axis=1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@ti.kernel
+def cosine_in_a_loop(a: ti.types.ndarray(dtype=ti.f64, ndim=1), out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+    for i in range(a.shape[0]):
+        out[i] = overwritten_in_a_loop(a[i])
+
+
+def test_a_value_overwritten_in_a_runtime_loop_has_its_derivative():
+    """tests/test_taichi_pitfalls.py: Taichi's kernel.grad gives 0 for d cos(a)/da when cos(a) is assigned in
+    each iteration of a runtime loop; tidiff's vjp of the kernel is -sin(a), and so is the torch backward."""
+    op = td.function(cosine_in_a_loop, inputs=["a"], outputs={"out": lambda a: a.shape})
+    a = np.array([0.3, -0.6, 1.2])
+    with pytest.warns(td.TaichiReverseWarning, match="cosine_in_a_loop"):
+        np.testing.assert_allclose(td.vjp(op, a)[1](np.ones(3))[0], -np.sin(a), rtol=1e-14)
+    t = tensor(a).requires_grad_(True)
+    td.torch.function(op)(t).sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), -np.sin(a), rtol=1e-14)
