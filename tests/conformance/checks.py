@@ -262,14 +262,51 @@ def chain_sizes(chain: list, cores: list) -> list | None:
     return sizes
 
 
+def chain_twin(twin: Any, chain: list, forward: bool = False) -> Any:
+    """The twin of a composition: torch's reverse mode at every step, or with ``forward`` its forward mode."""
+    for kind, argnums in chain:
+        twin = jac(twin, argnums, forward)
+        if kind == "hessian":
+            twin = jac(twin, argnums, forward)
+    return twin
+
+
+def chain_modes_agree(twin: Any, chain: list, arrays: list, cores: list) -> bool:
+    """Whether torch's reverse-mode and forward-mode twins of ``chain`` agree at every element; True where
+    torch's forward mode cannot run the twin (it then says nothing).
+
+    NOTE: [Noise of high derivatives] A derivative that is zero, or small, as a difference of terms far
+    larger than itself is rounding noise, and each order of differentiation sums the terms otherwise
+    (long run, seed 11386: a fourth derivative through ``normalize([x, x] + 0.7391)`` at ``x = -0.73``,
+    where ``|v|`` is 0.0085: torch's reverse mode 9.5e-7, its forward mode 2.5e-6, tidiff's 2.4e-6, and a
+    1e-9 move of x flips every sign). Where torch's two modes disagree, no comparison means anything.
+    """
+    try:
+        forward = per_element(chain_twin(twin, chain, forward=True), arrays, cores)
+    except Exception:  # noqa: BLE001 - any op or control flow torch's forward mode does not take
+        return True
+    try:
+        assert_tree_close(forward, per_element(chain_twin(twin, chain), arrays, cores), "the chain's twin by modes")
+    except Mismatch:
+        return False
+    return True
+
+
 def check_chain(case: Case, chain: list) -> None:
     """A composition such as ``td.jacfwd(td.jacrev(td.grad(f, 0), 1), (1, 0))``, per element."""
     call = "f"
     for kind, argnums in chain:
         call = f"td.{kind}({call}, argnums={argnums!r})"
     with case.checking(call + "(*args)"):
-        g, twin = case.fn, case.twin
+        g = case.fn
         for kind, argnums in chain:
             g = getattr(td, kind)(g, argnums=argnums)
-            twin = jac(jac(twin, argnums), argnums) if kind == "hessian" else jac(twin, argnums)
-        _compare(case, g(*case.host()), per_element(twin, case.arrays, case.cores), call)
+        got = g(*case.host())
+        twin = chain_twin(case.twin, chain)
+        want = per_element(twin, case.arrays, case.cores)
+        try:
+            _compare(case, got, want, call)
+        except Mismatch:
+            if not chain_modes_agree(case.twin, chain, case.arrays, case.cores):
+                reject()  # torch's own modes disagree: rounding noise, nothing to compare (NOTE above)
+            raise

@@ -67,8 +67,12 @@ def _replace(args: Sequence, where: tuple, values: Sequence) -> list:
 # -- transforms of twins -----------------------------------------------------------------------
 
 
-def jac(twin: Callable, argnums: int | tuple = 0) -> Callable:
-    """The Jacobian twin, nested as JAX nests it (outputs outer, arguments inner); grad of a scalar twin."""
+def jac(twin: Callable, argnums: int | tuple = 0, forward: bool = False) -> Callable:
+    """The Jacobian twin, nested as JAX nests it (outputs outer, arguments inner); grad of a scalar twin.
+
+    By torch's reverse mode (``torch.autograd.functional.jacobian``, differentiable again), or with
+    ``forward`` by its forward mode (``torch.func.jacfwd``, which nests only with itself).
+    """
     def jacobian_twin(*args):
         where = positions(argnums, len(args))
 
@@ -79,9 +83,13 @@ def jac(twin: Callable, argnums: int | tuple = 0) -> Callable:
             out = of_selected(*xs)
             return tuple(leaves(out)) if isinstance(out, tuple) else out
 
-        inputs = tuple(args[k] for k in where) if isinstance(argnums, tuple) else args[where[0]]
-        with torch.enable_grad():
-            result = torch.autograd.functional.jacobian(flat, inputs, create_graph=True)
+        if forward:
+            nums = tuple(range(len(where))) if isinstance(argnums, tuple) else 0
+            result = torch.func.jacfwd(flat, argnums=nums)(*[args[k] for k in where])
+        else:
+            inputs = tuple(args[k] for k in where) if isinstance(argnums, tuple) else args[where[0]]
+            with torch.enable_grad():
+                result = torch.autograd.functional.jacobian(flat, inputs, create_graph=True)
         structure = of_selected(*[args[k] for k in where])
         return _unflatten(structure, list(result)) if isinstance(structure, tuple) else result
     return jacobian_twin
