@@ -469,3 +469,58 @@ def test_tangent_code_renames_a_vector_that_a_later_loop_binds():
     np.testing.assert_allclose(by_reverse[1, 1], torch_row, rtol=1e-8)
     for transform in (td.jacfwd, td.jacobian):
         np.testing.assert_allclose(transform(unpacked_before_a_static_loop)(x), by_reverse, rtol=1e-12, atol=1e-14)
+
+
+@ti.func
+def carried_through_a_runtime_loop(x0: ti.f64) -> ti.f64:
+    t0 = (x0 ** 2 + 0.5) ** 1.5
+    t1 = ti.Matrix([[x0, x0], [x0, x0]]) % 1.3
+    for _ in range(3):
+        t0 += t0 * t0 + 0.4
+        j = 0
+        while j < 1:
+            t1[0, 0] *= ti.min(x0, t0)
+            t1 += ti.select(t0 > 0.0, ti.cos(x0), ti.tanh(x0))
+            j += 1
+    return t1.sum() + 0.0 * t0
+
+
+@ti.func
+def breaks_out_of_a_runtime_loop(x: ti.f64) -> ti.f64:
+    s = x
+    for _ in range(5):
+        s = s * s + 0.1
+        if s > 1.0:
+            break
+    return s
+
+
+def _carried_through_a_runtime_loop_twin(x0):
+    t0, t1 = (x0 ** 2 + 0.5) ** 1.5, torch.remainder(x0 * torch.ones(2, 2, dtype=x0.dtype), 1.3)
+    for _ in range(3):
+        t0 = t0 + t0 * t0 + 0.4
+        corner = torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=x0.dtype)
+        t1 = t1 + corner * t1[0, 0] * (torch.minimum(x0, t0) - 1.0)
+        t1 = t1 + torch.where(t0 > 0.0, torch.cos(x0), torch.tanh(x0))
+    return t1.sum()
+
+
+def test_the_runtime_loops_of_a_scalar_call_run_in_order():
+    """A call with no batch dims on a function of scalars ran ``return f(a0)`` at a kernel's top level,
+    where Taichi parallelizes f's runtime loop (NOTE: [The body's loops stay serial] in _codegen/batch):
+    a value carried through it came out wrong without an error (long run, seed 11437: 14.16 for 12.96;
+    a batch of one gave 12.96), and ``break`` in it was refused ("Cannot break in the outermost loop")."""
+    x = -0.26761386329363024
+    want = _carried_through_a_runtime_loop_twin(torch.tensor(x, dtype=torch.float64)).item()
+    np.testing.assert_allclose(td.function(carried_through_a_runtime_loop)(x), want, rtol=1e-12)
+    np.testing.assert_allclose(td.function(carried_through_a_runtime_loop)(np.array([x])), [want], rtol=1e-12)
+    slope = torch.autograd.functional.jacobian(_carried_through_a_runtime_loop_twin,
+                                               torch.tensor(x, dtype=torch.float64)).item()
+    np.testing.assert_allclose(td.grad(carried_through_a_runtime_loop)(x), slope, rtol=1e-10)
+    s, slope = 0.9, 1.0  # the loop breaks after its fourth step
+    for _ in range(5):
+        s, slope = s * s + 0.1, 2 * s * slope
+        if s > 1.0:
+            break
+    np.testing.assert_allclose(td.function(breaks_out_of_a_runtime_loop)(0.9), s, rtol=1e-14)
+    np.testing.assert_allclose(td.grad(breaks_out_of_a_runtime_loop)(0.9), slope, rtol=1e-12)

@@ -8,6 +8,17 @@ costs no copy. Kernels over ndarrays compile per dtype and ndim, never per
 batch size. :class:`ScalarKernel` is the by-value variant for calls without
 batch dims (NOTE: [Scalar calls] in ``_pointwise``).
 
+NOTE: [The body's loops stay serial] Taichi runs the for loops at a kernel's
+outermost scope in parallel, a ``@ti.func`` inlined there included: a body
+called at a kernel's top level would have its runtime loops parallelized
+(a loop-carried value then comes out wrong without an error, and ``break``
+is refused: "Cannot break in the outermost loop"). Every generated kernel
+therefore calls the body inside a loop, the batch loop or a serialized
+one-iteration one (which costs no more than a call at the top level: a
+plain one-iteration loop goes through Taichi's thread pool, 4x the launch
+time of W4), so the body's own loops run in order as they do in any kernel
+of the user's that calls it from a loop.
+
 Generated names come from one :class:`~tidiff._tangent.naming.Namer`, and types
 are bound in the namespace (``T0 = ti.types.ndarray(...)``), never spelled
 as text: a function named ``r`` or ``ti`` cannot break the kernel.
@@ -133,9 +144,11 @@ def probe_outputs(body: Any, in_specs: Sequence[ArgSpec], name: str) -> tuple[li
     fn, record = src.bind(name, body), src.bind("record", recorder)
     params = [(src.namer.fresh(f"a{k}"), src.bind(f"T{k}", ti.types.ndarray(dtype=element_type(s), ndim=1)))
               for k, s in enumerate(in_specs)]
-    kernel = src.namer.fresh(f"{name}__probe")
+    kernel, once = src.namer.fresh(f"{name}__probe"), src.namer.fresh("once")
     src.lines += ["@ti.kernel", f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}):",
-                  f"    {record}({fn}({', '.join(f'{p}[0]' for p, _ in params)}))"]
+                  "    ti.loop_config(serialize=True)  # NOTE: [The body's loops stay serial]",
+                  f"    for {once} in range(1):",
+                  f"        {record}({fn}({', '.join(f'{p}[0]' for p, _ in params)}))"]
     compiled = src.compile(kernel, "probe")
     compiled(*[np.zeros((1,) + kernel_shape(s), s.dtype) for s in in_specs])
     assert recorder.specs is not None
@@ -194,11 +207,16 @@ class ScalarKernel:
         src = _Source([])
         fn = src.bind(name, body)
         params = [(src.namer.fresh(f"a{k}"), src.bind(f"T{k}", s.ti_type())) for k, s in enumerate(in_specs)]
-        kernel = src.namer.fresh(f"{name}__one")
+        kernel, r, once = (src.namer.fresh(h) for h in (f"{name}__one", "r", "once"))
+        R = src.bind("R", out_spec.ti_type())
         src.lines += [
             "@ti.kernel",
-            f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}) -> {src.bind('R', out_spec.ti_type())}:",
-            f"    return {fn}({', '.join(p for p, _ in params)})",
+            f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}) -> {R}:",
+            f"    {r} = ti.cast(0, {R})",
+            "    ti.loop_config(serialize=True)  # NOTE: [The body's loops stay serial]",
+            f"    for {once} in range(1):",
+            f"        {r} = {fn}({', '.join(p for p, _ in params)})",
+            f"    return {r}",
         ]
         self.kernel = src.compile(kernel, "one")
 
