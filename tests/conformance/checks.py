@@ -15,14 +15,44 @@ from hypothesis import reject
 import tidiff as td
 
 from . import kernels, oracle, render_taichi
-from .cases import Case
-from .compare import Mismatch, assert_fd_close, assert_tree_close, assert_values_close
+from .cases import Case, nudged
+from .compare import Mismatch, as_numpy, assert_fd_close, assert_tree_close, assert_values_close
 from .oracle import jac, main_output, per_element, positions, with_aux
 from .unoptimized import values_without_optimizer
 
 
 def _compare(case: Case, got: Any, want: Any, what: str) -> None:
     assert_tree_close(got, want, what, tensors=case.use_torch)
+
+
+def _compare_derivative(case: Case, got: Any, want_at: Any, what: str) -> None:
+    """``got`` against the oracle ``want_at(case.arrays)``; a mismatch where that oracle is rounding noise
+    (NOTE: [Noise of exploded values]) rejects the draw."""
+    want = want_at(case.arrays)
+    try:
+        _compare(case, got, want, what)
+    except Mismatch:
+        if oracle_is_noise(got, want, want_at(nudged(case.arrays))):
+            reject()
+        raise
+
+
+# NOTE: [Noise of exploded values] A function can be tame in value and not in derivative: an output that is a
+# normalized vector, one of whose entries is a sum cancelling to 1e-13, holds ``cos(t)`` of an intermediate
+# ``t`` of 7e12 (long run, seed 30023: the while loop squared it up). The value moves by 1e-13 when the inputs
+# move by 1e-12 (assume_tame passes), but the Jacobian, ``sin(t) dt/dx / |v|``, is O(1) and set by the last
+# bits of ``t``, which Taichi and torch round differently: 2.474 against 2.450, central differences 6e-9.
+# Rounding is 1e-16, 10^4 times below a 1e-12 nudge: where torch's own answer moves under that nudge by a
+# tenth of its distance from tidiff's or more, the two differ by rounding, and the draw is rejected.
+def oracle_is_noise(got: Any, want: Any, near: Any) -> bool:
+    """Whether torch's answer ``want`` moves, when the inputs move by 1e-12 (``near``), by a tenth of its
+    distance from tidiff's ``got`` or more; False where the trees do not even match in shape."""
+    pairs = list(zip(oracle.leaves(got), oracle.leaves(want), oracle.leaves(near)))
+    if len(pairs) != len(oracle.leaves(want)) or any(np.shape(as_numpy(g)) != np.shape(w) for g, w, _ in pairs):
+        return False
+    apart = max(float(np.max(np.abs(as_numpy(g) - np.asarray(w)), initial=0.0)) for g, w, _ in pairs)
+    moved = max(float(np.max(np.abs(np.asarray(n) - np.asarray(w)), initial=0.0)) for _, w, n in pairs)
+    return moved >= 0.1 * apart
 
 
 def _aux_twin(case: Case, has_aux: bool):
@@ -83,7 +113,7 @@ def check_grad(case: Case, argnums: Any, has_aux: bool, kind: str = "grad") -> N
         else:
             twin = jac(_aux_twin(case, has_aux), argnums)
             twin = with_aux(twin, case.twin) if has_aux else twin
-        _compare(case, got, per_element(twin, case.arrays, case.cores), kind)
+        _compare_derivative(case, got, lambda arrays: per_element(twin, arrays, case.cores), kind)
 
 
 def check_grad_of_a_pair_refused(case: Case, argnums: Any, kind: str = "grad") -> None:
@@ -107,7 +137,7 @@ def check_jacobian(case: Case, kind: str, argnums: Any, has_aux: bool) -> None:
         if kind == "hessian":
             twin = jac(twin, argnums)
         twin = with_aux(twin, case.twin) if has_aux else twin
-        _compare(case, got, per_element(twin, case.arrays, case.cores), kind)
+        _compare_derivative(case, got, lambda arrays: per_element(twin, arrays, case.cores), kind)
 
 
 def check_jvp(case: Case, rng: np.random.Generator, has_aux: bool, fd: bool) -> None:
@@ -116,13 +146,13 @@ def check_jvp(case: Case, rng: np.random.Generator, has_aux: bool, fd: bool) -> 
     case.notes.append(f"tangents = {[t.tolist() for t in tangents]!r}")
     with case.checking(f"td.jvp(f, args, tangents, has_aux={has_aux})"):
         got = td.jvp(case.fn, tuple(case.host()), tuple(case.host(tangents)), has_aux=has_aux)
-        out, tout = oracle.jvp(case.twin, case.cores, case.arrays, tangents)
-        if has_aux:
-            if len(got) != 3:
-                raise Mismatch(f"jvp with has_aux: expected (out, tangent_out, aux), got {len(got)} entries")
-            _compare(case, got, (out[0], tout[0], out[1]), "jvp")
-        else:
-            _compare(case, got, (out, tout), "jvp")
+        if has_aux and len(got) != 3:
+            raise Mismatch(f"jvp with has_aux: expected (out, tangent_out, aux), got {len(got)} entries")
+
+        def want_at(arrays: list) -> tuple:
+            out, tout = oracle.jvp(case.twin, case.cores, arrays, tangents)
+            return (out[0], tout[0], out[1]) if has_aux else (out, tout)
+        _compare_derivative(case, got, want_at, "jvp")
         if fd:
             coarse, fine = _directional_differences(case, tangents, 1e-3)
             main = oracle.leaves(got[1])
@@ -184,6 +214,8 @@ def check_vjp(case: Case, rng: np.random.Generator, has_aux: bool) -> None:
         try:
             _compare(case, grads, tuple(want), "vjp cotangents")
         except Mismatch as mismatch:
+            if oracle_is_noise(grads, tuple(want), tuple(oracle.vjp(twin, case.cores, nudged(case.arrays), ct)[1])):
+                reject()  # NOTE: [Noise of exploded values]
             _reject_if_torch_modes_differ(case, twin, ct, grads, tuple(want), mismatch)
     if case.program.forward_ok:
         tangents = case.like_args(rng)
@@ -208,8 +240,9 @@ def check_hvp(case: Case, rng: np.random.Generator, fd: bool) -> None:
     case.notes.append(f"tangents = {[t.tolist() for t in tangents]!r}")
     with case.checking("td.hvp(f, args, tangents)"):
         got = td.hvp(case.fn, tuple(case.host()), tuple(case.host(tangents)))
-        want = per_element(oracle.hvp_elementwise(case.twin), case.arrays + tangents, case.cores * 2)
-        _compare(case, got, want, "hvp")
+        hvp_twin = oracle.hvp_elementwise(case.twin)
+        _compare_derivative(case, got, lambda arrays: per_element(hvp_twin, arrays + tangents, case.cores * 2),
+                            "hvp")
         if fd:
             batch, dirs = oracle.broadcast_all(tangents, case.cores)
             quad = sum((np.asarray(h) * t).reshape(batch + (-1,)).sum(-1) for h, t in zip(got[1], dirs))
@@ -303,9 +336,8 @@ def check_chain(case: Case, chain: list) -> None:
             g = getattr(td, kind)(g, argnums=argnums)
         got = g(*case.host())
         twin = chain_twin(case.twin, chain)
-        want = per_element(twin, case.arrays, case.cores)
         try:
-            _compare(case, got, want, call)
+            _compare_derivative(case, got, lambda arrays: per_element(twin, arrays, case.cores), call)
         except Mismatch:
             if not chain_modes_agree(case.twin, chain, case.arrays, case.cores):
                 reject()  # torch's own modes disagree: rounding noise, nothing to compare (NOTE above)
