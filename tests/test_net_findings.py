@@ -524,3 +524,37 @@ def test_the_runtime_loops_of_a_scalar_call_run_in_order():
             break
     np.testing.assert_allclose(td.function(breaks_out_of_a_runtime_loop)(0.9), s, rtol=1e-14)
     np.testing.assert_allclose(td.grad(breaks_out_of_a_runtime_loop)(0.9), slope, rtol=1e-12)
+
+
+@ti.func
+def _pushed_inside(x: vec2d) -> ti.f64:
+    return x[0] * ti.sin(x[1]) + x[1] ** 3
+
+
+@ti.func
+def pushes_a_jvp_inside(x: vec2d):
+    return td.jvp(_pushed_inside, (ti.exp(x) * 2.0,), (x,))[1] + td.grad(_pushed_inside)(x).norm_sqr()
+
+
+def _pushes_a_jvp_inside_twin(x):
+    def inner(z):
+        return z[0] * torch.sin(z[1]) + z[1] ** 3
+
+    (g,) = torch.autograd.grad(inner(x), x, create_graph=True)
+    return torch.func.jvp(inner, (torch.exp(x) * 2.0,), (x,))[1] + g.dot(g)
+
+
+def test_second_order_through_a_transform_called_on_a_small_vector():
+    """A function calling ``td.jvp`` (or ``td.grad``) of a 2-vector: Jacobians of it push both basis
+    tangents in one widened tangent function, which called the inner transform's tangent as one call
+    carrying both lanes; differentiating that again raised "a widened tangent call is not differentiated
+    again" (long run, seed 11523: td.hessian). A call through a transform is now called once per lane
+    (NOTE: [Tangent calls lane by lane]), a single-direction call differentiated to any order."""
+    x = np.array([0.3, -0.7])
+    want = torch.autograd.functional.hessian(_pushes_a_jvp_inside_twin, torch.tensor(x, requires_grad=True))
+    for second in (td.hessian, lambda f: td.jacfwd(td.jacfwd(f)), lambda f: td.jacrev(td.jacfwd(f))):
+        np.testing.assert_allclose(second(pushes_a_jvp_inside)(x), want.numpy(), rtol=1e-12, atol=1e-12)
+    third = torch.autograd.functional.jacobian(
+        lambda z: torch.autograd.functional.hessian(_pushes_a_jvp_inside_twin, z, create_graph=True),
+        torch.tensor(x, requires_grad=True))
+    np.testing.assert_allclose(td.jacfwd(td.hessian(pushes_a_jvp_inside))(x), third.numpy(), rtol=1e-11, atol=1e-12)

@@ -99,10 +99,10 @@ class Call:
         values = [p.value for p in self.expand(args)]
         return self.pack(list(_as_flat(_body(G, values)(*values), self.tree(args))), args)
 
-    def tangent(self, active: tuple[bool, ...], width: int) -> TangentOf:
-        key = ("tangent", active, width)
+    def tangent(self, active: tuple[bool, ...]) -> TangentOf:
+        key = ("tangent", active)
         if key not in self.derived:
-            self.derived[key] = TangentOf(self, active, width)
+            self.derived[key] = TangentOf(self, active)
         return self.derived[key]  # type: ignore[return-value]
 
     def reverse(self, active: tuple[bool, ...], n_outputs: int) -> ReverseOf:
@@ -138,21 +138,23 @@ class IdentityCall(Call):
 
 
 class TangentOf(Call):
-    """The tangent of a call: ``(args..., tangents of the active ones, lane by lane) -> (out, dout_0, ...)``."""
+    """The tangent of a call along one direction: ``(args..., tangents of the active ones) -> (out, dout)``.
 
-    def __init__(self, call: Call, active: tuple[bool, ...], width: int) -> None:
+    NOTE: [Tangent calls lane by lane] A widened tangent function (vector mode,
+    NOTE: [Vector-mode pushes]) calls this once per lane, each call a single
+    direction: a call is then a call again, differentiated to any order, where
+    one call carrying every lane would have to be a Function of its own. Its cost
+    is the same: ``G``'s tangent body recomputes the primal in every lane either way.
+    """
+
+    def __init__(self, call: Call, active: tuple[bool, ...]) -> None:
         super().__init__()
-        self.call, self.active, self.width = call, active, width
-
-    def _split(self, args: Sequence[Any]) -> tuple[list[Any], list[list[Any]]]:
-        n = len(self.active)
-        k = sum(self.active)
-        return list(args[:n]), [list(args[n + lane * k: n + (lane + 1) * k]) for lane in range(self.width)]
+        self.call, self.active = call, active
 
     def function(self, args: Sequence[Any]) -> Function:
         return self.call.function(args[: len(self.active)]).tangent()
 
-    def _tangent_pieces(self, pieces: list[Piece], G: Function, lane: int) -> list[Piece]:
+    def _tangent_pieces(self, pieces: list[Piece], G: Function) -> list[Piece]:
         """The tangent of each float argument of ``G``: the given one where its source is active, else zero."""
         n = len(self.active)
         rank = {k: r for r, k in enumerate(i for i, a in enumerate(self.active) if a)}
@@ -165,42 +167,29 @@ class TangentOf(Call):
             if k is None or not self.active[k]:
                 out.append(Piece(_zero_of(p.value), None))
                 continue
-            position = n + lane * len(rank) + rank[k]
+            position = n + rank[k]
             out.append(Piece(None, (position, p.source[1]) if isinstance(p.source, tuple) else position))
         return out
 
     def expand(self, args: Sequence[Any]) -> list[Piece]:
-        if self.width != 1:
-            raise NotImplementedError("a widened tangent call is not differentiated again")
-        primal, _ = self._split(args)
+        primal = list(args[: len(self.active)])
         pieces = self.call.expand(primal)
-        tangents = self._tangent_pieces(pieces, self.call.function(primal), 0)
+        tangents = self._tangent_pieces(pieces, self.call.function(primal))
         return pieces + [Piece(_pick(args, t.source) if t.source is not None else t.value, t.source) for t in tangents]
 
     def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
-        primal, _ = self._split(args)
+        primal = list(args[: len(self.active)])
         m = len(flat) // 2
         return self.call.pack(flat[:m], primal), self.call.pack(flat[m:], primal)
 
     def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
-        primal, _ = self._split(args)
+        primal = list(args[: len(self.active)])
         return self.call.unpack(value[0], primal) + self.call.unpack(value[1], primal)
 
     def __call__(self, *args: Any) -> Any:
-        primal, _ = self._split(args)
-        G = self.call.function(primal)
-        pieces = self.call.expand(primal)
-        values = [p.value for p in pieces]
-        T = G.tangent()
-        out, douts = None, []
-        for lane in range(self.width):
-            tangents = [_pick(args, t.source) if t.source is not None else t.value
-                        for t in self._tangent_pieces(pieces, G, lane)]
-            flat = list(_body(T, values + tangents)(*values, *tangents))  # (y..., dy...)
-            m = len(flat) // 2
-            out = self.call.pack(flat[:m], primal)
-            douts.append(self.call.pack(flat[m:], primal))
-        return (out, *douts)
+        values = [p.value for p in self.expand(args)]
+        flat = list(_body(self.function(args), values)(*values))  # (y..., dy...)
+        return self.pack(flat, args)
 
 
 class ReverseOf(Call):
@@ -285,8 +274,8 @@ class _Rule:
     def __init__(self, call_of: Any) -> None:
         self.call_of = call_of
 
-    def tangent(self, callee: Any, active: tuple[bool, ...], width: int) -> Call:
-        return self.call_of(callee).tangent(active, width)
+    def tangent(self, callee: Any, active: tuple[bool, ...]) -> Call:
+        return self.call_of(callee).tangent(active)
 
     def reverse(self, callee: Any, active: tuple[bool, ...], n_outputs: int) -> Call:
         return self.call_of(callee).reverse(active, n_outputs)

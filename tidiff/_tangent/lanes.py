@@ -24,7 +24,8 @@ from .naming import Namer
 ASTNode = TypeVar("ASTNode", bound=ast.AST)
 
 CALL_MARK = "_tidiff_jvp_call"
-"""Attribute on ``(y, dy) = h_jvp(...)`` statements: (number of primal args, is a custom rule)."""
+"""Attribute on ``(y, dy) = h_jvp(...)`` statements: (number of primal args, called once per lane: a custom
+rule or a call through a tidiff Function, NOTE: [Tangent calls lane by lane])."""
 MATMUL_WEIGHT = 8
 """Extra cost of a ``@`` in :func:`lane_cost`: Taichi expands it into one op per entry."""
 
@@ -96,14 +97,14 @@ class Lanes:
 
     def _call(self, stmt: ast.stmt) -> list[ast.stmt]:
         """``(y, dy) = h_jvp(x, dx)`` -> one call of h's widened tangent (already named by the
-        transformer), or one call of a custom rule per lane."""
-        n_primals, custom = getattr(stmt, CALL_MARK)
+        transformer), or one call per lane of a custom rule or a call through a Function."""
+        n_primals, by_lane = getattr(stmt, CALL_MARK)
         assert isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Tuple)  # as the mark promises
         assert isinstance(stmt.value, ast.Call)
         (y, dy), call = stmt.targets[0].elts, stmt.value
         assert isinstance(y, ast.Name) and isinstance(dy, ast.Name)
         primals, tangents = call.args[:n_primals], call.args[n_primals:]
-        if custom:
+        if by_lane:
             # every lane's call reads the primals as they were: the result goes to y from the last lane only
             # (``y = c(y)`` would otherwise feed lane 0's result to lane 1)
             scratch = self.namer.fresh(f"{y.id}_lane")

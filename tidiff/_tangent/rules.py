@@ -47,8 +47,9 @@ CUSTOM_JVPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
 
 CALLABLE_TYPES: dict[type, Any] = {}
-"""type -> an object with ``tangent(obj, active, width)``, ``reverse(obj, active, n_outputs)`` and
-``outputs(obj)``: callees the transforms call through (tidiff Functions called inside a @ti.func)."""
+"""type -> an object with ``tangent(obj, active)`` (one direction, NOTE: [Tangent calls lane by lane]),
+``reverse(obj, active, n_outputs)`` and ``outputs(obj)``: callees the transforms call through (tidiff
+Functions called inside a @ti.func)."""
 
 
 CALLABLE_OBJECTS: dict[Any, Any] = {}

@@ -665,22 +665,21 @@ class Transformer:
             mask = tuple(dp is not None for _, dp in parts)
             tangents = [dp for _, dp in parts if dp is not None]
             if rule is not None:
-                fn = rule.tangent(callee, mask, self.width)
+                fn = rule.tangent(callee, mask)  # NOTE: [Tangent calls lane by lane]
             else:
                 fn = self.jvp_of(callee, mask) if self.width == 1 else self.jvp_of(callee, mask, self.width)
         else:
             fn = custom
             tangents = [zero_like(p).node if dp is None else dp for p, dp in parts]
+        by_lane = custom is not None or rule is not None
         base = _callee_hint(node.func, callee)
-        helper = helper_name(
-            self.helpers, self.namer, fn, widened_name(base + "_jvp", self.width if custom is None else 1)
-        )
+        helper = helper_name(self.helpers, self.namer, fn, widened_name(base + "_jvp", 1 if by_lane else self.width))
         call = ast.Call(_name(helper), [p for p, _ in parts] + tangents, [])
         if into is None:
             out = self.namer.fresh(_hint(node))
             into = (out, self.namer.tangent(out))
         stmt = ast.Assign([ast.Tuple([ast.Name(n, ast.Store()) for n in into], ast.Store())], call)
-        setattr(stmt, CALL_MARK, (len(parts), custom is not None))
+        setattr(stmt, CALL_MARK, (len(parts), by_lane))
         self.emit(stmt)
         return _name(into[0]), _name(into[1])
 
@@ -705,7 +704,7 @@ def _custom_jvp(callee: object) -> Any:
     NOTE: [Custom rules wherever called] Every call of such a callee calls its
     rule, bound to a name (``y = c(x)``) as well as inside an expression: a
     custom Function is also a tidiff Function, and calling through that (its
-    widened tangent call) is neither the rule itself nor differentiable again.
+    tangent call) is not the rule itself.
     """
     return CUSTOM_JVPS.get(callee) if hashable(callee) else None
 
