@@ -35,6 +35,16 @@ rewriting ``t`` read stale ones; through the copy it is right). So every
 entry read is of a variable stored once. A block that can leave early
 (``break``, ``continue``, ``return``) would skip the write-back and keeps its
 names.
+
+NOTE: [Tests read renamed values] The write-back before a branch (``t0 =
+t0_3``) is a whole write, and the branch's test read entries of ``t0`` right
+after it: after a runtime loop rewriting ``t0``, Taichi's optimizer gave them
+stale values from the loop, and the tangent code took the other branch than
+the function (long run, seed 11591: a jacfwd 0.04 off, td.jvp's primal off the
+function's value; right with ``advanced_optimization=False``). A branch's test
+and a for loop's range are evaluated once, before any path runs, so they read
+the renamed values (``t0_3``); a while loop's test reads its variables anew
+after every iteration and keeps their names.
 """
 from __future__ import annotations
 
@@ -123,6 +133,15 @@ def _nested_renamed(stmt: ast.stmt, bound: set[str], namer: Namer) -> ast.stmt:
     return stmt
 
 
+def _read_once_before(stmt: ast.For | ast.While | ast.If, reads: _Reads) -> None:
+    """A branch's test and a for loop's range, evaluated once before any path runs, read the renamed values
+    (NOTE: [Tests read renamed values]); a while loop's test reads its variables anew each time."""
+    if isinstance(stmt, ast.If):
+        stmt.test = reads.visit(stmt.test)
+    elif isinstance(stmt, ast.For):
+        stmt.iter = reads.visit(stmt.iter)
+
+
 def _copies(names: list[str], current: dict[str, str], namer: Namer) -> list[ast.stmt]:
     """``name_1 = name`` for each name, read as ``name_1`` from here on."""
     stmts: list[ast.stmt] = []
@@ -149,6 +168,7 @@ def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: b
             if name is None:  # a loop, branch or unpacking binds these by their own names from here on
                 rebinds = sorted(_bound_in([stmt]) & set(current))
                 if isinstance(stmt, (ast.For, ast.While, ast.If)):  # each path starts from the last value
+                    _read_once_before(stmt, reads)
                     out += [ast.Assign([ast.Name(n, ast.Store())], ast.Name(current.pop(n), ast.Load()))
                             for n in rebinds]
                     reads = _Reads(current)
