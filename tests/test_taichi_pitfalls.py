@@ -128,6 +128,43 @@ def test_second_identical_literal_of_own_entries_after_an_augmented_write_reads_
     np.testing.assert_allclose(augmented[0], [-0.092], rtol=1e-14)  # Taichi 1.7.4: the old v[0]
 
 
+
+@ti.func
+def own_entry_added_after_a_loop(x):
+    t = ti.Vector([x, 4.0])
+    for _ in range(1):  # a runtime loop, even an empty one
+        pass
+    m = ti.Vector([t[1], x])[1]
+    t = t + m
+    return ti.Vector([t[1]])
+
+
+@ti.func
+def own_entry_added_under_a_new_name(x):
+    t = ti.Vector([x, 4.0])
+    for _ in range(1):
+        pass
+    m = ti.Vector([t[1], x])[1]
+    s = t + m
+    return ti.Vector([s[1]])
+
+
+both_after_a_loop = side_by_side(own_entry_added_after_a_loop, own_entry_added_under_a_new_name, V1)
+
+
+def test_an_entry_after_a_whole_write_past_a_literal_of_it_after_a_runtime_loop_is_the_old_one():
+    """Seed 11591's Taichi half, reduced from tidiff's tangent code of the generated program (before NOTE:
+    [Tests read renamed values]) by deleting statements down to plain Taichi: after a runtime loop, even an
+    empty one, ``m = ti.Vector([t[1], x])[1]; t = t + m`` and then ``t[1]`` reads the ``t[1]`` of before
+    the write. At x = 0.5 that is 4.0; right: 4.0 + 0.5 = 4.5. Right without the loop, with the literal
+    inline in the sum, and under a new name (what tidiff's tangent code writes)."""
+    x = np.array([0.5])
+    wrong, right = np.zeros((1, 1)), np.zeros((1, 1))
+    both_after_a_loop(x, wrong, right)
+    np.testing.assert_array_equal(right[0], [4.5])  # right
+    np.testing.assert_array_equal(wrong[0], [4.0])  # Taichi 1.7.4: the old t[1]
+
+
 x_field = ti.field(ti.f64, shape=1, needs_grad=True)
 loss_field = ti.field(ti.f64, shape=(), needs_grad=True)
 
