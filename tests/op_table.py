@@ -341,6 +341,18 @@ def vector_norms(v: vec3, s: ti.f64) -> ti.f64:
             + ti.Vector.normalized(v * s, 0.3)[1] + ti.Matrix.norm(v) * ti.Matrix.norm_inv(v, 0.1))
 
 
+def _matrix_norms_ref(A, s):
+    n2 = torch.sum(A * A)
+    return torch.sqrt(n2) * s + torch.sqrt(n2 + 0.1) + n2 * s + 1 / torch.sqrt(n2 + 0.2) + 1 / torch.sqrt(n2 * s * s)
+
+
+@row("matrix_norms", ((2, 2), ()), _matrix_norms_ref, low=0.5, high=2.0)
+@ti.func
+def matrix_norms(A: mat2, s: ti.f64) -> ti.f64:
+    # a matrix's norm is Frobenius's: sqrt of the sum of squares (outside code: forward mode wrote A.dot(dA))
+    return A.norm() * s + A.norm(0.1) + A.norm_sqr() * s + A.norm_inv(0.2) + (A * s).norm_inv()
+
+
 def _reductions_ref(v, A):
     return torch.max(v) * torch.min(A) + torch.max(A) + torch.min(v) * torch.sum(A) + torch.dot(v, v)
 

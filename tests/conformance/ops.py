@@ -278,8 +278,8 @@ OPS: dict[str, Op] = {
     "min_of": Op("{0}.min()", "_min_of({0})", reduce_any, smooth=False),
     "dot": Op("{0}.dot({1})", "torch.dot({0}, {1})", pair_vectors),
     "dot_fn": Op("ti.math.dot({0}, {1})", "torch.dot({0}, {1})", pair_vectors),
-    "norm_sqr": Op("{0}.norm_sqr()", "_norm_sqr({0})", reduce_vector),
-    "norm": Op("({0} + 0.7391).norm()", "_norm({0} + 0.7391)", reduce_vector),
+    "norm_sqr": Op("{0}.norm_sqr()", "_norm_sqr({0})", reduce_any),  # of a matrix too: Frobenius's
+    "norm": Op("({0} + 0.7391).norm()", "_norm({0} + 0.7391)", reduce_any),
     "length": Op("ti.math.length({0} + 0.7391)", "_norm({0} + 0.7391)", reduce_vector),
     "distance": Op("ti.math.distance({0}, {1} + 0.7391)", "_norm({0} - {1} - 0.7391)", pair_vectors),
     "cross2": Op("{0}.cross({1})", "_cross2({0}, {1})", cross2),
@@ -289,7 +289,8 @@ OPS: dict[str, Op] = {
     # vectors
     "cross3": Op("{0}.cross({1})", "torch.linalg.cross({0}, {1})", cross3),
     "cross3_fn": Op("ti.math.cross({0}, {1})", "torch.linalg.cross({0}, {1})", cross3),
-    "norm_eps": Op("{0}.norm(0.25)", "torch.sqrt(_norm_sqr({0}) + 0.25)", reduce_vector),
+    "norm_eps": Op("{0}.norm(0.25)", "torch.sqrt(_norm_sqr({0}) + 0.25)", reduce_any),
+    "norm_inv": Op("{0}.norm_inv(0.25)", "torch.rsqrt(_norm_sqr({0}) + 0.25)", reduce_any),
     "normalized": Op("({0} + 0.7391).normalized()", "_normalized({0} + 0.7391)", vector_same),
     "normalize_fn": Op("ti.math.normalize({0} + 0.7391)", "_normalized({0} + 0.7391)", vector_same),
     "normalized_eps": Op("({0} + 0.7391).normalized(0.5)", "(({0} + 0.7391) / (_norm({0} + 0.7391) + 0.5))",

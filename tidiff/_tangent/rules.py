@@ -372,9 +372,9 @@ def inverse_norm(x: Sym, *eps: Sym) -> Sym:
 
 
 defjvp(method("norm") + [ti.math.length],
-       lambda g, x, *eps: x.dot(g) * inverse_norm(x, *eps))  # sqrt(|x|^2 + eps)
-defjvp(method("norm_inv"), lambda g, x, *eps: -x.norm_inv(*eps) ** 3 * x.dot(g))  # rsqrt(|x|^2 + eps)
-defjvp(method("norm_sqr"), lambda g, x: 2 * x.dot(g))
+       lambda g, x, *eps: (x * g).sum() * inverse_norm(x, *eps))  # sqrt(|x|^2 + eps), of a matrix too
+defjvp(method("norm_inv"), lambda g, x, *eps: -x.norm_inv(*eps) ** 3 * (x * g).sum())  # rsqrt(|x|^2 + eps)
+defjvp(method("norm_sqr"), lambda g, x: 2 * (x * g).sum())
 
 
 def _normalized_tangent(g: Sym, x: Sym, *eps: Sym) -> Sym:
