@@ -92,3 +92,50 @@ def test_third_order_on_host_against_torch():
     expected = np.zeros((3, 3, 3))
     expected[0, 0, 0] = -np.cos(0.3)
     np.testing.assert_allclose(h3, expected, atol=1e-13)
+
+
+@ti.func
+def spring_energy(x: ti.f64, k: ti.f64) -> ti.f64:
+    return 0.5 * k * x**2 + ti.sin(x)
+
+
+@ti.kernel
+def squared_forces(x: ti.types.ndarray(), k: ti.types.ndarray(), out: ti.types.ndarray()):
+    for i in x:
+        out[i] = td.grad(spring_energy)(x[i], k[0]) ** 2  # a transform called in the kernel body itself
+
+
+positions = ti.field(ti.f64, shape=4)
+stiffness = ti.field(ti.f64, shape=())
+force_energy = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def total_squared_force():
+    for i in positions:
+        force_energy[None] += td.grad(spring_energy)(positions[i], stiffness[None]) ** 2
+
+
+def _squared_force_derivatives(x, k):
+    """f = (k x + cos x)^2: df/dx, d2f/dx2, df/dk."""
+    g, dg = k * x + np.cos(x), k - np.sin(x)
+    return 2 * g * dg, 2 * dg**2 - 2 * g * np.cos(x), 2 * g * x
+
+
+def test_a_transform_called_in_a_kernel_body_is_differentiated_in_every_mode():
+    """Outside code: forward mode (and so second order) of a kernel calling td.grad(E)(...) directly, not
+    through a @ti.func of its own, raised 'tidiff differentiates @ti.func code ..., got <td.Function
+    grad(energy)>; decorate it with @ti.func' (reverse mode was right)."""
+    x, k = np.array([0.1, 0.2, 0.3, 0.4]), np.array([2.0])
+    dx, dxx, dk = _squared_force_derivatives(x, k[0])
+    fn = td.function(squared_forces, inputs=["x", "k"], outputs={"out": lambda x, k: x.shape})
+    for jacobian in (td.jacrev, td.jacfwd):
+        jx, jk = jacobian(fn, argnums=(0, 1))(x, k)
+        np.testing.assert_allclose(jx, np.diag(dx), rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(jk[:, 0], dk, rtol=1e-13)
+    program = td.function(total_squared_force, inputs=[positions, stiffness], outputs=[force_energy])
+    np.testing.assert_allclose(td.grad(program)(x, np.array(k[0])), dx, rtol=1e-13)
+    _, tangent = td.jvp(program, (x, np.array(k[0])), (np.ones(4), np.array(0.0)))
+    np.testing.assert_allclose(tangent, dx.sum(), rtol=1e-13)
+    _, (hx, _) = td.hvp(program, (x, np.array(k[0])), (np.ones(4), np.array(0.0)))
+    np.testing.assert_allclose(hx, dxx, rtol=1e-12)

@@ -66,6 +66,7 @@ from .emit import generate, jvp_func
 from .naming import helper_name
 from .objects import Unbound, argcount, bind, fields_of, method_parts, parsed_for
 from .parse import MISSING, Parsed, hashable, resolve
+from .rules import callable_rule
 from .transform import Transformer, _name
 
 _GRADIENT_ATTRIBUTES = {"grad", "dual"}
@@ -135,6 +136,8 @@ class FieldTangents:
         Such a func is transformed with field accesses (:func:`jvp_field_func`),
         the others by the ordinary transform, which refuses fields.
         """
+        if callable_rule(f) is not None:  # a transform called in the kernel (td.grad(E)(x)): a func of values
+            return False
         if f not in self._touches:
             self._touches[f] = False  # a recursive func: assume not, while looking
             self._touches[f] = any(
