@@ -246,3 +246,42 @@ def test_needs_grad_false_means_no_derivative_in_every_mode():
     np.testing.assert_allclose(tangent, 2 * s * x)
     np.testing.assert_array_equal(td.jacrev(fn, argnums=1)(x, s), np.zeros((3, 3)))
     np.testing.assert_array_equal(td.jacfwd(fn, argnums=1)(x, s), np.zeros((3, 3)))
+
+
+@ti.kernel
+def advance_in_place(x: ti.types.ndarray(), v: ti.types.ndarray(), out: ti.types.ndarray()):
+    for i in x:
+        x[i] = x[i] + 0.1 * v[i]
+        out[i] = x[i] ** 2
+
+
+@ti.kernel
+def accumulate_into_input(x: ti.types.ndarray(), out: ti.types.ndarray()):
+    for i in x:
+        ti.atomic_add(x[i], 1.0)
+        out[i] = x[i]
+
+
+@ti.kernel
+def advance_into_an_output(x: ti.types.ndarray(), v: ti.types.ndarray(), x_new: ti.types.ndarray()):
+    for i in x:
+        x_new[i] = x[i] + 0.1 * v[i]
+
+
+@pytest.mark.parametrize("kernel, inputs", [(advance_in_place, ["x", "v"]), (accumulate_into_input, ["x"])])
+def test_a_kernel_writing_an_input_is_refused_by_name(kernel, inputs):
+    """Outside code: a kernel updating its input in place gave jacrev [2.2, 4.3], jacfwd [2.1, 4.2], vjp [2.2, 4.2]
+    (right: [2.1, 4.1]) and advanced the caller's own array by a step at every evaluation."""
+    with pytest.raises(ValueError, match=r"inputs= lists 'x', which the kernel writes .*test_ndarray\.py:\d+: `"):
+        td.function(kernel, inputs=inputs, outputs={"out": lambda x, *rest: x.shape})
+
+
+def test_the_update_written_into_an_output_is_differentiated():
+    fn = td.function(advance_into_an_output, inputs=["x", "v"], outputs={"x_new": lambda x, v: x.shape})
+    x, v = np.array([1.0, 2.0]), np.array([0.5, -0.5])
+    np.testing.assert_allclose(fn(x, v), x + 0.1 * v, rtol=1e-15)
+    for jacobian in (td.jacrev, td.jacfwd):
+        dx, dv = jacobian(fn, argnums=(0, 1))(x, v)
+        np.testing.assert_allclose(dx, np.eye(2), rtol=1e-15)
+        np.testing.assert_allclose(dv, 0.1 * np.eye(2), rtol=1e-15)
+    np.testing.assert_array_equal(x, [1.0, 2.0])

@@ -19,6 +19,7 @@ from . import _modes
 from ._arrays import Batch, is_tensor, owned_copy, read_args, unbroadcast
 from ._cache import Counter
 from ._composed import like
+from ._fields.values import reading, record
 from ._protocol import Function, as_function, taichi_callable
 from ._protocol import function as _function
 from ._signature import ArgSpec
@@ -271,8 +272,8 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
         and shapes of ``primals_out`` and returns a tuple with one entry per
         primal, in that primal's shape (summed over the batch for a
         broadcast argument; ``None`` for an integer argument). Everything
-        ``vjp_fn`` needs is taken when ``vjp`` returns: changing the primals
-        afterwards changes nothing.
+        ``vjp_fn`` needs is taken when ``vjp`` returns: changing the primals,
+        or fields the function reads, afterwards changes nothing.
 
     Example:
         >>> y, vjp_fn = td.vjp(f, x, 2.0)
@@ -288,7 +289,8 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
     lin = _linearization(fn, batch.specs, out_specs, main_leaves, has_aux)
     if lin is None:  # vjp_fn runs at the primals as they are now, whatever the caller does to them later
         batch = Batch(tuple(owned_copy(a) for a in batch.arrays), batch.specs, batch.shape, batch.device)
-    with counter.tally():
+    values = record()  # the fields it reads besides its arguments, kept too (NOTE: [Field values of a call])
+    with counter.tally(), reading(values):
         flat = (lin or fn).evaluate(batch)
     outs, jacobians = flat[: len(out_specs)], flat[len(out_specs):]
 
@@ -303,7 +305,7 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
             cts[leaf] = like(c, ArgSpec(spec.name, expected, spec.dtype), batch) if holds_tensors(batch) else arr
         if not any(s.is_float for s in batch.specs):
             return tuple(None for _ in batch.specs)
-        with counter.tally():
+        with counter.tally(), reading(values):
             grads = _contract(lin, batch, jacobians, cts, out_specs) if lin is not None else fn.vjp(batch, cts)
         return tuple(batch.wrap(g) for g in grads)
 

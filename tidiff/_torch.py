@@ -70,6 +70,7 @@ lives in ``fn.derived``, as long as the Function it runs.
 from __future__ import annotations
 
 import itertools
+import threading
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -80,6 +81,7 @@ import torch
 
 from ._arrays import torch_dtype
 from ._composed import cotangent_map_of
+from ._fields.values import reading, record
 from ._protocol import Function, as_function
 from ._protocol import function as _td_function
 from ._signature import default_float, default_int
@@ -346,24 +348,32 @@ def _autograd_function(operator: Operator) -> Any:
     """The autograd.Function the operator's Autograd kernel applies; it holds the operator weakly."""
     me = weakref.ref(operator)
 
+    forwards = threading.local()  # the field values forward took, until setup_context keeps them in ctx
+
     class Rules(torch.autograd.Function):
         @staticmethod
         def forward(*args: Any) -> tuple[torch.Tensor, ...]:
-            return me().below_autograd(args)  # type: ignore[union-attr]
+            forwards.values = values = record()  # NOTE: [Field values of a call]
+            with reading(values):
+                return me().below_autograd(args)  # type: ignore[union-attr]
 
         @staticmethod
         def setup_context(ctx: Any, inputs: Sequence[Any], output: Sequence[Any]) -> None:
             ctx.save_for_backward(*inputs)
             ctx.save_for_forward(*inputs)
             ctx.out_shapes = [tuple(o.shape) for o in output]
+            ctx.field_values = getattr(forwards, "values", None) or {}
+            forwards.values = None
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-            return me().backward(ctx.saved_tensors, ctx.out_shapes, grads)  # type: ignore[union-attr]
+            with reading(ctx.field_values):
+                return me().backward(ctx.saved_tensors, ctx.out_shapes, grads)  # type: ignore[union-attr]
 
         @staticmethod
         def jvp(ctx: Any, *tangents: Any) -> tuple[torch.Tensor, ...]:
-            return me().jvp(ctx.saved_tensors, tangents)  # type: ignore[union-attr]
+            with reading(ctx.field_values):
+                return me().jvp(ctx.saved_tensors, tangents)  # type: ignore[union-attr]
 
         @staticmethod
         def vmap(info: Any, in_dims: Sequence[int | None], *args: Any) -> tuple[Any, Any]:

@@ -16,6 +16,7 @@ from .rebind import Rebinder
 from .tangent import TangentFields, tangent_program
 from .tape import LaunchGuard, Recorder, recording
 from .twins import Twins, full_shape, is_real, load, numpy_dtype, read, zero
+from .values import value_of
 
 
 class ArgSpec(NamedTuple):
@@ -225,13 +226,15 @@ class FieldProgram:
         ]
 
     def _prepare(self, args: Sequence[np.ndarray]) -> None:
-        """Load inputs and the other fields' current values (zeros for state), zero the outputs."""
+        """Load inputs and the other fields' current values (zeros for state; the values this call took
+        first under a record, NOTE: [Field values of a call] in ``values``), zero the outputs."""
         self._generation += 1
         for p, array in zip(self.inputs, args, strict=False):
             if p.whole:
                 load(self._twins[p.field], array)
         for field in self._split.values():
-            whole = np.zeros(full_shape(field), numpy_dtype(field)) if id(field) in self._state_ids else read(field)
+            whole = np.zeros(full_shape(field), numpy_dtype(field)) if id(field) in self._state_ids \
+                else value_of(field).copy()
             for p, array in zip(self.inputs, args, strict=False):
                 if p.field is field:
                     whole[p.index] = array
@@ -243,7 +246,7 @@ class FieldProgram:
             if id(field) in self._state_ids:
                 zero(self._twins[field])
             elif id(field) not in self._split:
-                load(self._twins[field], read(field))
+                load(self._twins[field], value_of(field))
         for p in self.outputs:
             if p.whole:
                 zero(self._twins[p.field])

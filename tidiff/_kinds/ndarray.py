@@ -40,6 +40,7 @@ argument were integer-valued.
 """
 from __future__ import annotations
 
+import ast
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,11 +55,14 @@ from .._derived import TangentSignature
 from .._errors import taichi_cannot_reverse
 from .._fields.graph import CodeGraph
 from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
+from .._fields.values import check_unchanged
 from .._protocol import Function, register_kind
 from .._reverse_check import checked_vjp, wrong_reverse
 from .._signature import ArgSpec
 from .._tangent import jvp_ndarray_kernel
+from .._tangent.activity import root_names
 from .._tangent.parse import kernel_function
+from .._tangent.python_source import source_tree
 from .._tree import Tree, flat_tree
 
 
@@ -149,6 +153,15 @@ class NdarrayFunction(Function):
             getattr(_annotation(kernel, n), "needs_grad", None) is False for n in self.inputs]
         self.zeroed = list(zeroed) if zeroed is not None else [False] * len(self.inputs)
         self._hidden_rules: list[tuple[str, str]] | None = None
+        self._fields: list[tuple[str, Any]] | None = None
+
+    def global_fields(self) -> list[tuple[str, Any]]:
+        """``(name, field)`` for each global field the kernel reaches: found once; a tangent kernel has its
+        primal kernel's."""
+        if self._fields is None:
+            graph = CodeGraph(self.kernel)
+            self._fields = [(graph.names.get(key, "?"), f) for key, f in graph.fields.items()]
+        return self._fields
 
     def hidden_rules(self) -> list[tuple[str, str]]:
         """The derivative rules the kernel reaches that Taichi's reverse mode cannot apply (NOTE: [Rules
@@ -226,6 +239,7 @@ class NdarrayFunction(Function):
     # -- engines ---------------------------------------------------------------
     def _launch(self, kernel: Any, tensors: dict[str, Any], counted: Any = None) -> None:
         uses(counted or kernel)
+        check_unchanged(self.global_fields(), f"the ndarray kernel `{self.name}`")  # NOTE: [Field values of a call]
         kernel(*[tensors[p] if p in tensors else self.constants[p] for p in self.params])
 
     def _inputs(self, batch: Batch) -> tuple[list[Any], list[ArgSpec], Any, bool]:
@@ -298,6 +312,7 @@ class NdarrayFunction(Function):
                                       listed=False, frozen=self.frozen + frozen_floats,
                                       zeroed=self.zeroed + frozen_floats)
             tangent._hidden_rules = self.hidden_rules()
+            tangent._fields = self.global_fields()
             return tangent
 
         return self.memo.get(("tangent", mask), make)
@@ -393,7 +408,38 @@ def _make(kernel: Any, *, inputs: Any, outputs: Any = None, constants: dict[str,
     for n, rule in outputs.items():
         if not callable(rule) and not (isinstance(rule, tuple) and all(isinstance(d, int) for d in rule)):
             raise TypeError(f"{call}: outputs[{n!r}] must be a shape tuple or a callable of the inputs, got {rule!r}")
+    _refuse_written_inputs(kernel, inputs, call)
     return NdarrayFunction(kernel, inputs, outputs, constants=constants, name=name)
+
+
+def _refuse_written_inputs(kernel: Any, inputs: Sequence[str], call: str) -> None:
+    """ValueError naming an input the kernel body writes (``x[i] = ...``, ``x[i] += ...``, an atomic op on
+    ``x[i]``): the engines run the kernel on the caller's own arrays, which would be changed, and the derivative
+    of an in-place update is not that of any function of the inputs (outside code: jacrev, jacfwd and vjp
+    gave three different wrong answers, and the caller's array was advanced a step). Kernels it calls are
+    not read."""
+    try:
+        tree, filename, first_line = source_tree(kernel_function(kernel))
+    except (OSError, TypeError):
+        return
+    for node in ast.walk(tree):
+        stores: list[ast.expr]
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            stores = [t for t in targets if isinstance(t, (ast.Subscript, ast.Attribute))]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1].startswith("atomic_") \
+                and node.args:
+            stores = [node.args[0]]
+        else:
+            continue
+        for target in stores:
+            roots = root_names(target)
+            if roots and roots[0] in inputs:
+                raise ValueError(
+                    f"{call}: inputs= lists {roots[0]!r}, which the kernel writes ({filename}:"
+                    f"{first_line + node.lineno - 1}: `{ast.unparse(node).strip()}`); tidiff never writes your "
+                    "inputs, and an in-place update has no derivative as a function of them: write the new values "
+                    f"into an output parameter (outputs={{'{roots[0]}_new': ...}}) instead")
 
 
 register_kind("ndarray kernel", _accepts, _make)

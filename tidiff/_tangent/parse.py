@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .callees import Quiet, is_helper, is_taichi_func, signature_of, value_node
+from .comprehensions import unrolled
 from .naming import Namer
 from .python_source import source_tree
 
@@ -78,6 +79,7 @@ def parse(f: Any) -> Parsed:
         except ValueError:  # an unfilled cell: the name is not bound yet
             pass
     _bind_annotations(tree, fn, namespace)
+    unrolled(tree, lambda node: resolve(node, namespace))  # NOTE: [Unrolled comprehensions]
     return Parsed(tree, filename, first_line, namespace, kind)
 
 
