@@ -151,8 +151,12 @@ class TangentOf(Call):
         super().__init__()
         self.call, self.active = call, active
 
+    def _primals(self, args: Sequence[Any]) -> list[Any]:
+        """The call's own arguments, before the tangents of the active ones."""
+        return list(args[: len(self.active)])
+
     def function(self, args: Sequence[Any]) -> Function:
-        return self.call.function(args[: len(self.active)]).tangent()
+        return self.call.function(self._primals(args)).tangent()
 
     def _tangent_pieces(self, pieces: list[Piece], G: Function) -> list[Piece]:
         """The tangent of each float argument of ``G``: the given one where its source is active, else zero."""
@@ -172,18 +176,18 @@ class TangentOf(Call):
         return out
 
     def expand(self, args: Sequence[Any]) -> list[Piece]:
-        primal = list(args[: len(self.active)])
+        primal = self._primals(args)
         pieces = self.call.expand(primal)
         tangents = self._tangent_pieces(pieces, self.call.function(primal))
         return pieces + [Piece(_pick(args, t.source) if t.source is not None else t.value, t.source) for t in tangents]
 
     def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
-        primal = list(args[: len(self.active)])
+        primal = self._primals(args)
         m = len(flat) // 2
         return self.call.pack(flat[:m], primal), self.call.pack(flat[m:], primal)
 
     def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
-        primal = list(args[: len(self.active)])
+        primal = self._primals(args)
         return self.call.unpack(value[0], primal) + self.call.unpack(value[1], primal)
 
     def __call__(self, *args: Any) -> Any:

@@ -133,6 +133,14 @@ class _Source:
         return compile_source("\n".join(self.lines) + "\n", name, self.namespace, tag)
 
 
+def _serially(once: str, statement: str) -> list[str]:
+    """Kernel lines running ``statement`` in a serialized one-iteration loop (NOTE: [The body's loops stay
+    serial]): the loop keeps Taichi from running the body's own top-level loops in parallel."""
+    return ["    ti.loop_config(serialize=True)  # NOTE: [The body's loops stay serial]",
+            f"    for {once} in range(1):",
+            f"        {statement}"]
+
+
 def probe_outputs(body: Any, in_specs: Sequence[ArgSpec], name: str) -> tuple[list[ArgSpec], bool, Any]:
     """Learn the result specs of an unannotated body by compiling it once.
 
@@ -146,9 +154,7 @@ def probe_outputs(body: Any, in_specs: Sequence[ArgSpec], name: str) -> tuple[li
               for k, s in enumerate(in_specs)]
     kernel, once = src.namer.fresh(f"{name}__probe"), src.namer.fresh("once")
     src.lines += ["@ti.kernel", f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}):",
-                  "    ti.loop_config(serialize=True)  # NOTE: [The body's loops stay serial]",
-                  f"    for {once} in range(1):",
-                  f"        {record}({fn}({', '.join(f'{p}[0]' for p, _ in params)}))"]
+                  *_serially(once, f"{record}({fn}({', '.join(f'{p}[0]' for p, _ in params)}))")]
     compiled = src.compile(kernel, "probe")
     compiled(*[np.zeros((1,) + kernel_shape(s), s.dtype) for s in in_specs])
     assert recorder.specs is not None
@@ -213,9 +219,7 @@ class ScalarKernel:
             "@ti.kernel",
             f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}) -> {R}:",
             f"    {r} = ti.cast(0, {R})",
-            "    ti.loop_config(serialize=True)  # NOTE: [The body's loops stay serial]",
-            f"    for {once} in range(1):",
-            f"        {r} = {fn}({', '.join(p for p, _ in params)})",
+            *_serially(once, f"{r} = {fn}({', '.join(p for p, _ in params)})"),
             f"    return {r}",
         ]
         self.kernel = src.compile(kernel, "one")
