@@ -7,6 +7,7 @@ act per batch element; jvp and vjp linearize the whole batched function.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ def _compare(case: Case, got: Any, want: Any, what: str) -> None:
     assert_tree_close(got, want, what, tensors=case.use_torch)
 
 
-def _compare_derivative(case: Case, got: Any, want_at: Any, what: str) -> None:
+def _compare_derivative(case: Case, got: Any, want_at: Callable[[list], Any], what: str) -> None:
     """``got`` against the oracle ``want_at(case.arrays)``; a mismatch where that oracle is rounding noise
     (NOTE: [Noise of exploded values]) rejects the draw."""
     want = want_at(case.arrays)
@@ -47,8 +48,9 @@ def _compare_derivative(case: Case, got: Any, want_at: Any, what: str) -> None:
 def oracle_is_noise(got: Any, want: Any, near: Any) -> bool:
     """Whether torch's answer ``want`` moves, when the inputs move by 1e-12 (``near``), by a tenth of its
     distance from tidiff's ``got`` or more; False where the trees do not even match in shape."""
-    pairs = list(zip(oracle.leaves(got), oracle.leaves(want), oracle.leaves(near)))
-    if len(pairs) != len(oracle.leaves(want)) or any(np.shape(as_numpy(g)) != np.shape(w) for g, w, _ in pairs):
+    wants = oracle.leaves(want)
+    pairs = list(zip(oracle.leaves(got), wants, oracle.leaves(near)))
+    if len(pairs) != len(wants) or any(np.shape(as_numpy(g)) != np.shape(w) for g, w, _ in pairs):
         return False
     apart = max(float(np.max(np.abs(as_numpy(g) - np.asarray(w)), initial=0.0)) for g, w, _ in pairs)
     moved = max(float(np.max(np.abs(np.asarray(n) - np.asarray(w)), initial=0.0)) for _, w, n in pairs)
