@@ -46,3 +46,37 @@ def test_a_new_runtime_gets_new_kernels(tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+FIELDS_SCRIPT = textwrap.dedent('''
+    import numpy as np, pytest, taichi as ti
+    import tidiff as td
+
+    ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)
+    x = ti.field(ti.f64, 3)
+    loss = ti.field(ti.f64, ())
+
+    @ti.kernel
+    def energy():
+        for i in x:
+            loss[None] += x[i] ** 2
+
+    E = td.function(energy, inputs=[x], outputs=[loss])
+    np.testing.assert_array_equal(td.grad(E)(np.ones(3)), 2.0 * np.ones(3))
+    ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)  # a notebook's init cell again
+    x = np.ones(3)
+    for call in (lambda: td.grad(E)(x), lambda: E(x), lambda: td.jvp(E, (x,), (x,))):
+        with pytest.raises(RuntimeError, match=r"td.function\\(energy\\): ti.init or ti.reset ran since"):
+            call()
+    print("ok")
+''')
+
+
+def test_a_field_program_after_a_new_runtime_refuses_instead_of_crashing(tmp_path):
+    """Outside code: td.grad of a field program after ti.init ran again killed the process (SIGSEGV): its twins
+    lived in the freed runtime."""
+    script = tmp_path / "fields_after_init.py"
+    script.write_text(FIELDS_SCRIPT)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
+from taichi.lang import impl
 from taichi.lang.field import Field
 
 from . import checks
@@ -90,6 +91,7 @@ class FieldProgram:
         self._tangent: tuple[FieldProgram, TangentFields] | Exception | None = None
         self._hidden_rules: list[tuple[str, str]] | None = None
         self._generation = 0  # how many times the twins were loaded: a pullback checks it is still its run
+        self._runtime = impl.get_runtime()  # the twins live in it: a new one (ti.init, ti.reset) freed them
 
     def _spec(self, part: Part) -> ArgSpec:
         return ArgSpec(part.label(self._names.get(id(part.field), "")), part.shape, numpy_dtype(part.field))
@@ -179,6 +181,7 @@ class FieldProgram:
         ``td.TransformError`` when a kernel cannot be transformed (and again
         on every later call, without retrying).
         """
+        self._check_runtime()
         if self._tangent is None:
             try:
                 self._tangent = tangent_program(self)
@@ -228,6 +231,7 @@ class FieldProgram:
     def _prepare(self, args: Sequence[np.ndarray]) -> None:
         """Load inputs and the other fields' current values (zeros for state; the values this call took
         first under a record, NOTE: [Field values of a call] in ``values``), zero the outputs."""
+        self._check_runtime()
         self._generation += 1
         for p, array in zip(self.inputs, args, strict=False):
             if p.whole:
@@ -251,8 +255,17 @@ class FieldProgram:
             if p.whole:
                 zero(self._twins[p.field])
 
+    def _check_runtime(self) -> None:
+        """RuntimeError where ``ti.init`` or ``ti.reset`` replaced the runtime the program's fields (the user's and
+        the twins) were made in: using them crashed the process (SIGSEGV)."""
+        if impl.get_runtime() is not self._runtime:
+            raise RuntimeError(
+                f"{self.call}: ti.init or ti.reset ran since this program was made, and freed its fields; make "
+                f"the fields and td.function({self.name}, ...) again after ti.init")
+
     def run(self, *params: object) -> Recorder:
         """Run the rebuilt program on the twins as they are, recording its launches."""
+        self._check_runtime()
         with recording(self._guard) as tape:
             self._run(*params)
         return tape
