@@ -610,3 +610,38 @@ def test_a_branch_test_reads_the_renamed_value_not_the_written_back_one():
     out, tangent = td.jvp(branch_on_entries_after_a_loop, (x,), (e,))
     np.testing.assert_allclose(out, value, rtol=1e-14)
     np.testing.assert_allclose(tangent, want[..., 2, 1], rtol=1e-12, atol=1e-15)
+
+
+@ti.func
+def cubic_energy(x: ti.types.vector(2, ti.f64), s: ti.f64, n: ti.i32) -> ti.f64:
+    return s * x.norm_sqr() * x[0] + ti.sin(x[1]) * n
+
+
+@ti.func
+def calls_hvp(x: ti.types.vector(2, ti.f64), s: ti.f64) -> ti.f64:
+    value, hv = td.hvp(cubic_energy, (x, s, 2), (ti.Vector([1.0, -0.5]), 0.3, 0))
+    return value * 0.1 + hv[0].dot(x) + hv[1] * s
+
+
+def _calls_hvp_twin(x, s):
+    def energy(x, s):
+        return s * (x * x).sum() * x[0] + torch.sin(x[1]) * 2
+
+    tangents = (torch.tensor([1.0, -0.5], dtype=x.dtype), torch.tensor(0.3, dtype=x.dtype))
+    value, hv = torch.autograd.functional.hvp(energy, (x, s), tangents, create_graph=True)
+    return value * 0.1 + hv[0].dot(x) + hv[1] * s
+
+
+def test_a_function_calling_td_hvp_is_differentiated_again():
+    """Outside code (JAX's api tests: transforms compose): td.grad of a @ti.func calling td.hvp raised 'cannot
+    differentiate a call to td.hvp: a function of tidiff' (td.jvp of td.grad worked)."""
+    x, s = np.array([0.4, -0.3]), 1.3
+    xt, st = torch.tensor(x), torch.tensor(s, dtype=torch.float64)
+    np.testing.assert_allclose(td.function(calls_hvp)(x, s), _calls_hvp_twin(xt, st).item(), rtol=1e-14)
+    want = torch.autograd.functional.jacobian(_calls_hvp_twin, (xt, st))
+    for jacobian in (td.grad, td.jacfwd, td.jacrev):
+        dx, ds = jacobian(calls_hvp, argnums=(0, 1))(x, s)
+        np.testing.assert_allclose(dx, want[0].numpy(), rtol=1e-13)
+        np.testing.assert_allclose(ds, want[1].numpy(), rtol=1e-13)
+    hessian = torch.autograd.functional.hessian(lambda x: _calls_hvp_twin(x, st), xt).numpy()
+    np.testing.assert_allclose(td.hessian(calls_hvp)(x, s), hessian, rtol=1e-12, atol=1e-14)

@@ -1,7 +1,7 @@
 """Calls of tidiff Functions inside ``@ti.func`` code that tidiff differentiates again.
 
 A ``@ti.func`` may call a transform: ``td.grad(E)(x, 2.0).norm_sqr()``, a name
-bound to one, or ``td.jvp(E, (x, s), (t, 0.0))``. The source transforms
+bound to one, ``td.jvp(E, (x, s), (t, 0.0))`` or ``td.hvp(E, ...)``. The source transforms
 (``_tangent``, ``_adjoint``) resolve such a callee while they run and call
 through it (``CALLABLE_TYPES``, ``CALLABLE_OBJECTS`` in ``_tangent/rules.py``).
 
@@ -272,6 +272,34 @@ class JvpCall(Call):
         raise NotReversible("a call of td.jvp (tuple arguments): forward pushes take it")
 
 
+class HvpCall(JvpCall):
+    """A call ``td.hvp(F, primals, tangents)``: the tangent of ``F``'s value and gradient by its float arguments
+    (as ``td.hvp`` computes it), returning ``(value, H @ tangents)`` with ``None`` for integer arguments."""
+
+    @staticmethod
+    def _floats(args: Sequence[Any]) -> tuple[Function, tuple[int, ...]]:
+        fn = as_function(args[0], "td.hvp")
+        return fn, tuple(k for k, s in enumerate(fn.specs_for(list(args[1]))) if s.is_float)
+
+    def function(self, args: Sequence[Any]) -> Function:
+        fn, floats = self._floats(args)
+        return _api.value_and_grad(fn, floats).tangent()  # (value, gradients..., dvalue, dgradients...)
+
+    def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
+        _, floats = self._floats(args)
+        n = len(floats)
+        hv: list[Any] = [None] * len(args[1])
+        for k, h in zip(floats, flat[2 + n:], strict=True):
+            hv[k] = h
+        return flat[0], tuple(hv)
+
+    def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
+        """The outputs ``pack`` leaves out (the gradients, the value's tangent) are zeros."""
+        _, floats = self._floats(args)
+        primals, (v, hv) = list(args[1]), value
+        return [v, *[_zero_of(primals[k]) for k in floats], _zero_of(v), *[hv[k] for k in floats]]
+
+
 class _Rule:
     """How the source transforms call through a callee (``CALLABLE_TYPES``, ``CALLABLE_OBJECTS``)."""
 
@@ -293,7 +321,7 @@ class _Rule:
                 return 1
             tree = callee.signature(specs)[1]
             return len(tree) if isinstance(tree, tuple) else 1
-        if isinstance(callee, (TangentOf, JvpCall)):
+        if isinstance(callee, (TangentOf, JvpCall)):  # an HvpCall too: (value, H @ tangents)
             return 2
         if isinstance(callee, ReverseOf):
             return 1 + sum(callee.active)
@@ -309,5 +337,7 @@ def identity_call(fn: Function) -> IdentityCall:
 _JVP_CALL = JvpCall()
 CALLABLE_TYPES[Function] = _Rule(identity_call)
 CALLABLE_TYPES[Call] = _Rule(lambda call: call)
+_HVP_CALL = HvpCall()
 CALLABLE_OBJECTS[_api.jvp] = _Rule(lambda _: _JVP_CALL)
-__all__ = ["Call", "IdentityCall", "JvpCall", "ReverseOf", "TangentOf"]
+CALLABLE_OBJECTS[_api.hvp] = _Rule(lambda _: _HVP_CALL)
+__all__ = ["Call", "HvpCall", "IdentityCall", "JvpCall", "ReverseOf", "TangentOf"]
