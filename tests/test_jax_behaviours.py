@@ -210,3 +210,31 @@ def test_differentiating_through_transforms_called_in_a_function():
                                    rtol=1e-11)
     hessian = torch.autograd.functional.hessian(lambda z: torch_calls_a_named_transform(z, s), x)
     np.testing.assert_allclose(td.hessian(calls_a_named_transform)(X, S), hessian.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@ti.func
+def narrowed(x: ti.types.vector(3, ti.f64)) -> ti.f32:
+    return x.dot(x) + 1e-9
+
+
+@ti.func
+def narrowed_vector(x: ti.types.vector(3, ti.f64)) -> ti.types.vector(2, ti.f32):
+    return ti.Vector([x.dot(x), ti.sin(x[0])]) + 1e-9
+
+
+def test_a_narrower_return_annotation_casts_the_value_of_every_transform():
+    """Outside code, after JAX's value_and_grad(f)(x)[0] == f(x): with ``-> ti.f32`` on a float64 computation the
+    transforms returned the float64 value (0.140000001, f(x) 0.14000000059604645; NOTE: [Narrowing return
+    annotations]). Reverse mode is exact (the cotangent 1 is cast back); a tangent is cast to float32, as JAX's."""
+    x = np.array([0.1, 0.2, 0.3])
+    value = td.function(narrowed)(x)
+    assert value == np.float32(x.dot(x) + 1e-9)
+    assert td.value_and_grad(narrowed)(x)[0] == value
+    assert td.jvp(narrowed, (x,), (x,))[0] == value
+    assert td.vjp(narrowed, x)[0] == value
+    assert td.hvp(narrowed, (x,), (x,))[0] == value
+    np.testing.assert_array_equal(td.grad(narrowed)(x), 2 * x)
+    np.testing.assert_array_equal(td.jacfwd(narrowed)(x), (2 * x).astype(np.float32))
+    vector = td.function(narrowed_vector)(x)
+    np.testing.assert_array_equal(td.jvp(narrowed_vector, (x,), (x,))[0], vector)
+    np.testing.assert_array_equal(td.vjp(narrowed_vector, x)[0], vector)

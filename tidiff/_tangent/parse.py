@@ -13,6 +13,7 @@ from .callees import Quiet, is_helper, is_taichi_func, signature_of, value_node
 from .comprehensions import unrolled
 from .naming import Namer
 from .python_source import source_tree
+from .returns import narrowing_returns_cast
 
 
 @dataclass
@@ -80,6 +81,7 @@ def parse(f: Any) -> Parsed:
             pass
     _bind_annotations(tree, fn, namespace)
     unrolled(tree, lambda node: resolve(node, namespace))  # NOTE: [Unrolled comprehensions]
+    narrowing_returns_cast(tree, lambda node: resolve(node, namespace), namespace)  # NOTE: [Narrowing return ...]
     return Parsed(tree, filename, first_line, namespace, kind)
 
 
