@@ -163,3 +163,12 @@ def test_pushes_of_all_arguments_in_one_loop(monkeypatch):
             close(g, 1.5 * w)
     check_blocks_in_a_kernel(branchy_again, straight_again)
     assert td.source(td.jacfwd(branchy_again, argnums=(2, 0, 1)), *ARGS).count("= branchy_again_jvp(") == 1
+
+
+@pytest.mark.parametrize("transform", [td.grad, td.value_and_grad, td.jacfwd, td.jacrev, td.jacobian, td.hessian])
+@pytest.mark.parametrize("argnums", [(0, 0), (1, -2)])
+def test_an_argument_named_twice_is_refused(transform, argnums):
+    """Outside code: td.grad gave the gradient twice, td.jacfwd and td.hessian raised a TaichiSyntaxError whose
+    message was an empty line."""
+    with pytest.raises(ValueError, match=r"names argument 'v' \(1\)|names argument 'x' \(0\)"):
+        transform(straight, argnums=argnums)(0.3, np.array([0.5, -0.2]), np.eye(2))

@@ -376,6 +376,11 @@ def hvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, t
     floats = tuple(k for k, s in enumerate(specs) if s.is_float)
     if not floats:
         raise TypeError(f"{call}: {fn.name} has no float arguments; there is nothing to differentiate")
+    out_specs, tree = fn.signature(specs)
+    if isinstance(tree, tuple) or out_specs[0].shape != ():
+        shape = "a tuple" if isinstance(tree, tuple) else out_specs[0].shape
+        raise TypeError(f"{call}: a Hessian-vector product needs a scalar output (per batch element); {fn.name}'s "
+                        f"output has core shape {shape}. Use td.jvp of td.jacrev for vector outputs")
     vg = value_and_grad(fn, floats)
     if ti.lang.impl.inside_kernel():
         outs, touts, _ = _jvp_in_kernel(vg, primals, tangents)

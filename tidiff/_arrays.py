@@ -37,7 +37,11 @@ def numpy_dtype(dtype: Any) -> np.dtype:
         return dtype
     if getattr(dtype, "is_complex", False):
         return np.dtype(f"c{dtype.itemsize}")
-    return np.dtype(to_numpy_type(to_taichi_type(dtype)))
+    try:
+        return np.dtype(to_numpy_type(to_taichi_type(dtype)))
+    except (AttributeError, TypeError, KeyError):  # Taichi's maps raise AttributeError for torch.bfloat16
+        raise TypeError(f"the dtype {dtype} has no Taichi type (Taichi computes in float16, float32, float64 and "
+                        "integers); convert the argument first, e.g. tensor.to(torch.float32)") from None
 
 
 def torch_dtype(dtype: Any) -> Any:
@@ -116,7 +120,10 @@ def adapt(spec: ArgSpec, value: Any) -> ArgSpec:
     dtype = getattr(value, "dtype", None)
     if dtype is None or isinstance(value, (float, int)):
         return spec if spec.dtype == default_float() else ArgSpec(spec.name, spec.shape, default_float())
-    dtype = numpy_dtype(dtype)
+    try:
+        dtype = numpy_dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"argument {spec.name!r}: {e}") from None
     if dtype.kind == "f" and dtype != spec.dtype:
         return ArgSpec(spec.name, spec.shape, dtype)
     return spec

@@ -269,7 +269,11 @@ def as_function(f: Any, call: str) -> Function:
             made = function(f)
             f._tidiff_function = made  # lives as long as the func does
         return made
-    raise TypeError(
-        f"{call}: expected a td.Function or a @ti.func, got {type(f).__name__}; wrap a kernel "
-        "over fields first: td.function(kernel, inputs=[...], outputs=[...])"
-    )
+    if getattr(f, "_is_wrapped_kernel", False):
+        advice = "wrap the kernel first: td.function(kernel, inputs=[...], outputs=[...])"
+    elif callable(f):
+        advice = ("transforms take Taichi code: write the function as a @ti.func (def, not lambda), or wrap a "
+                  "Python program launching kernels: td.function(program, inputs=[...], outputs=[...])")
+    else:
+        advice = "pass a @ti.func, or a kernel or program wrapped by td.function"
+    raise TypeError(f"{call}: expected a td.Function or a @ti.func, got {type(f).__name__}; {advice}")

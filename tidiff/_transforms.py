@@ -65,7 +65,12 @@ def check_argnums(argnums: Sequence[int], specs: Sequence[ArgSpec], call: str) -
                 f"{call}: argument {spec.name!r} (argnums {a}) holds integers ({spec.dtype}); "
                 "only float arguments are differentiable"
             )
-    return tuple(a % len(specs) for a in argnums)
+    positions = tuple(a % len(specs) for a in argnums)
+    twice = next((a for a in positions if positions.count(a) > 1), None)
+    if twice is not None:  # one of them was differentiated twice, or Taichi refused the call with no reason
+        raise ValueError(f"{call}: argnums {tuple(argnums)} names argument {specs[twice].name!r} ({twice}) more "
+                         "than once; name each argument once")
+    return positions
 
 
 def split_aux(tree: Tree, call: str) -> tuple[Tree, Tree]:
@@ -130,9 +135,11 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
     if kind in ("grad", "value_and_grad"):
         if isinstance(main, tuple) or out_specs[main].shape != ():
             shape = "a tuple" if isinstance(main, tuple) else out_specs[main].shape
+            hint = " (for a function returning (out, aux), pass has_aux=True)" \
+                if isinstance(main, tuple) and len(main) == 2 and not has_aux else ""
             raise TypeError(
                 f"{call}: grad is only defined for functions with a scalar output (per batch "
-                f"element); the output has core shape {shape}. Use td.jacobian for vector outputs."
+                f"element); the output has core shape {shape}{hint}. Use td.jacobian for vector outputs."
             )
         # the flat results in this order: the value, the aux, the gradients
         value = keep(main) if kind == "value_and_grad" else None

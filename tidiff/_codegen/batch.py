@@ -25,6 +25,7 @@ as text: a function named ``r`` or ``ti`` cannot break the kernel.
 """
 from __future__ import annotations
 
+import keyword
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,7 +45,8 @@ def identifier(name: str) -> str:
     while "__" in out:
         out = out.replace("__", "_")
     out = out.strip("_") or "f"
-    return out if not out[0].isdigit() else "f_" + out
+    out = out if not out[0].isdigit() else "f_" + out
+    return out + "_" if keyword.iskeyword(out) else out  # a lambda's name, <lambda>
 
 
 def spec_of_expr(name: str, value: Any) -> ArgSpec:
@@ -72,17 +74,24 @@ class _OutputRecorder:
     """Called inside a probe kernel at compile time; records the body's result types."""
 
     _is_taichi_function = True  # keeps Taichi from warning about a Python call
+    __name__ = "the tidiff output probe"  # Taichi names the callee of a TypeError raised in a call
 
     class func:
         has_print = False
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "the function") -> None:
         self.specs: list[ArgSpec] | None = None
         self.is_tuple = False
+        self.name = name
 
     def __call__(self, result: Any) -> None:
         self.is_tuple = isinstance(result, (tuple, list))
         values = list(result) if self.is_tuple else [result]
+        nested = [i for i, v in enumerate(values) if isinstance(v, (tuple, list))]
+        if nested:  # a nested result (an aux that is a tuple): outputs are values or a flat tuple of them
+            raise TypeError(f"{self.name} returns a tuple holding a tuple (its result {nested[0]}); tidiff's outputs "
+                            "are values (scalars, vectors, matrices) or a flat tuple of them: return them flat, as "
+                            "(out, aux) with one aux value, or (out0, out1, ...) and no has_aux")
         self.specs = [spec_of_expr(f"out{i}" if self.is_tuple else "out", v) for i, v in enumerate(values)]
 
 
@@ -148,7 +157,7 @@ def probe_outputs(body: Any, in_specs: Sequence[ArgSpec], name: str) -> tuple[li
     compile is counted.
     """
     src = _Source([])
-    recorder = _OutputRecorder()
+    recorder = _OutputRecorder(f"`{name}`")
     fn, record = src.bind(name, body), src.bind("record", recorder)
     params = [(src.namer.fresh(f"a{k}"), src.bind(f"T{k}", ti.types.ndarray(dtype=element_type(s), ndim=1)))
               for k, s in enumerate(in_specs)]
