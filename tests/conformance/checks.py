@@ -69,7 +69,7 @@ class TaichiPitfall(Mismatch):
 # evaluating the function in a plain kernel, agrees with the twin. Where Taichi's plain evaluation
 # differs too, the case is a Taichi pitfall (a miscompile, or an op Taichi defines otherwise than the
 # twin spells it): reported as TaichiPitfall, with a minimal program in tests/test_taichi_pitfalls.py
-# and a line in docs/limits.md once understood. Programs calling transforms (tgrad, tjvp) run tidiff's
+# and a line in docs/limits.md once understood. Programs calling transforms (tgrad, tjvp, thvp) run tidiff's
 # code even in a plain kernel: their value is classified by tidiff's own value with Taichi's optimizer off
 # (``unoptimized.py``: right there, the optimizer is at fault). A crash inside Taichi's compiler (an
 # internal assertion, ``[verify.cpp...]``) is, when a plain kernel calling the function crashes alike,
@@ -84,7 +84,7 @@ def check_value(case: Case) -> Any:
         try:
             _compare(case, got, want, "value")
         except Mismatch as mismatch:
-            if {"tgrad", "tjvp"} & case.program.ops:
+            if {"tgrad", "tjvp", "thvp"} & case.program.ops:
                 unoptimized = values_without_optimizer(render_taichi.source(case.program), case.program.main.name,
                                                        case.arrays)
                 try:

@@ -165,7 +165,7 @@ class Program:
 def _calls(func):
     """Names of the helpers and library functions ``func`` calls directly."""
     nodes = list(_walk_block(func.body)) + [n for e in func.returns for n in _walk_expr(e)]
-    return {n.param("func") for n in nodes if isinstance(n, Expr) and n.op in ("call", "lib", "tgrad", "tjvp")}
+    return {n.param("func") for n in nodes if isinstance(n, Expr) and n.op in ("call", "lib", "tgrad", "tjvp", "thvp")}
 
 
 def forward_ok(func, helpers):
@@ -231,13 +231,14 @@ class Grammar:
     """What programs may contain; known.py removes what currently fails.
 
     ``transform_calls``: ``tgrad``, ``tjvp`` (``td.jvp`` of helpers whose output is a scalar or whose
-    return is annotated) and ``tjvp_unannotated`` (of any helper).
+    return is annotated), ``tjvp_unannotated`` (of any helper) and ``thvp`` (an argument's entry of
+    ``td.hvp`` of a helper with a scalar output).
     """
 
     ops: tuple = tuple(OPS)
     statements: tuple = STATEMENTS
     library: tuple = tuple(library.LIBRARY)
-    transform_calls: tuple = ("tgrad", "tjvp", "tjvp_unannotated")
+    transform_calls: tuple = ("tgrad", "tjvp", "tjvp_unannotated", "thvp")
     max_depth: int = 3
     max_statements: int = 4
     max_helpers: int = 2
@@ -301,6 +302,8 @@ def _special_options(T, scope):
             options.append(("call", h))
         if h.out_shapes == ((),) and "tgrad" in g.transform_calls:
             options.extend(("tgrad", (h, k)) for k, (_, s) in enumerate(h.params) if s == T)
+        if h.out_shapes == ((),) and "thvp" in g.transform_calls and forward_ok(h, scope.helpers):
+            options.extend(("thvp", (h, k)) for k, (_, s) in enumerate(h.params) if s == T)
         annotated = h.annotate_return or h.out_shapes == ((),) or "tjvp_unannotated" in g.transform_calls
         if (len(h.returns) == 1 and h.out_shapes[0] == T and "tjvp" in g.transform_calls and annotated
                 and forward_ok(h, scope.helpers)):
@@ -340,6 +343,11 @@ def draw_expr(draw, T, depth, scope):
         h, k = detail
         args = tuple(draw_expr(draw, s, sub, scope) for _, s in h.params)
         return Expr("tgrad", args, T, (("func", h.name), ("argnum", k)))
+    if kind == "thvp":
+        h, k = detail
+        primals = tuple(draw_expr(draw, s, sub, scope) for _, s in h.params)
+        tangents = tuple(draw_expr(draw, s, 0, scope) for _, s in h.params)
+        return Expr("thvp", primals + tangents, T, (("func", h.name), ("argnum", k)))
     if kind == "tjvp":
         primals = tuple(draw_expr(draw, s, sub, scope) for _, s in detail.params)
         tangents = tuple(draw_expr(draw, s, 0, scope) for _, s in detail.params)

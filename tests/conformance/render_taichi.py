@@ -34,6 +34,9 @@ def expr(e: Expr) -> str:
     if e.op == "tjvp":
         n = len(args) // 2
         return f"td.jvp({p['func']}, ({', '.join(args[:n])},), ({', '.join(args[n:])},))[1]"
+    if e.op == "thvp":
+        n = len(args) // 2
+        return f"td.hvp({p['func']}, ({', '.join(args[:n])},), ({', '.join(args[n:])},))[1][{p['argnum']}]"
     if e.op == "loop_scale":
         return f"({args[0]} * ({p['var']} + 1.0))"
     if e.op == "dyn_entry":

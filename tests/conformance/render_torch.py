@@ -130,9 +130,15 @@ def _jvp(fn, primals, tangents):
         return torch.autograd.functional.jvp(fn, primals, tangents, create_graph=True)[1]
 
 
+def _hvp(fn, argnum, primals, tangents):
+    """``td.hvp(fn, primals, tangents)[1][argnum]`` for a twin."""
+    with torch.enable_grad():
+        return torch.autograd.functional.hvp(fn, primals, tangents, create_graph=True)[1][argnum]
+
+
 HELPERS = {f.__name__: f for f in (_set, _maximum, _minimum, _max_of, _min_of, _clamp, _smoothstep, _mix, _norm_sqr,
                                    _norm, _normalized, _cross2, _det, _eye, _filled, _matrix, _grad,
-                                   _jvp)}
+                                   _jvp, _hvp)}
 """What twin source may call besides torch and the library."""
 
 
@@ -148,6 +154,9 @@ def expr(e: Expr) -> str:
     if e.op == "tjvp":
         n = len(args) // 2
         return f"_jvp({p['func']}, ({', '.join(args[:n])},), ({', '.join(args[n:])},))"
+    if e.op == "thvp":
+        n = len(args) // 2
+        return f"_hvp({p['func']}, {p['argnum']}, ({', '.join(args[:n])},), ({', '.join(args[n:])},))"
     if e.op == "loop_scale":
         return f"({args[0]} * ({p['var']} + 1.0))"
     if e.op == "dyn_entry":

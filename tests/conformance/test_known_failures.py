@@ -102,6 +102,11 @@ def with_jvp_call_unannotated(x: vec2) -> ti.f64:
     return lib_energy(x, 1.5) + td.jvp(ti.func(_unannotated_scaled), (x,), (x,))[1]
 
 
+@ti.func
+def with_hvp_call(x: vec2) -> ti.f64:
+    return lib_energy(x, 1.5) + td.hvp(scaled, (x,), (x,))[1][0].sum()
+
+
 CASES = {
     "clamp": (with_clamp, lambda x: energy_twin(x) + torch.clamp(x[0], -0.5, 0.5)),
     "smoothstep": (with_smoothstep, lambda x: energy_twin(x) + (lambda t: t * t * (3 - 2 * t))(
@@ -114,6 +119,7 @@ CASES = {
     "lib_swirl": (with_swirl, lambda x: energy_twin(x) + _swirl_sum(x)),
     "tjvp": (with_jvp_call, lambda x: energy_twin(x) + 2 * x[0] * x[1]),  # jvp of x0 x1 along x: 2 x0 x1
     "tjvp_unannotated": (with_jvp_call_unannotated, lambda x: energy_twin(x) + 2 * x[0] * x[1]),
+    "thvp": (with_hvp_call, lambda x: energy_twin(x) + x[0] + x[1]),  # H of x0 x1 along x: (x1, x0)
 }
 
 
