@@ -23,7 +23,7 @@ from ._fields.values import reading, record
 from ._protocol import Function, as_function, taichi_callable
 from ._protocol import function as _function
 from ._signature import ArgSpec
-from ._transforms import split_aux, transform
+from ._transforms import non_scalar, split_aux, transform
 from ._tree import flatten_like, leaves, unflatten
 
 
@@ -377,14 +377,14 @@ def hvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, t
     if not floats:
         raise TypeError(f"{call}: {fn.name} has no float arguments; there is nothing to differentiate")
     out_specs, tree = fn.signature(specs)
-    if isinstance(tree, tuple) or out_specs[0].shape != ():
-        shape = "a tuple" if isinstance(tree, tuple) else out_specs[0].shape
+    shape = non_scalar(tree, out_specs)
+    if shape is not None:
         raise TypeError(f"{call}: a Hessian-vector product needs a scalar output (per batch element); {fn.name}'s "
                         f"output has core shape {shape}. Use td.jvp of td.jacrev for vector outputs")
     vg = value_and_grad(fn, floats)
     if ti.lang.impl.inside_kernel():
         outs, touts, _ = _jvp_in_kernel(vg, primals, tangents)
-        return outs[0], _by_argument(touts[1:], floats, len(specs))
+        return outs[0], by_argument(touts[1:], floats, len(specs))
     batch = vg.read(primals, call)
     T, tbatch = _tangent_batch(vg, batch, tangents, call)
     with _counter_of("hvp", fn).tally():
@@ -392,10 +392,11 @@ def hvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, t
     n = len(floats)
     value = batch.wrap(flat[0])
     hv = [batch.wrap(t) for t in flat[2 + n: 2 + 2 * n]]
-    return value, _by_argument(hv, floats, len(specs))
+    return value, by_argument(hv, floats, len(specs))
 
 
-def _by_argument(values: Sequence[Any], floats: Sequence[int], nargs: int) -> tuple[Any, ...]:
+def by_argument(values: Sequence[Any], floats: Sequence[int], nargs: int) -> tuple[Any, ...]:
+    """One entry per argument: ``values`` at the float ones, None at the others (as td.hvp returns)."""
     out: list[Any] = [None] * nargs
     for k, v in zip(floats, values, strict=True):
         out[k] = v

@@ -287,11 +287,7 @@ class HvpCall(JvpCall):
 
     def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
         _, floats = self._floats(args)
-        n = len(floats)
-        hv: list[Any] = [None] * len(args[1])
-        for k, h in zip(floats, flat[2 + n:], strict=True):
-            hv[k] = h
-        return flat[0], tuple(hv)
+        return flat[0], _api.by_argument(flat[2 + len(floats):], floats, len(args[1]))
 
     def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
         """The outputs ``pack`` leaves out (the gradients, the value's tangent) are zeros."""

@@ -73,6 +73,13 @@ def check_argnums(argnums: Sequence[int], specs: Sequence[ArgSpec], call: str) -
     return positions
 
 
+def non_scalar(tree: Tree, out_specs: Sequence[ArgSpec]) -> Any:
+    """None for a single scalar output; else what it is: "a tuple", or its core shape."""
+    if isinstance(tree, tuple):
+        return "a tuple"
+    return None if out_specs[tree].shape == () else out_specs[tree].shape
+
+
 def split_aux(tree: Tree, call: str) -> tuple[Tree, Tree]:
     """``(main, aux)`` of a function returning the pair ``(out, aux)`` (JAX's ``has_aux``)."""
     if not isinstance(tree, tuple) or len(tree) != 2:
@@ -133,14 +140,15 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
 
     node: Tree
     if kind in ("grad", "value_and_grad"):
-        if isinstance(main, tuple) or out_specs[main].shape != ():
-            shape = "a tuple" if isinstance(main, tuple) else out_specs[main].shape
+        shape = non_scalar(main, out_specs)
+        if shape is not None:
             hint = " (for a function returning (out, aux), pass has_aux=True)" \
                 if isinstance(main, tuple) and len(main) == 2 and not has_aux else ""
             raise TypeError(
                 f"{call}: grad is only defined for functions with a scalar output (per batch "
                 f"element); the output has core shape {shape}{hint}. Use td.jacobian for vector outputs."
             )
+        assert not isinstance(main, tuple)  # non_scalar calls a tuple not scalar
         # the flat results in this order: the value, the aux, the gradients
         value = keep(main) if kind == "value_and_grad" else None
         aux_node = keep(aux) if aux is not None else None

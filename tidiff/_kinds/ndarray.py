@@ -152,14 +152,20 @@ class NdarrayFunction(Function):
         self.frozen = list(frozen) if frozen is not None else [
             getattr(_annotation(kernel, n), "needs_grad", None) is False for n in self.inputs]
         self.zeroed = list(zeroed) if zeroed is not None else [False] * len(self.inputs)
+        self._graph: CodeGraph | None = None  # what the kernel reaches; a tangent kernel has its primal kernel's
         self._hidden_rules: list[tuple[str, str]] | None = None
         self._fields: list[tuple[str, Any]] | None = None
+
+    def _code_graph(self) -> CodeGraph:
+        if self._graph is None:
+            self._graph = CodeGraph(self.kernel)
+        return self._graph
 
     def global_fields(self) -> list[tuple[str, Any]]:
         """``(name, field)`` for each global field the kernel reaches: found once; a tangent kernel has its
         primal kernel's."""
         if self._fields is None:
-            graph = CodeGraph(self.kernel)
+            graph = self._code_graph()
             self._fields = [(graph.names.get(key, "?"), f) for key, f in graph.fields.items()]
         return self._fields
 
@@ -167,7 +173,7 @@ class NdarrayFunction(Function):
         """The derivative rules the kernel reaches that Taichi's reverse mode cannot apply (NOTE: [Rules
         Taichi's reverse mode cannot see]): found once; a tangent kernel has its primal kernel's."""
         if self._hidden_rules is None:
-            self._hidden_rules = rules_reached(CodeGraph(self.kernel))
+            self._hidden_rules = rules_reached(self._code_graph())
         return self._hidden_rules
 
     def reverse_refused(self) -> str | None:
