@@ -163,6 +163,25 @@ def test_forward_mode_over_a_jacobian_by_an_argument_the_rule_does_not_see():
 
 
 @ti.func
+def squared_by_a_rule_of_y(x: ti.f64, y: ti.f64) -> ti.f64:
+    return x * x * scaled_square(ti.math.vec2(y, 1.0), 2.0)
+
+
+def test_forward_mode_over_a_hessian_by_an_argument_the_rule_does_not_see():
+    """The third order of the same: ``td.jacfwd(td.hessian(f, argnums=0), argnums=1)`` (long run, seed 34308).
+    The hessian's pushes by x are a tangent function of the reverse function; the push by y over them reached
+    the custom_vjp call the reverse function keeps as written (its arguments do not depend on x) and refused.
+    Now that tangent function's own tangent goes through the code too: d/dy of 2 * 2 (y^2 + 1) is 8y. Reverse
+    mode over it takes the rule, as above: 2 * 3y."""
+    x, y = 0.7, -0.4
+    for inner in (td.hessian(squared_by_a_rule_of_y, argnums=0),
+                  td.jacfwd(td.grad(squared_by_a_rule_of_y, argnums=0), argnums=0),
+                  td.jacfwd(td.jacrev(squared_by_a_rule_of_y, argnums=0), argnums=0)):
+        assert td.jacfwd(inner, argnums=1)(x, y) == pytest.approx(8.0 * y, rel=1e-14)
+        assert td.jacrev(inner, argnums=1)(x, y) == pytest.approx(6.0 * y, rel=1e-14)
+
+
+@ti.func
 def clipped_in_a_loop(x: ti.f64) -> ti.f64:
     out = 0.0
     i = 0

@@ -260,8 +260,9 @@ def assume_tame(twin: Callable[[list], Any], arrays: list) -> None:
       1e150 and back; 10115: a field program around a function that is tame
       where it was drawn but reaches 1e27 at the program's inputs, where
       ``cos`` of it is noise);
-    - a jump (``%``, ``floor``, an integer cast) whose operand is within
-      rounding of it (``_NonFinite.at_a_jump``).
+    - a jump (``%``, ``floor``, an integer cast, a branch's comparison with
+      its threshold) whose operand is within rounding of it
+      (``_NonFinite.at_a_jump``).
     """
     with _NonFinite() as watch:  # an inf inside: 1.7 / (inf + 1) is a tame 0, its derivative 0 * inf
         want = twin(arrays)
@@ -295,15 +296,23 @@ class _NonFinite(TorchFunctionMode):
             self.seen = True
         if func in _JUMPS and not self.at_a_jump:
             self.at_a_jump = _at_a_jump(func, args)
+        if func in _BRANCHES and isinstance(args[1], float) and not self.at_a_jump:
+            self.at_a_jump = _at_a_branch(args[0], args[1])
         return out
 
 
 # NOTE: [Values at a jump] Ties of a jump have measure zero with random inputs, but not a value that is zero
 # up to rounding by construction (long run, seed 11364: the third entry of cos(v) x normalized(w) with
 # v[0] = v[1] and w[0] = w[1], then % 1.3): torch rounds it to -3e-18 and takes 1.3 - 3e-18, tidiff to 0
-# and takes 0, both right to the last bit. An operand within 1e-9 of a jump rejects the inputs.
+# and takes 0, both right to the last bit. An operand within 1e-9 of a jump rejects the inputs. A branch is
+# such a jump: an `if` or a select comparing a value with its threshold (the grammar's `c > 0.0`) whose value
+# is the threshold up to rounding by construction (long run, seed 34229: the determinant of a matrix with two
+# proportional rows, exactly 0 in torch, which skips the branch, and a few ulps above 0 in Taichi, which
+# takes it: the value 1e-3 apart). A comparison of two values (the twin's min and max) is not one: its ties,
+# exact in both, are conventions the net checks (NOTE: [Ties]).
 _JUMPS = (torch.remainder, torch.floor, torch.trunc, torch.Tensor.__mod__, torch.Tensor.remainder,
           torch.Tensor.floor, torch.Tensor.trunc)
+_BRANCHES = (torch.Tensor.__gt__, torch.Tensor.gt, torch.gt, torch.Tensor.__lt__, torch.Tensor.lt, torch.lt)
 
 
 def _at_a_jump(func, args) -> bool:
@@ -313,3 +322,9 @@ def _at_a_jump(func, args) -> bool:
         y = y / float(as_numpy(args[1]))
     distance = np.abs(y - np.round(y))
     return bool(np.any(distance <= 1e-9 * np.maximum(1.0, np.abs(y))))
+
+
+def _at_a_branch(value, threshold: float) -> bool:
+    """Whether a value compared with a constant ``threshold`` is within rounding (1e-9 of its size) of it."""
+    y = np.asarray(as_numpy(value), dtype=np.float64)
+    return bool(np.any(np.abs(y - threshold) <= 1e-9 * np.maximum(1.0, np.abs(y))))

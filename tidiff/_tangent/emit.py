@@ -25,7 +25,8 @@ def owned_cache(f: Any, name: str) -> dict[Any, Any]:
 
 
 REVERSE = "_tidiff_reverse"
-"""Set on reverse functions (``_adjoint``): their tangents go through custom_vjp functions' code.
+"""Set on reverse functions (``_adjoint``) and the tangent functions made from them: their tangents go
+through custom_vjp functions' code.
 
 NOTE: [Forward mode of a gradient's code] Forward mode of a function reaching
 a ``td.custom_vjp`` function without a jvp rule is refused, as in JAX. But a
@@ -36,8 +37,12 @@ rule there, which is plain code. tidiff's custom_vjp function has no fwd rule
 but its own code, so the tangent of a reverse function, and of every function
 transformed for it (helpers its forward sweep calls, callees' reverse
 functions), differentiates that code instead of refusing: the same numbers as
-JAX. Transforms in this mode are cached apart from the ordinary ones, so a
-jvp of the function itself still refuses. A Jacobian by arguments that do not
+JAX. A tangent function made in this mode is marked as a reverse function is,
+so its own tangent (a third order, ``td.jacfwd(td.hessian(f, argnums=0),
+argnums=1)``) goes through that code too: the reverse function keeps a call
+that does not depend on its active arguments as written, and a push by another
+argument reaches it there (long run, seed 34308). Transforms in this mode are
+cached apart from the ordinary ones, so a jvp of the function itself still refuses. A Jacobian by arguments that do not
 reach the rule (its forward mode by them is defined) is built on the reverse
 function all the same where forward mode by the others is refused
 (``_modes._refused_by_other_arguments``): a derivative by those can follow
@@ -89,6 +94,8 @@ def jvp_func(f: Any, active: Sequence[bool] | None = None, width: int = 1, *,
         jvp_of = functools.partial(jvp_func, through_vjp_rules=True) if through else jvp_func
         cache[key] = generate(
             f, pattern, lambda parsed, act: Transformer(parsed, act, jvp_of, width, through_vjp_rules=through))
+        if through:
+            setattr(cache[key], REVERSE, True)
     return cache[key]
 
 
