@@ -457,3 +457,45 @@ def test_reverse_mode_of_a_vector_local_in_a_runtime_loop_is_wrong():
         pair_products()
     right = pair_products_gradient(x)  # central differences of the kernel agree to 1e-9
     np.testing.assert_allclose(points.grad.to_numpy(), right / 2, rtol=1e-13)  # Taichi 1.7.4: half of it
+
+
+@ti.func
+def maximum_in_a_loop_then_branches(x0: V3) -> ti.f64:
+    t0, t1 = ti.cos(x0), ti.Vector([x0[0], x0[0], x0[1], x0[2]])
+    for _ in range(2):
+        t1, t0 = ti.rsqrt((t1 + 0.7391).normalized(0.5) ** 2 + 0.5), ti.max(ti.Vector([t1[1], t0[2], t0[0]]),
+                                                                            (t0 + 0.7391).normalized())
+    if min(t1[0], t0[2]) > -0.2:
+        m = ti.Matrix([[x0[2], t0[2], t1[1]], [t0[2], t0[0], t0[0]], [t1[2], x0[2], t1[3]]])
+        if ti.atan2(t1[3], t0[1] ** 2 + 0.5) * m.determinant() > 0.3:
+            t0 = V3(t0[1])
+        j = 0
+        while j < 1:
+            j += 1
+        if t0[0] > 0.3:
+            t0 = x0
+    return t0[0] + t0[1] + t0[2] + t1[0]
+
+
+def test_a_parallel_loop_calling_this_function_does_not_compile_with_fast_math():
+    """Found by the long run (seed 11813, td.function(f) of a generated function), reduced by deleting and
+    simplifying statements: Taichi 1.7.4's LLVM backend emits a vectorized ``llvm.maxnum.v2f64`` that does
+    not dominate its uses, and the kernel fails an assertion ('ckd->check() == CompiledKernelData::Err::
+    kNoError'). A plain kernel calling the function on scalar arguments compiles; a parallel loop over an
+    ndarray calling it (what td.function compiles, and what users write) does not, unless
+    ti.init(fast_math=False). No tidiff code involved; the vectorizer's choice depends on the CPU, so where
+    this CPU's code compiles, its value must be right (NumPy's, and Taichi's with fast_math=False)."""
+
+    @ti.kernel
+    def apply(x: ti.types.ndarray(dtype=ti.f64, ndim=2), out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+        for i in range(x.shape[0]):
+            out[i] = maximum_in_a_loop_then_branches(ti.Vector([x[i, 0], x[i, 1], x[i, 2]]))
+
+    out = np.zeros(2)
+    try:
+        apply(np.array([[0.0401036894, -0.7730326968, -0.1862466441], [-1.3814927397, 0.2881065556, 0.1924033959]]),
+              out)
+    except RuntimeError as e:
+        assert "ckd->check() == CompiledKernelData::Err::kNoError" in str(e), e
+    else:
+        np.testing.assert_allclose(out, [0.29151941812910476, 0.2870755043488469], rtol=1e-12)  # as NumPy

@@ -3,6 +3,10 @@
 TAICHI_CRASHES = {
     "current_container_stmt": "Taichi 1.7.4's IR verifier rejects a branch calling a func in a static loop of three "
                               "or more iterations inside a func (tests/test_taichi_pitfalls.py)",
+    "ckd->check() == CompiledKernelData::Err::kNoError": "Taichi 1.7.4's LLVM backend emits invalid LLVM IR "
+                                                         "('Instruction does not dominate all uses!') for some "
+                                                         "code in a parallel loop under fast_math "
+                                                         "(tests/test_taichi_pitfalls.py)",
     "offset->template is<ConstStmt>": "Taichi 1.7.4's reverse mode (kernel.grad) fails an assertion in its "
                                       "scalarize pass on a write at a runtime index into a local vector "
                                       "inside a loop (docs/limits.md)",

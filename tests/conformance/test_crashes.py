@@ -17,6 +17,13 @@ def test_a_known_message_names_the_taichi_bug():
     assert why is not None and "scalarize" in why
 
 
+def test_a_kernel_taichi_compiled_to_invalid_llvm_is_taichi_s():
+    """Long run, seed 11813: td.function(f) raised it; a plain parallel loop calling f raises alike."""
+    message = ("[kernel_compilation_manager.cpp:compile_kernel@176] Assertion failure: ckd->check() == "
+               "CompiledKernelData::Err::kNoError")
+    assert "invalid LLVM IR" in known_error(message, "td.function(f)(*args)")
+
+
 def test_a_death_in_a_check_of_taichi_alone_is_taichi_s():
     report = f"program ...\nargs = [...]\n{TAICHI_ALONE} ti.ad.Tape of the field program\n"
     assert known_crash("Fatal Python error: Bus error", report) == \
