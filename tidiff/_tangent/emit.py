@@ -42,11 +42,12 @@ so its own tangent (a third order, ``td.jacfwd(td.hessian(f, argnums=0),
 argnums=1)``) goes through that code too: the reverse function keeps a call
 that does not depend on its active arguments as written, and a push by another
 argument reaches it there (long run, seed 34308). Transforms in this mode are
-cached apart from the ordinary ones, so a jvp of the function itself still refuses. A Jacobian by arguments that do not
-reach the rule (its forward mode by them is defined) is built on the reverse
-function all the same where forward mode by the others is refused
-(``_modes._refused_by_other_arguments``): a derivative by those can follow
-(``td.jacfwd(td.jacrev(f, argnums=0), argnums=1)``), whatever the sizes.
+cached apart from the ordinary ones, so a jvp of the function itself still
+refuses. A Jacobian by arguments that do not reach the rule (its forward mode
+by them is defined) is built on the reverse function all the same where
+forward mode by the others is refused (``_modes._refused_by_other_arguments``):
+a derivative by those can follow (``td.jacfwd(td.jacrev(f, argnums=0),
+argnums=1)``), whatever the sizes.
 """
 
 
