@@ -645,3 +645,33 @@ def test_a_function_calling_td_hvp_is_differentiated_again():
         np.testing.assert_allclose(ds, want[1].numpy(), rtol=1e-13)
     hessian = torch.autograd.functional.hessian(lambda x: _calls_hvp_twin(x, st), xt).numpy()
     np.testing.assert_allclose(td.hessian(calls_hvp)(x, s), hessian, rtol=1e-12, atol=1e-14)
+
+
+
+@ti.func
+def sine_cubed(x: ti.f64) -> ti.f64:
+    return ti.sin(x) ** 3
+
+
+@ti.func
+def calls_hvp_beside_a_3_vector(x: ti.f64, w: ti.types.vector(3, ti.f64)) -> ti.f64:
+    return td.hvp(sine_cubed, (x,), (x,))[1][0] * w.sum()
+
+
+def test_a_td_hvp_call_is_pushed_in_three_lanes():
+    """Long run, seed 12031: td.jacfwd by a 3-vector pushes three tangent lanes through one call, and a call
+    through a tidiff Function is made once per lane; lanes 0 and 1 stored td.hvp's tuple result in one scratch
+    name, which Taichi cannot assign twice ('Variable ... cannot be assigned'). Now a name per lane."""
+    x, w = 0.7, np.array([0.5, -1.1, 0.7])
+
+    def twin(x, w):
+        def cubed(x):
+            return torch.sin(x) ** 3
+
+        return torch.autograd.functional.hvp(cubed, x, x, create_graph=True)[1] * w.sum()
+
+    want = torch.autograd.functional.jacobian(twin, (torch.tensor(x, dtype=torch.float64), torch.tensor(w)))
+    for jacobian in (td.jacfwd, td.jacrev):
+        dx, dw = jacobian(calls_hvp_beside_a_3_vector, argnums=(0, 1))(x, w)
+        np.testing.assert_allclose(dx, want[0].numpy(), rtol=1e-13)
+        np.testing.assert_allclose(dw, want[1].numpy(), rtol=1e-13)
