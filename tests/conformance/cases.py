@@ -320,11 +320,14 @@ def _at_a_jump(func, args) -> bool:
     y = np.asarray(as_numpy(args[0]), dtype=np.float64)
     if func in (torch.remainder, torch.Tensor.__mod__, torch.Tensor.remainder):
         y = y / float(as_numpy(args[1]))
-    distance = np.abs(y - np.round(y))
-    return bool(np.any(distance <= 1e-9 * np.maximum(1.0, np.abs(y))))
+    return _within_rounding(y, np.round(y))
 
 
 def _at_a_branch(value, threshold: float) -> bool:
     """Whether a value compared with a constant ``threshold`` is within rounding (1e-9 of its size) of it."""
-    y = np.asarray(as_numpy(value), dtype=np.float64)
-    return bool(np.any(np.abs(y - threshold) <= 1e-9 * np.maximum(1.0, np.abs(y))))
+    return _within_rounding(np.asarray(as_numpy(value), dtype=np.float64), threshold)
+
+
+def _within_rounding(y: np.ndarray, jump) -> bool:
+    """Whether some entry of ``y`` is within 1e-9 of its size (at least 1) of ``jump``."""
+    return bool(np.any(np.abs(y - jump) <= 1e-9 * np.maximum(1.0, np.abs(y))))

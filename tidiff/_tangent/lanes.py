@@ -108,9 +108,8 @@ class Lanes:
             # every lane's call reads the primals as they were: the result goes to y from the last lane only
             # (``y = c(y)`` would otherwise feed lane 0's result to lane 1); the others to a name each, which
             # Taichi assigns once where the result is a tuple (a td.hvp call's: long run, seed 12031)
-            return [ast.Assign([ast.Tuple([y if k == self.width - 1 else ast.Name(self.namer.fresh(f"{y.id}_lane"),
-                                                                                  ast.Store()),
-                                           self.lane(dy, k)], ast.Store())],
+            results = [ast.Name(self.namer.fresh(f"{y.id}_lane"), ast.Store()) for _ in range(self.width - 1)] + [y]
+            return [ast.Assign([ast.Tuple([results[k], self.lane(dy, k)], ast.Store())],
                                ast.Call(call.func, primals + [self.lane(t, k) for t in tangents], []))
                     for k in range(self.width)]
         lanes = [self.lane(t, k) for k in range(self.width) for t in tangents]
