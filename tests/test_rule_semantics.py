@@ -146,6 +146,25 @@ def test_pow_of_a_zero_base():
         assert np.isnan(got[1])
 
 
+# -- a quotient by a large denominator ---------------------------------------------------
+
+@ti.func
+def quotients(x: ti.f64, y: ti.f64) -> ti.f64:
+    return x / y + ti.raw_div(x, y)
+
+
+def test_a_quotients_tangent_by_its_denominator_does_not_overflow():
+    """d(x / y) = -dy * (x / y) / y, as torch computes it: -dy * x / (y * y) overflows y * y past 1e154
+    and gave -0 here (long run, seed 12107: NaN in a Hessian, an inf / inf in atan2's second order)."""
+    x, y = 1e200, 1e160
+    _, tangent = td.jvp(quotients, (x, y), (0.0, 1.0))
+    close(tangent, -2e-120)
+    for got in both_modes(quotients, (x, y)):
+        close(got, [2e-160, -2e-120])
+    close(td.hessian(quotients, argnums=1)(x, y), 4e-280)  # 2 * 2x / y**3
+    close(td.jacfwd(td.jacfwd(quotients, argnums=1), argnums=1)(x, y), 4e-280)
+
+
 # -- casts to a dtype known only when Taichi compiles --------------------------------------
 
 @ti.func

@@ -383,7 +383,7 @@ def golden_jvp(x, y, dx, dy):
     dsin_y = dy * ti.cos(y)
     s = x * sin_y
     ds = dx * sin_y + x * dsin_y
-    return (s / y, ds / y - dy * s / (y * y))
+    return (s / y, ds / y - dy * (s / y) / y)
 '''
 
 

@@ -201,6 +201,23 @@ def test_inputs_putting_a_branch_at_its_threshold_up_to_rounding_are_rejected():
     assume_tame(lambda a: torch.maximum(torch.tensor(a[0]), torch.tensor(a[0])), [np.array([0.5])])  # a tie
 
 
+def atan2_of_a_large_square(scale):
+    """Seed 12107's output reduced: ``atan2(tanh(x), (scale x)**2 + 0.5)``, a value near 1 / (scale x)**2."""
+    def twin(arrays):
+        x = torch.tensor(arrays[0])
+        return torch.atan2(torch.tanh(x), (scale * x) ** 2 + 0.5)
+    return twin
+
+
+def test_inputs_exploding_an_intermediate_are_rejected_however_tame_the_output():
+    """Long run, seed 12107 (EXPLODED in cases.py): an intermediate of 1e129 in a value of 4e-130; its
+    second derivatives pass float64's range, and torch's Hessian (1e-126) and tidiff's forward over forward
+    mode (inf) differ by the order of their operations. Such inputs say nothing: rejected. 1e80: kept."""
+    with pytest.raises(UnsatisfiedAssumption):
+        assume_tame(atan2_of_a_large_square(1e65), [np.array([0.9])])
+    assume_tame(atan2_of_a_large_square(1e40), [np.array([0.9])])
+
+
 def unit_entry(x):
     """normalize([x, x] + 0.7391)[0]: the constant 1 / sqrt(2) where x > -0.7391, computed through 1 / |v|."""
     v = torch.stack([x, x]) + 0.7391
