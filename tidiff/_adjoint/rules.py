@@ -96,11 +96,10 @@ def constructor_of_one(g: Sym, out: Sym, x: Sym) -> Contributions:
 defvjp(ast.Add, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to(g, y))
 defvjp(ast.Sub, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to(-g, y))
 defvjp(ast.Mult, lambda g, out, x, y: _sum_to(g * y, x), lambda g, out, x, y: _sum_to(x * g, y))
-defvjp(ast.Div, lambda g, out, x, y: _sum_to(g / y, x), lambda g, out, x, y: _sum_to(-g * out / y, y))
+defvjp([ast.Div, ti.raw_div], lambda g, out, x, y: _sum_to(g / y, x), lambda g, out, x, y: _sum_to(-g * out / y, y))
 defvjp([ast.Pow, pow, ti.pow],
        lambda g, out, x, y: _sum_to(g * y * x ** exponent_less_one(y), x),
        lambda g, out, x, y: _sum_to(g * out * log_of_base(x), y))
-defvjp(ti.raw_div, lambda g, out, x, y: _sum_to(g / y, x), lambda g, out, x, y: _sum_to(-g * out / y, y))
 defvjp(ast.Mod, lambda g, out, x, y: _sum_to(g, x), lambda g, out, x, y: _sum_to(-g * T.floor(x / y), y))
 defvjp(ast.MatMult, lambda g, out, x, y: helpers.matmul_adjoint_left(g, x, y),
        lambda g, out, x, y: helpers.matmul_adjoint_right(g, x, y))

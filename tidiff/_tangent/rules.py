@@ -205,7 +205,8 @@ def _sum_rule(sign: int) -> Rule:
 _register(ast.Add, _sum_rule(1))
 _register(ast.Sub, _sum_rule(-1))
 defjvp(ast.Mult, lambda g, x, y: g * y, lambda g, x, y: x * g)
-defjvp(ast.Div, lambda g, x, y: g / y, lambda g, x, y: -g * (x / y) / y)  # not x / (y * y): y * y overflows past 1e154
+# ti.raw_div is true division on floats; not x / (y * y): y * y overflows past 1e154
+defjvp([ast.Div, ti.raw_div], lambda g, x, y: g / y, lambda g, x, y: -g * (x / y) / y)
 defjvp(ast.MatMult, lambda g, x, y: g @ y, lambda g, x, y: x @ g)
 
 
@@ -233,7 +234,6 @@ defjvp([ast.Pow, pow, ti.pow],
        lambda g, x, y: g * x ** y * log_of_base(x))
 defjvp(ast.Mod, lambda g, x, y: g, lambda g, x, y: -g * T.floor(x / y))
 defzero([ast.FloorDiv, ti.raw_mod])  # raw_mod is C's integer %: Taichi 1.7.4 crashes compiling it on floats
-defjvp(ti.raw_div, lambda g, x, y: g / y, lambda g, x, y: -g * (x / y) / y)  # true division on floats
 defjvp(ast.USub, lambda g, x: -g)
 defjvp(ast.UAdd, lambda g, x: g)
 
