@@ -8,7 +8,7 @@ import numpy as np
 import taichi as ti
 import torch
 
-from tidiff._codegen import compile_source
+from tidiff._lang.compile import compile_source
 
 _KERNELS = {}
 

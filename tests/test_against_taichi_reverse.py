@@ -51,7 +51,7 @@ def taichi_gradient(body, specs, xs, out_shape, out_index=None):
 
 
 def _reduction_kernel(body, specs, out_shape, out_index):
-    from tidiff._codegen import compile_source
+    from tidiff._lang.compile import compile_source
 
     types = {f"T{k}": ti.types.ndarray(dtype=s.ti_type(), ndim=1) for k, s in enumerate(specs)}
     params = ", ".join(f"a{k}: T{k}" for k in range(len(specs)))

@@ -1,6 +1,6 @@
 """Vectors rewritten as a whole inside loops and branches: tangent code renames each new value there and
 writes the carried variables back at the end of the block (NOTE: [Rebinding in loops] in
-tidiff/_tangent/rebinding.py), since Taichi's optimizer reads stale entries of the plain spelling
+tidiff/_lang/rebinding.py), since Taichi's optimizer reads stale entries of the plain spelling
 (tests/test_taichi_pitfalls.py). Every spelling must give torch's derivatives, first and second order."""
 import ast
 

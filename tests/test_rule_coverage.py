@@ -14,11 +14,12 @@ import taichi as ti
 from op_table import ROWS
 
 from tidiff._adjoint import why_not
-from tidiff._adjoint.rules import ADJOINTS
-from tidiff._tangent import decompositions, rule_helpers
-from tidiff._tangent.activity import local_names
-from tidiff._tangent.parse import MISSING, hashable, parse, resolve
-from tidiff._tangent.rules import RULES, lookup, unbound_method
+from tidiff._lang.activity import local_names
+from tidiff._lang.parse import MISSING, hashable, parse, resolve
+from tidiff._rules import decompositions
+from tidiff._rules import helpers as rule_helpers
+from tidiff._rules.forward import RULES, lookup, unbound_method
+from tidiff._rules.reverse import ADJOINTS
 
 HELPERS = {obj for module in (rule_helpers, decompositions) for obj in vars(module).values()
            if getattr(obj, "_is_taichi_function", False)}

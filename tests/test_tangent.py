@@ -9,7 +9,9 @@ import torch
 from tangent_harness import assert_close, evaluate, flatten, structure, torch_jvp, torch_second
 
 from tidiff._errors import TransformError
-from tidiff._tangent import jvp_func, register_jvp, source, stop_gradient
+from tidiff._rules.calls import register_jvp
+from tidiff._rules.helpers import stop_gradient
+from tidiff._tangent import jvp_func, source
 
 
 def check(f, torch_fn, shapes, active=None, second=True, seed=0, out_struct=None):

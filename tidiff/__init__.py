@@ -23,9 +23,9 @@ from ._kinds.custom import custom_jvp as custom_jvp
 from ._kinds.custom import custom_vjp as custom_vjp
 from ._protocol import Function as Function
 from ._reverse_check import TaichiReverseWarning as TaichiReverseWarning
+from ._rules.helpers import stop_gradient as stop_gradient
 from ._scan import scan as scan
 from ._source import source as source
-from ._tangent import stop_gradient as stop_gradient
 
 del _inline, _kinds
 

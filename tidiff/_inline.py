@@ -3,7 +3,7 @@
 A ``@ti.func`` may call a transform: ``td.grad(E)(x, 2.0).norm_sqr()``, a name
 bound to one, ``td.jvp(E, (x, s), (t, 0.0))`` or ``td.hvp(E, ...)``. The source transforms
 (``_tangent``, ``_adjoint``) resolve such a callee while they run and call
-through it (``CALLABLE_TYPES``, ``CALLABLE_OBJECTS`` in ``_tangent/rules.py``).
+through it (``CALLABLE_TYPES``, ``CALLABLE_OBJECTS`` in ``_rules/calls.py``).
 
 NOTE: [Calls through Functions] Every such callee is a :class:`Call`: it
 evaluates a Function ``G`` (``function``) at its arguments laid out for ``G``
@@ -29,7 +29,7 @@ from . import _api
 from ._adjoint.transform import NotReversible
 from ._pointwise import value_and_cotangents
 from ._protocol import Function, as_function, taichi_callable
-from ._tangent.rules import CALLABLE_OBJECTS, CALLABLE_TYPES
+from ._rules.calls import CALLABLE_OBJECTS, CALLABLE_TYPES
 from ._tree import Tree, flatten_like, unflatten
 
 Source = int | tuple[int, int] | None

@@ -31,10 +31,10 @@ from typing import Any
 from ._adjoint import vjp_func, why_not
 from ._adjoint.transform import RECOMPUTES, USES_BWD
 from ._errors import NoForwardRule, TransformError
+from ._rules.calls import CUSTOM_VJPS
 from ._signature import ArgSpec
 from ._tangent import jvp_func
 from ._tangent.emit import owned_cache
-from ._tangent.rules import CUSTOM_VJPS
 
 # NOTE: [Vector-mode pushes] A Jacobian by an argument of n components is
 # best one call of the parent's tangent function widened to carry all n

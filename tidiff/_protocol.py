@@ -32,8 +32,8 @@ from taichi.lang import impl
 from ._arrays import Batch, adapt, read_args
 from ._cache import Counter
 from ._codegen.batch import spec_of_expr
+from ._lang.parse import real_func_refusal
 from ._signature import ArgSpec, default_float, default_int
-from ._tangent.parse import real_func_refusal
 from ._tree import Tree, unflatten
 
 

@@ -21,7 +21,7 @@ keeping them:
 
   With ``TAPE_ROWS`` > 0 the forward sweep also saves the start values of
   every ``stride``-th iteration on a per-thread *tape* of that many rows in
-  local memory (NOTE: [Tapes] in ``_tangent/rule_helpers.py``): a ``for``
+  local memory (NOTE: [Tapes] in ``_rules/helpers.py``): a ``for``
   loop picks ``stride`` from its trip count, a ``while`` loop thins a full
   tape and doubles it. The reverse sweep then recomputes from the nearest
   saved iteration, ``n * stride / 2`` runs. It is off because tapes cost
@@ -49,12 +49,12 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .._tangent.activity import assignments
-from .._tangent.naming import Namer
-from .._tangent.parse import Parsed, resolve
-from .._tangent.sym import RULE_HELPERS, Sym
-from .nodes import assign, for_loop, name, statements, zero_of
-from .rules import AdjointRule
+from .._lang.activity import assignments
+from .._lang.naming import RULE_HELPERS, Namer
+from .._lang.nodes import assign, for_loop, name, statements, zero_of
+from .._lang.parse import Parsed, resolve
+from .._lang.sym import Sym
+from .._rules.reverse import AdjointRule
 
 
 @dataclass

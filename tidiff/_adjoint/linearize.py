@@ -14,10 +14,10 @@ from typing import Any
 
 import taichi as ti
 
-from .._codegen import compile_source
-from .._tangent import rule_helpers
+from .._lang.compile import compile_source
+from .._lang.naming import RULE_HELPERS
+from .._rules import helpers as rule_helpers
 from .._tangent.emit import owned_cache
-from .._tangent.sym import RULE_HELPERS
 
 
 def linearized(f: Any, rule: Any, active: Sequence[bool], n_outputs: int) -> Any:

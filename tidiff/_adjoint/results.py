@@ -17,11 +17,11 @@ import ast
 from collections.abc import Container
 from typing import Any, TypeAlias
 
-from .._tangent.callees import transformable
-from .._tangent.parse import MISSING, Parsed, hashable, parse, resolve, static_call
-from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, callable_rule
-from . import rules
-from .rules import MultiOutput
+from .._lang.callees import transformable
+from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, static_call
+from .._rules import reverse as rules
+from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, callable_rule
+from .._rules.reverse import MultiOutput
 
 Path = tuple[int, ...]
 Shape: TypeAlias = "tuple[Shape, ...] | None"

@@ -10,7 +10,7 @@ The reverse function of ``f(x, mu)`` with ``x`` active reads::
 
 Supported: assignments (plain, augmented, annotated, tuple to tuple, and
 into an entry, ``v[i, j] = e``), one final ``return``,
-the ops with a rule in ``rules.py``, calls of other reversible
+the ops with a rule in ``_rules/reverse.py``, calls of other reversible
 ``@ti.func`` s, of ``td.custom_vjp`` functions (their ``bwd``) and of
 ``td.custom_jvp`` functions (their jvp rule transposed, ``linearize.py``),
 ``for`` loops over ranges of constants (unrolled), ``if`` on a condition of
@@ -28,22 +28,24 @@ from typing import Any, TypeGuard
 
 import taichi as ti
 
-from .._tangent.activity import integer_locals, loaded_names
-from .._tangent.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
-from .._tangent.naming import Namer, helper_name, names_in
-from .._tangent.parse import MISSING, Parsed, hashable, positional, resolve, static_call
-from .._tangent.rebinding import rebound_call
-from .._tangent.rules import CUSTOM_JVPS, CUSTOM_VJPS, RULES, callable_rule, zero
-from .._tangent.rules import lookup as forward_rule
-from .._tangent.sym import TAICHI, Sym, spell_taichi, taichi_name
+from .._lang.activity import integer_locals, loaded_names
+from .._lang.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
+from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
+from .._lang.nodes import assign as _assign
+from .._lang.nodes import name as _name
+from .._lang.nodes import zero_of
+from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call
+from .._lang.rebinding import rebound_call
+from .._lang.sym import Sym
+from .._rules import reverse as rules
+from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, callable_rule
+from .._rules.forward import RULES, zero
+from .._rules.forward import lookup as forward_rule
+from .._rules.reverse import ADJOINTS, AdjointRule, Contributions, MultiOutput, is_constructor
 from .._tangent.transform import _callee_hint, callable_positional
-from . import results, rules
+from . import results
 from .control import Branch, ControlFlow, Loop, Op
 from .linearize import linearized
-from .nodes import assign as _assign
-from .nodes import name as _name
-from .nodes import zero_of
-from .rules import ADJOINTS, AdjointRule, Contributions, MultiOutput, is_constructor
 
 USES_BWD = "_tidiff_uses_bwd"
 RECOMPUTES = "_tidiff_recomputes"

@@ -1,5 +1,2 @@
-"""Generated Taichi code: compiling source (``compile``), writing derivative bodies as ASTs
-(``bodies``), and the kernels that launch a body over a batch (``batch``)."""
-from .compile import compile_source as compile_source
-
-__all__ = ["compile_source"]
+"""Generated Taichi code: derivative bodies written as ASTs (``bodies``, ``blocks``, ``nested``) and the
+kernels that launch a body over a batch (``batch``)."""

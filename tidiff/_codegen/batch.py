@@ -19,7 +19,7 @@ plain one-iteration loop goes through Taichi's thread pool, 4x the launch
 time of W4), so the body's own loops run in order as they do in any kernel
 of the user's that calls it from a loop.
 
-Generated names come from one :class:`~tidiff._tangent.naming.Namer`, and types
+Generated names come from one :class:`~tidiff._lang.naming.Namer`, and types
 are bound in the namespace (``T0 = ti.types.ndarray(...)``), never spelled
 as text: a function named ``r`` or ``ti`` cannot break the kernel.
 """
@@ -34,9 +34,9 @@ import taichi as ti
 from taichi.lang.matrix import make_matrix
 from taichi.lang.util import to_numpy_type, to_taichi_type
 
+from .._lang.compile import compile_source
+from .._lang.naming import Namer
 from .._signature import ArgSpec
-from .._tangent.naming import Namer
-from .compile import compile_source
 
 
 def identifier(name: str) -> str:

@@ -15,11 +15,11 @@ import numpy as np
 import taichi as ti
 from taichi.lang.util import to_taichi_type
 
+from .._lang.compile import compile_source
+from .._lang.sym import Sym
 from .._signature import ArgSpec
-from .._tangent.sym import Sym
 from .batch import element_type, kernel_shape
 from .bodies import BodyWriter, OutputBlocks, jacobian_blocks, name_of
-from .compile import compile_source
 
 
 class KernelWriter(BodyWriter):

@@ -8,7 +8,7 @@ calls are inlined, so the generated code stays as fast as hand-written
 derivatives. Results are returned as flat tuples; see ``_tree``.
 
 Every name a body uses, its parameters included, comes from one
-:class:`~tidiff._tangent.naming.Namer` (a user's parameter keeps its name
+:class:`~tidiff._lang.naming.Namer` (a user's parameter keeps its name
 unless it would clash), and callees are bound in the body's namespace: no
 name of the user's can break a body.
 
@@ -38,11 +38,11 @@ import taichi as ti
 from taichi.lang.util import to_taichi_type
 
 from .. import _modes
+from .._lang.compile import compile_source
+from .._lang.naming import RULE_HELPERS, Namer
+from .._lang.sym import Sym, node_of
 from .._signature import ArgSpec
 from .._tangent.lanes import widened_name
-from .._tangent.naming import Namer
-from .._tangent.sym import RULE_HELPERS, Sym, node_of
-from .compile import compile_source
 
 TI = Sym(ast.Name("ti", ast.Load()))
 

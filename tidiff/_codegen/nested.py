@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _modes
+from .._lang.sym import Sym
 from .._signature import ArgSpec
-from .._tangent.sym import Sym
 from .bodies import TI, BodyWriter, OutputBlocks, _Pushes, _unravel, entry, literal, scalar_type, zero
 
 

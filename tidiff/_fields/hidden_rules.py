@@ -26,7 +26,7 @@ import types
 from typing import Any
 
 from .._errors import TransformError
-from .._tangent.rule_helpers import RULE_ATTRIBUTE
+from .._rules.helpers import RULE_ATTRIBUTE
 from .graph import CodeGraph, code_names, python_function, slots
 
 

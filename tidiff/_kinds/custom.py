@@ -21,8 +21,8 @@ from typing import Any
 from .._cache import uses
 from .._codegen.batch import identifier, probe_outputs
 from .._codegen.bodies import BodyWriter
+from .._rules.calls import register_jvp, register_vjp
 from .._signature import ArgSpec
-from .._tangent import register_jvp, register_vjp
 from .func import FuncFunction, python_function
 
 

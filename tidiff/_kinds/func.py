@@ -14,10 +14,10 @@ from taichi.lang import impl
 
 from .._cache import uses
 from .._codegen.batch import identifier, probe_in_kernel, probe_outputs
+from .._lang.parse import real_func_refusal
 from .._pointwise import Pointwise
 from .._protocol import register_kind
 from .._signature import ArgSpec, input_specs, output_specs, parameter_names, result_float
-from .._tangent.parse import real_func_refusal
 from .._tree import Tree, flat_tree
 
 

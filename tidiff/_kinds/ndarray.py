@@ -56,13 +56,13 @@ from .._errors import taichi_cannot_reverse
 from .._fields.graph import CodeGraph
 from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
 from .._fields.values import check_unchanged
+from .._lang.activity import root_names
+from .._lang.parse import kernel_function
+from .._lang.source import source_tree
 from .._protocol import Function, register_kind
 from .._reverse_check import checked_vjp, wrong_reverse
 from .._signature import ArgSpec
 from .._tangent import jvp_ndarray_kernel
-from .._tangent.activity import root_names
-from .._tangent.parse import kernel_function
-from .._tangent.python_source import source_tree
 from .._tree import Tree, flat_tree
 
 

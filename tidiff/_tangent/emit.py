@@ -7,12 +7,11 @@ from typing import Any
 
 import taichi as ti
 
-from .._codegen import compile_source
-from .._codegen.compile import wrap_long_lines
-from . import rule_helpers
-from .activity import assignments
-from .parse import Parsed, parse, python_function
-from .sym import RULE_HELPERS
+from .._lang.activity import assignments
+from .._lang.compile import compile_source, wrap_long_lines
+from .._lang.naming import RULE_HELPERS
+from .._lang.parse import Parsed, parse, python_function
+from .._rules import helpers as rule_helpers
 from .transform import Transformer
 
 
@@ -58,7 +57,7 @@ def jvp_func(f: Any, active: Sequence[bool] | None = None, width: int = 1, *,
     Args:
         f: a ``@ti.func``, a function this returned (for higher orders), or a
             plain Python function or lambda whose body is Taichi code
-            (NOTE: [Python helpers] in ``callees.py``).
+            (NOTE: [Python helpers] in ``_lang/callees.py``).
         active: one bool per parameter of ``f``; only active parameters get a
             tangent parameter, the others have zero tangent. Default: all.
         width: how many tangent directions one call carries (vector mode,

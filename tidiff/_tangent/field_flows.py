@@ -24,16 +24,9 @@ from typing import Any
 
 from taichi.types.annotations import Template
 
-from .activity import root_names
-from .objects import (
-    Unbound,
-    argcount,
-    fields_of,
-    is_method_func,
-    method_parts,
-    parsed_for,
-)
-from .parse import MISSING, Parsed, resolve
+from .._lang.activity import root_names
+from .._lang.objects import Unbound, argcount, fields_of, is_method_func, method_parts, parsed_for
+from .._lang.parse import MISSING, Parsed, resolve
 
 _ATOMICS = {"atomic_add", "atomic_sub", "atomic_mul", "atomic_min", "atomic_max", "atomic_and", "atomic_or",
             "atomic_xor"}

@@ -59,14 +59,14 @@ from taichi.lang.util import to_numpy_type
 from taichi.types.annotations import Template
 from taichi.types.ndarray_type import NdarrayType
 
-from .._codegen import compile_source
-from .activity import assignments, root_names
-from .callees import call_name, transformable
+from .._lang.activity import assignments, root_names
+from .._lang.callees import call_name, transformable
+from .._lang.compile import compile_source
+from .._lang.naming import helper_name
+from .._lang.objects import Unbound, argcount, bind, fields_of, method_parts, parsed_for
+from .._lang.parse import MISSING, Parsed, hashable, resolve
+from .._rules.calls import callable_rule
 from .emit import generate, jvp_func
-from .naming import helper_name
-from .objects import Unbound, argcount, bind, fields_of, method_parts, parsed_for
-from .parse import MISSING, Parsed, hashable, resolve
-from .rules import callable_rule
 from .transform import Transformer, _name
 
 _GRADIENT_ATTRIBUTES = {"grad", "dual"}

@@ -17,11 +17,8 @@ returns the flat tuple ``(out, dout_0, ..., dout_{width-1})``.
 import ast
 import copy as copy_module
 from collections.abc import Callable, Container, Sequence
-from typing import TypeVar
 
-from .naming import Namer
-
-ASTNode = TypeVar("ASTNode", bound=ast.AST)
+from .._lang.naming import ASTNode, Namer
 
 CALL_MARK = "_tidiff_jvp_call"
 """Attribute on ``(y, dy) = h_jvp(...)`` statements: (number of primal args, called once per lane: a custom

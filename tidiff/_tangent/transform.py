@@ -17,14 +17,15 @@ from taichi.lang._ndarray import Ndarray
 from taichi.lang.field import Field
 
 from .._errors import NoForwardRule, TransformError, where_hint
-from .activity import active_variables, loaded_names, local_names, root_names
-from .callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refusal, transformable
+from .._lang.activity import active_variables, loaded_names, local_names, root_names
+from .._lang.callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refusal, transformable
+from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
+from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call
+from .._lang.rebinding import rename_rebindings
+from .._lang.sym import Sym, zero_like
+from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, callable_rule
+from .._rules.forward import REFUSED, RULES, Call, Rule, lookup, zero
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
-from .naming import Namer, helper_name, names_in
-from .parse import MISSING, Parsed, hashable, positional, resolve, static_call
-from .rebinding import rename_rebindings
-from .rules import CUSTOM_JVPS, CUSTOM_VJPS, REFUSED, RULES, Call, Rule, callable_rule, lookup, zero
-from .sym import TAICHI, Sym, spell_taichi, taichi_name, zero_like
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
 """Atomic updates whose tangent is the same update of the tangent (as statements)."""

@@ -52,8 +52,7 @@ import ast
 import copy
 from collections.abc import Iterable
 
-from .naming import Namer
-from .sym import RULE_HELPERS
+from .naming import RULE_HELPERS, Namer
 
 
 def _bound_in(stmts: Iterable[ast.AST]) -> set[str]:

@@ -26,7 +26,7 @@ from .decompositions import sym_eig_vjp as sym_eig_vjp
 @ti.func
 def stop_gradient(x):
     """``x`` itself, with zero tangent: blocks differentiation through it (``td.stop_gradient``; its rule,
-    zero, is in ``rules.py``)."""
+    zero, is in ``forward.py``)."""
     return x
 
 
@@ -43,7 +43,7 @@ def inverse_by_cofactors(a):
     return cofactors(a).transpose() / a.determinant()
 
 
-# --- helpers of the reverse rules (``_adjoint/rules.py``) -------------------
+# --- helpers of the reverse rules (``reverse.py``) --------------------------
 # Source-level reverse mode cannot see shapes: ``x * y`` may be a scalar times
 # a matrix. These helpers pick the right code when Taichi compiles them
 # (``ti.static`` on the operands' shapes), once per shape.
@@ -292,7 +292,7 @@ def dtype_of(x):
 @_compile_time
 def rebound(value, old):
     """``old = value`` as a new variable, as Taichi would store it in ``old``: cast to ``old``'s element
-    type where the two differ (NOTE: [Rebinding in straight-line code] in ``rebinding.py``)."""
+    type where the two differ (NOTE: [Rebinding in straight-line code] in ``_lang/rebinding.py``)."""
     dtype = dtype_of(old)
     return value if dtype_of(value) == dtype else ti.cast(value, dtype)
 

@@ -20,7 +20,6 @@ operand, giving that operand's contribution for tangent ``g``; zero tangents
 are skipped and the rest summed.
 """
 import ast
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,11 +27,11 @@ from typing import Any
 import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
 
-from . import rule_helpers
-from .rule_helpers import is_integral as is_integral
-from .rule_helpers import stop_gradient as stop_gradient
-from .sym import Sym, helpers, zero_like
-from .sym import ti as T
+from .._lang.sym import Sym, helpers, zero_like
+from .._lang.sym import ti as T
+from . import helpers as rule_helpers
+from .helpers import is_integral as is_integral
+from .helpers import stop_gradient as stop_gradient
 
 Rule = Callable[["Call"], Sym | None]
 """A derivative rule: the tangent of one application of an op, or None for a zero tangent."""
@@ -42,35 +41,6 @@ RULES: dict[Any, Rule] = {}
 
 REFUSED: dict[Any, str] = {}
 """Taichi op -> why it has no derivative rule: the transform's error says so, naming the op."""
-
-CUSTOM_JVPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-"""callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
-
-CALLABLE_TYPES: dict[type, Any] = {}
-"""type -> an object with ``tangent(obj, active)`` (one direction, NOTE: [Tangent calls lane by lane]),
-``reverse(obj, active, n_outputs)`` and ``outputs(obj)``: callees the transforms call through (tidiff
-Functions called inside a @ti.func)."""
-
-
-CALLABLE_OBJECTS: dict[Any, Any] = {}
-"""object -> such a rule, for callees that are one particular object (``td.jvp``)."""
-
-
-def callable_rule(obj: object) -> Any:
-    """The rule for calling through ``obj`` (see CALLABLE_TYPES, CALLABLE_OBJECTS), or None."""
-    for kind, rule in CALLABLE_TYPES.items():
-        if isinstance(obj, kind):
-            return rule
-    try:
-        return CALLABLE_OBJECTS.get(obj)
-    except TypeError:  # unhashable
-        return None
-
-
-CUSTOM_VJPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-"""callee -> a @ti.func ``bwd(*primals, *cotangents) -> (cotangent of each primal, ...)``: the
-reverse transform calls it with the real cotangent; forward mode of such a callee needs a jvp rule too."""
-
 
 @dataclass
 class Call:

@@ -40,7 +40,7 @@ import types
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
-from .python_source import source_tree
+from .source import source_tree
 
 STATIC_BUILTINS = frozenset({len, isinstance, range, bool, any, all, type, hasattr, callable, id})
 """Builtins Taichi evaluates while compiling (``len(v)``) or whose results are booleans: no

@@ -1,6 +1,6 @@
 """Symbolic expressions: write derivative rules as ``g * ti.cos(x)`` and get an AST.
 
-Rules in ``rules.py`` receive primal operands and tangents as :class:`Sym`
+Rules in ``_rules/`` receive primal operands and tangents as :class:`Sym`
 objects; Python operators on them build ``ast`` nodes, folding constants so
 that generated code reads ``2 * x * dx`` rather than ``2 * x ** (2 - 1) * dx``.
 """
@@ -11,8 +11,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from .lanes import ASTNode
-from .naming import Namer
+from .naming import RULE_HELPERS, TAICHI
 
 _FOLD: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -118,32 +117,10 @@ def name(identifier: str) -> Sym:
     return Sym(ast.Name(identifier, ast.Load()))
 
 
-# Rules spell Taichi as ``ti``; the placeholder name becomes whatever name the
-# generated namespace gives the taichi module (``ti`` unless f uses it otherwise).
-TAICHI = "__taichi__"
 ti = name(TAICHI)
-
-
-def taichi_name(namer: Namer, namespace: dict[str, Any]) -> str:
-    """The name a generated function sees the taichi module by: ``ti``, unless the
-    function uses ``ti`` for something else."""
-    referenced = namespace.get("ti", None)
-    if "ti" in namer.taken and getattr(referenced, "__name__", "") != "taichi":
-        return namer.fresh("taichi")
-    return "ti"
-
-
-def spell_taichi(tree: ASTNode, name: str) -> ASTNode:
-    """Replace the rules' placeholder for the taichi module by ``name`` throughout ``tree``."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == TAICHI:
-            node.id = name
-    return tree
-
-# Rules call the @ti.func helpers of ``rule_helpers`` by this name; every
-# generated namespace binds it to that module.
-RULE_HELPERS = "_tidiff_rules"
+"""Taichi as rules spell it (``T.sin(x)``): a placeholder that generated code names (``spell_taichi``)."""
 helpers = name(RULE_HELPERS)
+"""The rule helpers as rules call them (``helpers.sum_to(v, x)``)."""
 
 
 def zero_like(value: Any) -> Sym:

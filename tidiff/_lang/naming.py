@@ -1,7 +1,9 @@
 """Readable, collision-free names for generated code: the tangent of ``x`` is ``dx``."""
 import ast
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
+
+ASTNode = TypeVar("ASTNode", bound=ast.AST)
 
 
 def names_in(node: ast.AST) -> set[str]:
@@ -47,3 +49,29 @@ def helper_name(helpers: dict[str, Any], namer: Namer, obj: Any, hint: str) -> s
     name = namer.fresh(hint)
     helpers[name] = obj
     return name
+
+
+# Rules spell Taichi as ``ti``; the placeholder name becomes whatever name the
+# generated namespace gives the taichi module (``ti`` unless f uses it otherwise).
+TAICHI = "__taichi__"
+
+# Rules call the @ti.func helpers of ``_rules/helpers.py`` by this name; every
+# generated namespace binds it to that module.
+RULE_HELPERS = "_tidiff_rules"
+
+
+def taichi_name(namer: Namer, namespace: dict[str, Any]) -> str:
+    """The name a generated function sees the taichi module by: ``ti``, unless the
+    function uses ``ti`` for something else."""
+    referenced = namespace.get("ti", None)
+    if "ti" in namer.taken and getattr(referenced, "__name__", "") != "taichi":
+        return namer.fresh("taichi")
+    return "ti"
+
+
+def spell_taichi(tree: ASTNode, name: str) -> ASTNode:
+    """Replace the rules' placeholder for the taichi module by ``name`` throughout ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == TAICHI:
+            node.id = name
+    return tree

@@ -1,9 +1,9 @@
 """One reverse (adjoint) rule per Taichi op, in a registry keyed like the forward rules.
 
 A rule maps the cotangent ``g`` of an op's result, the result ``out`` and the
-operands (all as :class:`~tidiff._tangent.sym.Sym`) to one cotangent
+operands (all as :class:`~tidiff._lang.sym.Sym`) to one cotangent
 contribution per operand (``None`` where the op has no derivative). Each rule
-is the transpose of the forward rule in ``_tangent/rules.py`` for the same
+is the transpose of the forward rule in ``forward.py`` for the same
 key, with ties broken the same way.
 
 Shapes are not known in the source: where an op broadcasts (``x * y`` with a
@@ -17,10 +17,10 @@ from typing import Any
 import taichi as ti
 from taichi.lang.matrix import MatrixType, VectorType
 
-from .._tangent import rule_helpers
-from .._tangent.rules import exponent_less_one, is_dtype, is_integral, log_of_base, reciprocal_or_zero, unbound_method
-from .._tangent.sym import Sym, helpers
-from .._tangent.sym import ti as T
+from .._lang.sym import Sym, helpers
+from .._lang.sym import ti as T
+from . import helpers as rule_helpers
+from .forward import exponent_less_one, is_dtype, is_integral, log_of_base, reciprocal_or_zero, unbound_method
 
 Contributions = list[Sym | None]
 """One cotangent contribution per operand of an op, None where it has no derivative."""

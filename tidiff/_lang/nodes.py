@@ -2,7 +2,7 @@
 import ast
 from typing import Any
 
-from .._tangent.sym import RULE_HELPERS, TAICHI
+from .naming import RULE_HELPERS, TAICHI
 
 
 def name(identifier: str) -> ast.Name:

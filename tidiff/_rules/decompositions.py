@@ -1,7 +1,7 @@
 """Derivatives of ``ti.svd``, ``ti.sym_eig`` and ``ti.polar_decompose``, as ``@ti.func`` helpers.
 
-Rules in ``rules.py`` and ``_adjoint/rules.py`` call them as ``_tidiff_rules.<name>``
-(``rule_helpers`` re-exports them). Each takes the op's primal results, so nothing is
+Rules in ``forward.py`` and ``reverse.py`` call them as ``_tidiff_rules.<name>``
+(``helpers`` re-exports them). Each takes the op's primal results, so nothing is
 decomposed twice, and is plain straight-line Taichi code: at second order the tangent
 transform differentiates it through its source.
 

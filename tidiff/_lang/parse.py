@@ -12,8 +12,8 @@ from typing import Any
 from .callees import Quiet, is_helper, is_taichi_func, signature_of, value_node
 from .comprehensions import unrolled
 from .naming import Namer
-from .python_source import source_tree
 from .returns import narrowing_returns_cast
+from .source import source_tree
 
 
 @dataclass
