@@ -17,10 +17,9 @@ import ast
 from collections.abc import Container
 from typing import Any, TypeAlias
 
-from .._lang.callees import transformable
-from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, static_call
+from .._lang.parse import Parsed, parse
 from .._rules import reverse as rules
-from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, callable_rule
+from .._rules.calls import Kind, callable_rule, classify
 from .._rules.reverse import MultiOutput
 
 Path = tuple[int, ...]
@@ -41,25 +40,13 @@ def _flat(count: int) -> Shape:
 
 def call_shape(node: ast.Call, parsed: Parsed, local: Container[str]) -> Shape:
     """The nesting of what the call ``node`` (in code parsed as ``parsed``, with these local names) returns."""
-    made = static_call(node.func, parsed.namespace, local)
-    if made is not MISSING and callable_rule(made) is not None:  # td.grad(E)(x)
-        return _flat(callable_rule(made).outputs(made))
-    root: ast.expr = node.func
-    while isinstance(root, (ast.Attribute, ast.Subscript)):
-        root = root.value
-    if not isinstance(root, ast.Name) or root.id in local:
-        return None
-    callee = resolve(node.func, parsed.namespace)
-    if callable_rule(callee) is not None:
-        return _flat(callable_rule(callee).outputs(callee))
-    if hashable(callee) and (callee in CUSTOM_VJPS or callee in CUSTOM_JVPS):
-        callee = callee.tifunc
-    rule = rules.lookup(callee) if hashable(callee) else None
-    if isinstance(rule, MultiOutput) and rule.n_outputs > 1:  # U, S, V = ti.svd(A)
-        return _flat(rule.n_outputs)
-    if not transformable(callee):
-        return None
-    return function_shape(callee)
+    callee = classify(node, parsed.namespace, local)
+    if callee.kind in (Kind.FUNCTION, Kind.CUSTOM):  # td.grad(E)(x), a custom function: as many as it says
+        return _flat(callable_rule(callee.obj).outputs(callee.obj))
+    if callee.kind is Kind.OP:
+        rule = rules.lookup(callee.obj)
+        return _flat(rule.n_outputs) if isinstance(rule, MultiOutput) else None  # U, S, V = ti.svd(A)
+    return function_shape(callee.obj) if callee.kind is Kind.FUNC else None
 
 
 def function_shape(callee: Any) -> Shape:

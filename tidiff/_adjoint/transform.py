@@ -22,27 +22,25 @@ function not reversible: its derivatives then come from forward pushes
 """
 import ast
 import builtins
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
 import taichi as ti
 
 from .._lang.activity import integer_locals, loaded_names
-from .._lang.callees import STATIC_BUILTINS, expand_partial, hint_name, is_helper, quiet, transformable
+from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name, is_helper, quiet
 from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
 from .._lang.nodes import assign as _assign
 from .._lang.nodes import name as _name
 from .._lang.nodes import zero_of
-from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call
+from .._lang.parse import MISSING, Parsed, hashable, positional, resolve
 from .._lang.rebinding import rebound_call
 from .._lang.sym import Sym
 from .._rules import reverse as rules
-from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, callable_rule
+from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, Callee, Kind, callable_rule, classify
 from .._rules.forward import RULES, zero
 from .._rules.forward import lookup as forward_rule
 from .._rules.reverse import ADJOINTS, AdjointRule, Contributions, MultiOutput, is_constructor
-from .._tangent.transform import _callee_hint, callable_positional
 from . import results
 from .control import Branch, ControlFlow, Loop, Op
 from .linearize import linearized
@@ -453,57 +451,76 @@ class Reverser(ControlFlow):
         return self.op(rule, read, [base], f"{_hint(base)}_entry")
 
     def expr_Call(self, node: ast.Call) -> ast.expr:
-        func = node.func
-        made = self._made_callee(func)
-        if made is not MISSING:  # td.grad(E)(x): a tidiff Function made at the call site
-            return self.call_function(node, made)
-        if isinstance(func, ast.Attribute) and self._is_local(func.value):
-            return self.call_method(node, func)
-        if self._is_local(func):
-            raise NotReversible(f"a call of the local value `{ast.unparse(func)}`")
-        callee = resolve(func, self.parsed.namespace)
-        if callee is MISSING:
-            raise NotReversible(f"a call of the unknown name `{ast.unparse(func)}`")
-        if isinstance(callee, functools.partial):  # p(x) -> h(2.0, x), as Python calls it
-            if any(k.arg is None for k in node.keywords):
-                raise NotReversible(f"the call `{ast.unparse(node)}`")
-            return self.value(expand_partial(node, callee, self.bind_value))
-        if callee is ti.static or (hashable(callee) and (forward_rule(callee) is zero or callee in STATIC_BUILTINS)):
-            return self.rename(node)
-        if callee is ti.cast and not self._float_cast(node):
-            return self.rename(node)
-        if hashable(callee) and callee in CUSTOM_VJPS:
-            return self.call_function(node, callee)
-        if hashable(callee) and callee in CUSTOM_JVPS:
-            return self.call_function(node, callee)
-        if callable_rule(callee) is not None:  # a tidiff Function
-            return self.call_function(node, callee)
+        callee = self.classify(node)
+        return getattr(self, "call_" + callee.kind.name.lower())(node, callee)
+
+    def classify(self, node: ast.Call) -> Callee:
+        """What a call goes to (``_rules/calls.py``), with the names bound so far as locals."""
+        return classify(node, self.parsed.namespace, set(self.env) | self.defined, self._is_local)
+
+    # one handler per kind of callee, each ``(node, callee) -> the value's name or a copy of the call``
+    def call_local(self, node: ast.Call, callee: Callee) -> ast.expr:
+        raise NotReversible(f"a call of the local value `{ast.unparse(node.func)}`")
+
+    def call_unknown(self, node: ast.Call, callee: Callee) -> ast.expr:
+        raise NotReversible(f"a call of the unknown name `{ast.unparse(node.func)}`")
+
+    def call_partial(self, node: ast.Call, callee: Callee) -> ast.expr:
+        """``p(x)`` -> ``h(2.0, x)``, as Python calls it."""
+        if any(k.arg is None for k in node.keywords):
+            raise NotReversible(f"the call `{ast.unparse(node)}`")
+        return self.value(expand_partial(node, callee.obj, self.bind_value))
+
+    def call_static(self, node: ast.Call, callee: Callee) -> ast.expr:
+        return self.rename(node)
+
+    call_constant = call_static
+
+    def call_custom(self, node: ast.Call, callee: Callee) -> ast.expr:
+        """A td.custom_vjp function (its bwd rule) or a td.custom_jvp one (its jvp rule, transposed)."""
+        return self.call_reverse(node, callee.obj)
+
+    def call_function(self, node: ast.Call, callee: Callee) -> ast.expr:
+        """A tidiff Function: a call of its value and cotangent map (``_inline.py``)."""
+        return self.call_reverse(node, callee.obj)
+
+    def call_func(self, node: ast.Call, callee: Callee) -> ast.expr:
+        """A @ti.func or a plain Python helper: a call of its reverse function (keywords bound to parameters)."""
         if any(isinstance(a, ast.Starred) for a in node.args):
             raise NotReversible(f"the call `{ast.unparse(node)}`")
-        if hashable(callee) and forward_rule(callee) is None and transformable(callee):  # a @ti.func or a helper
-            return self.call_function(node, callee)  # keywords bound to parameters there
-        if any(self.reads_active(k.value) for k in node.keywords):
+        return self.call_reverse(node, callee.obj)
+
+    def call_refused(self, node: ast.Call, callee: Callee) -> ast.expr:
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise NotReversible(f"the call `{ast.unparse(node)}`")
+        raise NotReversible(f"a call of `{ast.unparse(node.func)}` (no reverse rule)")
+
+    def call_op(self, node: ast.Call, callee: Callee) -> ast.expr:
+        func, op = node.func, callee.obj
+        if op is ti.cast and not self._float_cast(node):
+            return self.rename(node)
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(self.reads_active(k.value) for k in node.keywords):
             raise NotReversible(f"the call `{ast.unparse(node)}`")
         keywords = [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords]
-        if callee in (ti.Vector, ti.Matrix):
+        if op in (ti.Vector, ti.Matrix):
             return self.construct(node, keywords)
-        if callee in (ti.Matrix.rows, ti.Matrix.cols):
+        if op in (ti.Matrix.rows, ti.Matrix.cols):
             return self.construct_rows(node, keywords)
-        if is_constructor(callee):
-            return self.construct_typed(node, callee, keywords)
-        if callee in (min, max, ti.min, ti.max) and len(node.args) > 2:  # rules are binary: min(min(a, b), c)
+        if is_constructor(op):
+            return self.construct_typed(node, op, keywords)
+        if op in (min, max, ti.min, ti.max) and len(node.args) > 2:  # rules are binary: min(min(a, b), c)
             folded = node.args[0]
             for arg in node.args[1:]:
                 folded = ast.Call(func, [folded, arg], [])
             return self.value(folded)
-        rule = rules.lookup(callee)
+        rule = rules.lookup(op)
         if isinstance(rule, MultiOutput) and rule.n_outputs > 1:
             raise NotReversible(f"the call `{ast.unparse(node)}` inside an expression (assign its {rule.n_outputs} "
                                 f"results to names)")
-        if rule is not None:
-            args = [self.operand(a) for a in node.args]
-            return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
-        raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
+        if rule is None:
+            raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
+        args = [self.operand(a) for a in node.args]
+        return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
 
     def _float_cast(self, node: ast.Call) -> bool:
         """Whether ``ti.cast(x, dtype)`` may have a derivative: not a cast to an integer type the transform
@@ -515,8 +532,10 @@ class Reverser(ControlFlow):
         dtype = resolve(node.args[1], self.parsed.namespace)
         return dtype is not MISSING and rules.is_dtype(dtype) and not rules.is_integral(dtype)
 
-    def call_method(self, node: ast.Call, func: ast.Attribute) -> ast.expr:
-        """``v.dot(w)`` and the other methods with a rule, ``func`` being ``node.func``."""
+    def call_method(self, node: ast.Call, callee: Callee) -> ast.expr:
+        """``v.dot(w)`` and the other methods with a rule."""
+        func = node.func
+        assert isinstance(func, ast.Attribute)  # classify says METHOD of attributes only
         rule = ADJOINTS.get(("method", func.attr))
         if rule is None:
             if RULES.get(("method", func.attr)) is zero:
@@ -587,7 +606,7 @@ class Reverser(ControlFlow):
         rule = lambda g, out, *xs: [g[key] for key in keys]  # noqa: E731
         return self.op(rule, call, args, "vec" if len(index[0]) == 1 else "mat")
 
-    def call_function(self, node: ast.Call, callee: Any, n_outputs: int = 1) -> ast.Name:
+    def call_reverse(self, node: ast.Call, callee: Any, n_outputs: int = 1) -> ast.Name:
         """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents.
 
         A ``td.custom_vjp`` function's own ``bwd(x, g)`` is called instead, with the real
@@ -604,7 +623,7 @@ class Reverser(ControlFlow):
         # an inactive argument of compile-time values stays as written: a helper may need it as a
         # constant (NOTE: [Python helpers]), and reading it again in the sweep costs nothing
         args = [self.rename(a) if self._compile_time(a) else self.operand(a) for a in nodes]
-        base = _callee_hint(node.func, callee)
+        base = callee_hint(node.func, callee)
         positions: list[int | None]
         if hashable(callee) and callee in CUSTOM_VJPS:
             reverse, hint, positions = CUSTOM_VJPS[callee], base + "_bwd", list(range(len(args)))
@@ -684,37 +703,25 @@ class Reverser(ControlFlow):
             return [()]
         return results.paths(results.call_shape(node, self.parsed, set(self.env) | self.defined))
 
-    def _made_callee(self, func: ast.expr) -> Any:
-        """A callee made by a call of module-level objects (``td.grad(E)``) that the transforms call
-        through, or MISSING."""
-        made = static_call(func, self.parsed.namespace, set(self.env) | self.defined)
-        return made if callable_rule(made) is not None else MISSING
-
     def call_outputs(self, node: ast.Call, paths: list[Path]) -> list[ast.expr]:
         """``a, b = h(x)`` for a @ti.func (or custom_vjp function, or tidiff Function) returning the values at
         these index ``paths``: one call op whose results are bound to names of their own."""
         count = len(paths)
-        func = node.func
-        callee = self._made_callee(func)
-        if callee is MISSING:
-            callee = MISSING if self._is_local(func) else resolve(func, self.parsed.namespace)
-        custom = (hashable(callee) and (callee in CUSTOM_VJPS or callee in CUSTOM_JVPS)) \
-            or callable_rule(callee) is not None
-        reversible = transformable(callee) and hashable(callee) and forward_rule(callee) is None
-        rule = rules.lookup(callee) if hashable(callee) else None
-        if not (custom or reversible or getattr(rule, "n_outputs", 1) == count):
+        callee = self.classify(node)
+        rule = rules.lookup(callee.obj) if callee.kind is Kind.OP else None
+        if not (callee.kind in (Kind.CUSTOM, Kind.FUNCTION, Kind.FUNC) or getattr(rule, "n_outputs", 1) == count):
             raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
         if not any(self.reads_active(a) for a in node.args + [k.value for k in node.keywords]):
             value = self.operand(node)
             return [_element(value, path) for path in paths]
-        if rule is not None and not (custom or reversible):  # an op with a rule: U, S, V = ti.svd(A)
+        if callee.kind is Kind.OP:  # an op with a rule: U, S, V = ti.svd(A)
             if any(self.reads_active(k.value) for k in node.keywords):
                 raise NotReversible(f"the call `{ast.unparse(node)}`")
             args = [self.operand(a) for a in node.args]
             keywords = [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords]
-            tuple_name = self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
+            tuple_name = self.op(rule, ast.Call(node.func, args, keywords), args, _call_hint(node.func, args))
         else:
-            tuple_name = self.call_function(node, callee, n_outputs=count)
+            tuple_name = self.call_reverse(node, callee.obj, n_outputs=count)
         op = self.last_op()
         op.outputs = []
         for path in paths:

@@ -178,3 +178,22 @@ def signature_of(callee: Any) -> inspect.Signature:
         return inspect.Signature(list(signature_of(callee.__func__).parameters.values())[1:])
     fn = callee.__wrapped__ if is_taichi_func(callee) else callee
     return inspect.signature(fn)
+
+
+def callable_positional(node: ast.Call, callee: Any, error: Callable[[ast.AST, str, str], Exception]) -> list[ast.expr]:
+    """A call's arguments in parameter order for a tidiff Function callee (keywords by its parameter names)."""
+    if not node.keywords:
+        return list(node.args)
+    try:
+        return list(callee.bind(node.args, {k.arg: k.value for k in node.keywords}, callee.name))
+    except TypeError as e:
+        raise error(node, f"the call `{ast.unparse(node)}`", str(e)) from None
+
+
+def callee_hint(func: ast.expr, callee: object) -> str:
+    """A readable name hint for a callee: ``h`` for ``m.h``, ``sin`` for ``OPS["sin"]``, the Function's
+    name for ``td.grad(E)``."""
+    if isinstance(func, (ast.Name, ast.Attribute, ast.Subscript)):
+        return call_name(func, callee)
+    name = "".join(c if c.isalnum() else "_" for c in getattr(callee, "name", "f"))
+    return "_".join(p for p in name.split("_") if p) or "f"

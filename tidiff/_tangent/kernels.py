@@ -498,10 +498,10 @@ class KernelTransformer(Transformer):
                 return
         super().stmt_Expr(node)
 
-    def call_function(self, node: ast.Call, callee: Any, custom: Any = None,
-                      into: tuple[str, str] | None = None) -> tuple[ast.expr, ast.expr | None]:
+    def call_tangent(self, node: ast.Call, callee: Any, custom: Any = None,
+                     into: tuple[str, str] | None = None) -> tuple[ast.expr, ast.expr | None]:
         if custom is not None or not self.field_tangents.touches(callee) or not self.field_tangents.is_void(callee):
-            return super().call_function(node, callee, custom, into)
+            return super().call_tangent(node, callee, custom, into)
         parts = [self.atom(a) for a in self._positional(node, callee)]
         fn = self.jvp_of(callee, tuple(dp is not None for _, dp in parts))
         helper = helper_name(self.helpers, self.namer, fn, call_name(node.func, callee) + "_jvp")

@@ -8,7 +8,6 @@ ranges, integer arithmetic and ``ti.static`` stay exactly as written.
 """
 import ast
 import copy
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -18,13 +17,13 @@ from taichi.lang.field import Field
 
 from .._errors import NoForwardRule, TransformError, where_hint
 from .._lang.activity import active_variables, loaded_names, local_names, root_names
-from .._lang.callees import STATIC_BUILTINS, call_name, expand_partial, hint_name, refusal, transformable
+from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name
 from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
-from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call
+from .._lang.parse import MISSING, Parsed, positional, resolve
 from .._lang.rebinding import rename_rebindings
 from .._lang.sym import Sym, zero_like
-from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, callable_rule
-from .._rules.forward import REFUSED, RULES, Call, Rule, lookup, zero
+from .._rules.calls import Callee, Kind, callable_rule, classify
+from .._rules.forward import RULES, Call, Rule, lookup
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
@@ -167,7 +166,7 @@ class Transformer:
     def _callee_cost(self, stmt: ast.stmt) -> int:
         """Lane cost of the tangent function (or custom rule) a call statement calls."""
         call = stmt.value if isinstance(stmt, ast.Assign) else None
-        assert isinstance(call, ast.Call) and isinstance(call.func, ast.Name)  # as call_function writes it
+        assert isinstance(call, ast.Call) and isinstance(call.func, ast.Name)  # as call_tangent writes it
         fn = self.helpers[call.func.id]
         return getattr(fn, "_tidiff_lane_cost", len(call.args))
 
@@ -220,8 +219,8 @@ class Transformer:
         if isinstance(target, ast.Name) and isinstance(node.value, ast.Call):
             callee = self._nested_callee(node.value)
             if callee is not None:  # y = h(x): the call's results go straight into y, dy
-                self.call_function(node.value, callee, custom=_custom_jvp(callee),
-                                   into=(target.id, self.namer.tangent(target.id)))
+                self.call_tangent(node.value, callee.obj, custom=callee.jvp if callee.kind is Kind.CUSTOM else None,
+                                  into=(target.id, self.namer.tangent(target.id)))
                 return
         self.assign(target, *self.expr(node.value))
 
@@ -543,63 +542,91 @@ class Transformer:
 
     # --- calls ---------------------------------------------------------------
     def expr_Call(self, node: ast.Call) -> Pair:
+        callee = classify(node, self.parsed.namespace, self.locals, self._is_local)
+        return getattr(self, "call_" + callee.kind.name.lower())(node, callee)
+
+    # one handler per kind of callee (``_rules/calls.py``), each ``(node, callee) -> (primal, tangent)``
+    def call_method(self, node: ast.Call, callee: Callee) -> Pair:
         func = node.func
-        made = self._made_callee(func)
-        if made is not MISSING:  # td.grad(E)(x): a tidiff Function made at the call site
-            return self.call_function(node, made)
-        if self._is_local(func):
-            return self.call_method(node)
-        callee = resolve(func, self.parsed.namespace)
-        if callee is MISSING:
-            raise self.error(node, f"a call to unknown name `{ast.unparse(func)}`",
-                             "call the function by a global or closure name, an attribute (`mod.h`) or a table "
-                             "entry with a constant key (`OPS[\"sin\"](x)`)")
-        if isinstance(callee, functools.partial):
-            return self.expr_Call(self._expand_partial(node, callee))
-        if hashable(callee) and callee in STATIC_BUILTINS:
-            return node, None
-        if len(node.args) > 2 and hashable(callee) and lookup(callee) in (RULES[min], RULES[max]):
+        assert isinstance(func, ast.Attribute)  # classify says METHOD of attributes only
+        receiver, dreceiver = self.atom(func.value)
+        parts = [self.atom(a) for a in node.args]
+        rule = RULES.get(("method", func.attr))
+        if rule is None:
+            raise self.error(node, f"the method `.{func.attr}()`", call=True)
+        method = ast.Attribute(receiver, func.attr, ast.Load())
+        args = [p for p, _ in parts]
+        return self.apply(rule, ast.Call(method, args, node.keywords), Sym(method),
+                          [receiver] + args, [dreceiver] + [dp for _, dp in parts], node.keywords,
+                          [None] + [self._static(a) for a in args])
+
+    def call_local(self, node: ast.Call, callee: Callee) -> Pair:
+        raise self.error(node, f"a call to local value `{ast.unparse(node.func)}`",
+                         "call the function by its global name (a table entry `OPS[\"sin\"](x)` works too), "
+                         "not through a local variable")
+
+    def call_unknown(self, node: ast.Call, callee: Callee) -> Pair:
+        raise self.error(node, f"a call to unknown name `{ast.unparse(node.func)}`",
+                         "call the function by a global or closure name, an attribute (`mod.h`) or a table "
+                         "entry with a constant key (`OPS[\"sin\"](x)`)")
+
+    def call_partial(self, node: ast.Call, callee: Callee) -> Pair:
+        """``p(x)`` -> ``h(2.0, x)`` for ``p = functools.partial(h, 2.0)`` (NOTE: [Python helpers])."""
+        if any(k.arg is None for k in node.keywords):
+            raise self.error(node, "a call with **kwargs", "pass the keyword arguments one by one")
+        return self.expr_Call(expand_partial(node, callee.obj, self.bind_value))
+
+    def call_static(self, node: ast.Call, callee: Callee) -> Pair:
+        return node, None
+
+    call_constant = call_static
+
+    def call_custom(self, node: ast.Call, callee: Callee) -> Pair:
+        """A td.custom_jvp function, or a td.custom_vjp one with a jvp rule: a call of that rule.
+
+        NOTE: [Custom rules wherever called] Every call of such a callee calls its
+        rule, bound to a name (``y = c(x)``) as well as inside an expression: a
+        custom Function is also a tidiff Function, and calling through that (its
+        tangent call) is not the rule itself.
+        """
+        if callee.jvp is not None:
+            return self.call_tangent(node, callee.obj, custom=callee.jvp)
+        if self.through_vjp_rules:  # NOTE: [Forward mode of a gradient's code] in emit.py
+            return self.call_tangent(node, callee.obj.tifunc)
+        raise NoForwardRule(
+            getattr(callee.obj, "name", ast.unparse(node.func)), self.parsed.filename, self.parsed.lineno(node))
+
+    def call_function(self, node: ast.Call, callee: Callee) -> Pair:
+        """A tidiff Function: a call of its tangent call (NOTE: [Tangent calls lane by lane])."""
+        return self.call_tangent(node, callee.obj)
+
+    def call_func(self, node: ast.Call, callee: Callee) -> Pair:
+        """A @ti.func or a plain Python helper (NOTE: [Python helpers]): a call of its tangent function."""
+        return self.call_tangent(node, callee.obj)
+
+    def call_op(self, node: ast.Call, callee: Callee) -> Pair:
+        rule = lookup(callee.obj)
+        assert rule is not None
+        if len(node.args) > 2 and rule in (RULES[min], RULES[max]):
             node = self._pairwise(node)
-        if _custom_jvp(callee) is not None:
-            return self.call_function(node, callee, custom=_custom_jvp(callee))
-        if hashable(callee) and callee in CUSTOM_VJPS and self.through_vjp_rules:
-            return self.call_function(node, callee.tifunc)
-        if hashable(callee) and callee in CUSTOM_VJPS:
-            raise NoForwardRule(
-                getattr(callee, "name", ast.unparse(func)), self.parsed.filename, self.parsed.lineno(node)
-            )
-        if callable_rule(callee) is not None:  # a tidiff Function (td.grad(E) bound to a name)
-            return self.call_function(node, callee)
-        rule = lookup(callee)
-        if rule is zero:
-            return node, None
-        if rule is not None:
-            for keyword in node.keywords:
-                if self.is_active(keyword.value):
-                    raise self.error(node, f"a differentiable keyword argument `{keyword.arg}=`",
-                                     f"pass `{keyword.arg}` as a positional argument")
-            parts = [self.atom(a) for a in node.args]
-            args = [p for p, _ in parts]
-            static_args = [self._static(a) for a in node.args]
-            return self.apply(rule, ast.Call(func, args, node.keywords), Sym(func), args,
-                              [dp for _, dp in parts], node.keywords, static_args)
-        if transformable(callee):  # a @ti.func, or a plain Python helper (NOTE: [Python helpers])
-            return self.call_function(node, callee)
-        if (getattr(callee, "__module__", None) or "").startswith("taichi"):
-            reason = REFUSED.get(callee) if hashable(callee) else None
-            why = "no derivative rule" if reason is None else f"no derivative rule: {reason}"
-            raise self.error(node, f"a call to Taichi op `{ast.unparse(func)}` ({why})", call=True)
-        raise self.error(node, f"a call to `{ast.unparse(func)}`: {refusal(callee)}", call=True)
+        for keyword in node.keywords:
+            if self.is_active(keyword.value):
+                raise self.error(node, f"a differentiable keyword argument `{keyword.arg}=`",
+                                 f"pass `{keyword.arg}` as a positional argument")
+        parts = [self.atom(a) for a in node.args]
+        args = [p for p, _ in parts]
+        static_args = [self._static(a) for a in node.args]
+        return self.apply(rule, ast.Call(node.func, args, node.keywords), Sym(node.func), args,
+                          [dp for _, dp in parts], node.keywords, static_args)
+
+    def call_refused(self, node: ast.Call, callee: Callee) -> Pair:
+        if (getattr(callee.obj, "__module__", None) or "").startswith("taichi"):
+            raise self.error(node, f"a call to Taichi op `{ast.unparse(node.func)}` ({callee.reason})", call=True)
+        raise self.error(node, f"a call to `{ast.unparse(node.func)}`: {callee.reason}", call=True)
 
     def bind_value(self, value: object) -> str:
         """The name generated code reads a Python value by (a partial's bound value, a default)."""
         return self.parsed.name_for(value, self.namer, hint_name(value))
-
-    def _expand_partial(self, node: ast.Call, partial: functools.partial[Any]) -> ast.Call:
-        """``p(x)`` -> ``h(2.0, x)`` for ``p = functools.partial(h, 2.0)`` (NOTE: [Python helpers])."""
-        if any(k.arg is None for k in node.keywords):
-            raise self.error(node, "a call with **kwargs", "pass the keyword arguments one by one")
-        return expand_partial(node, partial, self.bind_value)
 
     def _static(self, node: ast.expr) -> Any:
         """The compile-time value of a global argument (a dtype), or None."""
@@ -615,47 +642,17 @@ class Transformer:
             folded = ast.Call(node.func, [folded, arg], [])
         return folded
 
-    def call_method(self, node: ast.Call) -> Pair:
-        func = node.func
-        if not isinstance(func, ast.Attribute):
-            raise self.error(node, f"a call to local value `{ast.unparse(func)}`",
-                             "call the function by its global name (a table entry `OPS[\"sin\"](x)` works too), "
-                             "not through a local variable")
-        receiver, dreceiver = self.atom(func.value)
-        parts = [self.atom(a) for a in node.args]
-        rule = RULES.get(("method", func.attr))
-        if rule is None:
-            raise self.error(node, f"the method `.{func.attr}()`", call=True)
-        method = ast.Attribute(receiver, func.attr, ast.Load())
-        args = [p for p, _ in parts]
-        return self.apply(rule, ast.Call(method, args, node.keywords), Sym(method),
-                          [receiver] + args, [dreceiver] + [dp for _, dp in parts], node.keywords,
-                          [None] + [self._static(a) for a in args])
-
     def _nested_callee(self, node: ast.expr) -> Any:
-        """The @ti.func, helper or tidiff Function a call goes to when it will be transformed recursively, else None."""
+        """The @ti.func, helper, jvp rule or tidiff Function a call goes to when its tangent is called, else None."""
         if not isinstance(node, ast.Call):
             return None
-        made = self._made_callee(node.func)
-        if made is not MISSING:
-            return made
-        if self._is_local(node.func):
-            return None
-        callee = resolve(node.func, self.parsed.namespace)
-        if callable_rule(callee) is not None and not (hashable(callee) and callee in CUSTOM_VJPS):
-            return callee
-        if hashable(callee) and (callee in CUSTOM_JVPS or (lookup(callee) is None and transformable(callee))):
+        callee = classify(node, self.parsed.namespace, self.locals, self._is_local)
+        if callee.kind in (Kind.FUNCTION, Kind.FUNC) or (callee.kind is Kind.CUSTOM and callee.jvp is not None):
             return callee
         return None
 
-    def _made_callee(self, func: ast.expr) -> Any:
-        """A callee made by a call of module-level objects (``td.grad(E, argnums=1)``) that the
-        transforms call through, or MISSING."""
-        made = static_call(func, self.parsed.namespace, self.locals)
-        return made if callable_rule(made) is not None else MISSING
-
-    def call_function(self, node: ast.Call, callee: Any, custom: Any = None,
-                      into: tuple[str, str] | None = None) -> Pair:
+    def call_tangent(self, node: ast.Call, callee: Any, custom: Any = None,
+                     into: tuple[str, str] | None = None) -> Pair:
         """``y, dy = h_jvp(x, dx)``: call the tangent function of a @ti.func (or a custom rule)."""
         arg_nodes = self._positional(node, callee)
         # an inactive argument is passed as written: it is read once, and a helper may need it as
@@ -673,7 +670,7 @@ class Transformer:
             fn = custom
             tangents = [zero_like(p).node if dp is None else dp for p, dp in parts]
         by_lane = custom is not None or rule is not None
-        base = _callee_hint(node.func, callee)
+        base = callee_hint(node.func, callee)
         helper = helper_name(self.helpers, self.namer, fn, widened_name(base + "_jvp", 1 if by_lane else self.width))
         call = ast.Call(_name(helper), [p for p, _ in parts] + tangents, [])
         if into is None:
@@ -697,36 +694,6 @@ class Transformer:
         except TypeError as e:
             raise self.error(node, f"the call `{ast.unparse(node)}` ({e})",
                              "pass the arguments the callee takes") from None
-
-
-def _custom_jvp(callee: object) -> Any:
-    """The jvp rule of a td.custom_jvp (or custom_vjp with defjvp) callee, or None.
-
-    NOTE: [Custom rules wherever called] Every call of such a callee calls its
-    rule, bound to a name (``y = c(x)``) as well as inside an expression: a
-    custom Function is also a tidiff Function, and calling through that (its
-    tangent call) is not the rule itself.
-    """
-    return CUSTOM_JVPS.get(callee) if hashable(callee) else None
-
-
-def callable_positional(node: ast.Call, callee: Any, error: Callable[[ast.AST, str, str], Exception]) -> list[ast.expr]:
-    """A call's arguments in parameter order for a tidiff Function callee (keywords by its parameter names)."""
-    if not node.keywords:
-        return list(node.args)
-    try:
-        return list(callee.bind(node.args, {k.arg: k.value for k in node.keywords}, callee.name))
-    except TypeError as e:
-        raise error(node, f"the call `{ast.unparse(node)}`", str(e)) from None
-
-
-def _callee_hint(func: ast.expr, callee: object) -> str:
-    """A readable name hint for a callee: ``h`` for ``m.h``, ``sin`` for ``OPS["sin"]``, the Function's
-    name for ``td.grad(E)``."""
-    if isinstance(func, (ast.Name, ast.Attribute, ast.Subscript)):
-        return call_name(func, callee)
-    name = "".join(c if c.isalnum() else "_" for c in getattr(callee, "name", "f"))
-    return "_".join(p for p in name.split("_") if p) or "f"
 
 
 def _assigned_once(tree: ast.FunctionDef) -> set[str]:
