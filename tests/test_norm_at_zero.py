@@ -1,4 +1,4 @@
-"""The norm of a zero vector (NOTE: [Norm at zero] in tidiff/_rules/forward.py): derivatives through it are 0.
+"""The norm of a zero vector (NOTE: [Norm at zero] in tidiff/_rules/ops.py): derivatives through it are 0.
 
 A state at rest (DiffTaichi's rigid_body: a joint closed at t = 0) is a zero vector whose tangent is 0;
 ``x.dot(dx) / |x|`` was 0 / 0 = NaN there and made every forward-mode derivative NaN where the gradient

@@ -1,12 +1,12 @@
-"""Every op in the rule tables has an op-table row that exercises it, in the mode the table is for.
+"""Every op of the rule table has both modes and an op-table row that exercises it in each.
 
 A row covers the ops its function's source spells (operators, calls, methods; through the
 source of the ``@ti.func`` s it calls, Taichi's own ``ti.math`` functions included, as the
 transforms do), found by reading the source the way the transforms resolve names, not by
-declaration. ``RULES`` (forward) counts every row; ``ADJOINTS`` (reverse) only rows the
-reverse transform handles, since the others take their gradients from forward pushes. The
-rule helpers (``_tidiff_rules.sum_to`` and kin) are no ops: rules call them, and the rows of
-those rules check them at first and second order.
+declaration. Forward rules count every row; reverse rules only rows the reverse transform
+handles, since the others take their gradients from forward pushes. The rule helpers
+(``_tidiff_rules.sum_to`` and kin) are no ops: rules call them, and the rows of those rules
+check them at first and second order.
 """
 import ast
 
@@ -18,8 +18,8 @@ from tidiff._lang.activity import local_names
 from tidiff._lang.parse import MISSING, hashable, parse, resolve
 from tidiff._rules import decompositions
 from tidiff._rules import helpers as rule_helpers
-from tidiff._rules.forward import RULES, lookup, unbound_method
-from tidiff._rules.reverse import ADJOINTS
+from tidiff._rules.ops import FORWARD_ONLY
+from tidiff._rules.table import TABLE, lookup, unbound_method, zero
 
 HELPERS = {obj for module in (rule_helpers, decompositions) for obj in vars(module).values()
            if getattr(obj, "_is_taichi_function", False)}
@@ -29,7 +29,7 @@ def registry_key(callee):
     """The key a rule table holds ``callee``'s rule under, or None."""
     if not hashable(callee):
         return None
-    if callee in RULES or callee in ADJOINTS:
+    if callee in TABLE:
         return callee
     return unbound_method(callee)
 
@@ -46,8 +46,6 @@ def ops_of(func, seen=None):
     for node in ast.walk(parsed.tree):
         if isinstance(node, (ast.BinOp, ast.AugAssign, ast.UnaryOp)):
             keys.add(type(node.op))
-        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            keys.add("cast")  # the reverse transform's copy of an assigned value
         if not isinstance(node, ast.Call):
             continue
         root = node.func
@@ -72,14 +70,22 @@ def uncovered(table, rows):
     return sorted((repr(key) for key in table if key not in covered and key not in HELPERS), key=str)
 
 
+def test_every_op_has_both_modes():
+    """Adding an op is one entry: its reverse rule is derived or written beside its forward rule. Only ops
+    without derivative, constructors (reversed entry by entry) and FORWARD_ONLY (with a reason) have none."""
+    missing = sorted(repr(key) for key, rule in TABLE.items() if rule.vjp is None and rule.jvp is not zero
+                     and not rule.entrywise and key not in FORWARD_ONLY)
+    assert not missing, f"ops of the rule table without a reverse rule: {missing}"
+
+
 def test_every_forward_rule_has_a_row():
-    missing = uncovered(RULES, ROWS)
+    missing = uncovered(TABLE, ROWS)
     assert not missing, f"ops with a forward rule but no op-table row (tests/op_table.py): {missing}"
 
 
 def test_every_reverse_rule_has_a_reversible_row():
     reversible = [row for row in ROWS if why_not(row.func, (True,) * len(row.shapes)) is None]
-    missing = uncovered(ADJOINTS, reversible)
+    missing = uncovered({key: rule for key, rule in TABLE.items() if rule.vjp is not None}, reversible)
     assert not missing, (f"ops with a reverse rule but no op-table row the reverse transform handles "
                          f"(tests/op_table.py): {missing}")
 
@@ -94,7 +100,7 @@ def test_the_scan_sees_what_the_transforms_see():
 
     found = ops_of(f)
     for key in [("method", "normalized"), ("method", "cross"), ("method", "sum"), ast.MatMult, ast.Pow, ast.Sub,
-                ti.floor, ti.math.clamp, "cast"]:
+                ti.floor, ti.math.clamp]:
         assert key in found, key
     assert ti.math.fract not in found  # no rule: its source is transformed, and its ops counted
 

@@ -54,7 +54,7 @@ from .._lang.naming import RULE_HELPERS, Namer
 from .._lang.nodes import assign, for_loop, name, statements, zero_of
 from .._lang.parse import Parsed, resolve
 from .._lang.sym import Sym
-from .._rules.reverse import AdjointRule
+from .._rules.table import Vjp
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Op:
     """``target = <op>(args)`` in the forward sweep, with how to send a cotangent back."""
 
     target: str
-    rule: AdjointRule | None  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
+    rule: Vjp | None  # (g, out, *args) -> contributions; None for a call of a reversible @ti.func
     args: list[ast.expr]  # operand nodes: Names of SSA variables, or inactive expressions
     callee: str | None = None  # for calls: the namespace name of the callee's reverse function (or custom bwd)
     positions: list[int | None] | None = None  # for calls: where each operand's cotangent stands in the result

@@ -18,9 +18,8 @@ from collections.abc import Container
 from typing import Any, TypeAlias
 
 from .._lang.parse import Parsed, parse
-from .._rules import reverse as rules
 from .._rules.calls import Kind, callable_rule, classify
-from .._rules.reverse import MultiOutput
+from .._rules.table import lookup
 
 Path = tuple[int, ...]
 Shape: TypeAlias = "tuple[Shape, ...] | None"
@@ -44,8 +43,8 @@ def call_shape(node: ast.Call, parsed: Parsed, local: Container[str]) -> Shape:
     if callee.kind in (Kind.FUNCTION, Kind.CUSTOM):  # td.grad(E)(x), a custom function: as many as it says
         return _flat(callable_rule(callee.obj).outputs(callee.obj))
     if callee.kind is Kind.OP:
-        rule = rules.lookup(callee.obj)
-        return _flat(rule.n_outputs) if isinstance(rule, MultiOutput) else None  # U, S, V = ti.svd(A)
+        rule = lookup(callee.obj)
+        return _flat(rule.n_outputs) if rule is not None and rule.n_outputs > 1 else None  # U, S, V = ti.svd(A)
     return function_shape(callee.obj) if callee.kind is Kind.FUNC else None
 
 

@@ -10,7 +10,7 @@ The reverse function of ``f(x, mu)`` with ``x`` active reads::
 
 Supported: assignments (plain, augmented, annotated, tuple to tuple, and
 into an entry, ``v[i, j] = e``), one final ``return``,
-the ops with a rule in ``_rules/reverse.py``, calls of other reversible
+the ops with a reverse rule in ``_rules/ops.py``, calls of other reversible
 ``@ti.func`` s, of ``td.custom_vjp`` functions (their ``bwd``) and of
 ``td.custom_jvp`` functions (their jvp rule transposed, ``linearize.py``),
 ``for`` loops over ranges of constants (unrolled), ``if`` on a condition of
@@ -35,12 +35,10 @@ from .._lang.nodes import name as _name
 from .._lang.nodes import zero_of
 from .._lang.parse import MISSING, Parsed, hashable, positional, resolve
 from .._lang.rebinding import rebound_call
-from .._lang.sym import Sym
-from .._rules import reverse as rules
+from .._lang.sym import Sym, helpers
 from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, Callee, Kind, callable_rule, classify
-from .._rules.forward import RULES, zero
-from .._rules.forward import lookup as forward_rule
-from .._rules.reverse import ADJOINTS, AdjointRule, Contributions, MultiOutput, is_constructor
+from .._rules.helpers import is_integral
+from .._rules.table import TABLE, Contributions, Vjp, copy_vjp, is_constructor, is_dtype, lookup, zero
 from . import results
 from .control import Branch, ControlFlow, Loop, Op
 from .linearize import linearized
@@ -206,7 +204,7 @@ class Reverser(ControlFlow):
         self.env[base.id] = new
         if not (self.is_active(old) or self.is_active(entry)):
             return
-        without = rules.helpers.without if len(index) == 1 else rules.helpers.without2
+        without = helpers.without if len(index) == 1 else helpers.without2
         keys = [Sym(i) for i in index]
         rule = lambda g, out, v, e: [without(g, *keys), g[slot]]  # noqa: E731
         self.ops.append(Op(new, rule, [old, entry]))
@@ -313,7 +311,7 @@ class Reverser(ControlFlow):
         else:
             self.forward.append(_assign(ssa, value, annotation))
             if self.is_active(value):
-                self.ops.append(Op(ssa, ADJOINTS["cast"], [value]))
+                self.ops.append(Op(ssa, copy_vjp, [value]))
                 self.active.add(ssa)
         self.env[variable] = ssa
 
@@ -378,7 +376,7 @@ class Reverser(ControlFlow):
             raise NotReversible(f"the expression `{ast.unparse(node)}`")
         return handler(node)
 
-    def op(self, rule: AdjointRule | None, node: ast.expr, args: list[ast.expr], hint: str, callee: str | None = None,
+    def op(self, rule: Vjp | None, node: ast.expr, args: list[ast.expr], hint: str, callee: str | None = None,
            positions: list[int | None] | None = None) -> ast.Name:
         """Emit ``t = node`` and remember how to send its cotangent to ``args``."""
         target = self.namer.fresh(hint)
@@ -393,19 +391,19 @@ class Reverser(ControlFlow):
         return _name(self.ssa(node.id))
 
     def expr_BinOp(self, node: ast.BinOp) -> ast.expr:
-        rule = ADJOINTS.get(type(node.op))
-        if rule is None:
-            if forward_rule(type(node.op)) is zero:  # x // y
-                return self.rename(node)
+        rule = TABLE.get(type(node.op))
+        if rule is not None and rule.jvp is zero:  # x // y
+            return self.rename(node)
+        if rule is None or rule.vjp is None:
             raise NotReversible(f"the operator in `{ast.unparse(node)}`")
         a, b = self.operand(node.left), self.operand(node.right)
-        return self.op(rule, ast.BinOp(a, node.op, b), [a, b], _OP_HINTS.get(type(node.op), "t"))
+        return self.op(rule.vjp, ast.BinOp(a, node.op, b), [a, b], _OP_HINTS.get(type(node.op), "t"))
 
     def expr_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
         if isinstance(node.op, (ast.Not, ast.Invert)):
             return self.rename(node)
         a = self.operand(node.operand)
-        return self.op(ADJOINTS[type(node.op)], ast.UnaryOp(node.op, a), [a], "neg")
+        return self.op(TABLE[type(node.op)].vjp, ast.UnaryOp(node.op, a), [a], "neg")
 
     def expr_Compare(self, node: ast.expr) -> ast.expr:
         return self.rename(node)
@@ -443,7 +441,7 @@ class Reverser(ControlFlow):
         base = self.operand(node.value)
         read = ast.Attribute(base, node.attr, ast.Load()) if isinstance(node, ast.Attribute) else \
             ast.Subscript(base, index[0] if len(index) == 1 else ast.Tuple(index, ast.Load()), ast.Load())
-        scatter = rules.helpers.scatter if len(index) == 1 else rules.helpers.scatter2
+        scatter = helpers.scatter if len(index) == 1 else helpers.scatter2
 
         def rule(g: Sym, out: Sym, x: Sym) -> Contributions:
             return [scatter(x, g, *[Sym(i) for i in index])]
@@ -513,14 +511,14 @@ class Reverser(ControlFlow):
             for arg in node.args[1:]:
                 folded = ast.Call(func, [folded, arg], [])
             return self.value(folded)
-        rule = rules.lookup(op)
-        if isinstance(rule, MultiOutput) and rule.n_outputs > 1:
+        rule = lookup(op)
+        if rule is not None and rule.n_outputs > 1:
             raise NotReversible(f"the call `{ast.unparse(node)}` inside an expression (assign its {rule.n_outputs} "
                                 f"results to names)")
-        if rule is None:
+        if rule is None or rule.vjp is None:
             raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
         args = [self.operand(a) for a in node.args]
-        return self.op(rule, ast.Call(func, args, keywords), args, _call_hint(func, args))
+        return self.op(rule.vjp, ast.Call(func, args, keywords), args, _call_hint(func, args))
 
     def _float_cast(self, node: ast.Call) -> bool:
         """Whether ``ti.cast(x, dtype)`` may have a derivative: not a cast to an integer type the transform
@@ -530,16 +528,16 @@ class Reverser(ControlFlow):
         if self._is_local(node.args[1]):
             return True
         dtype = resolve(node.args[1], self.parsed.namespace)
-        return dtype is not MISSING and rules.is_dtype(dtype) and not rules.is_integral(dtype)
+        return dtype is not MISSING and is_dtype(dtype) and not is_integral(dtype)
 
     def call_method(self, node: ast.Call, callee: Callee) -> ast.expr:
         """``v.dot(w)`` and the other methods with a rule."""
         func = node.func
         assert isinstance(func, ast.Attribute)  # classify says METHOD of attributes only
-        rule = ADJOINTS.get(("method", func.attr))
-        if rule is None:
-            if RULES.get(("method", func.attr)) is zero:
-                return self.rename(node)
+        rule = TABLE.get(("method", func.attr))
+        if rule is not None and rule.jvp is zero:
+            return self.rename(node)
+        if rule is None or rule.vjp is None:
             raise NotReversible(f"the method `.{func.attr}()`")
         if any(self.reads_active(k.value) for k in node.keywords):
             raise NotReversible(f"the call `{ast.unparse(node)}`")
@@ -547,7 +545,7 @@ class Reverser(ControlFlow):
         args = [self.operand(a) for a in node.args]
         call = ast.Call(ast.Attribute(receiver, func.attr, ast.Load()), args,
                         [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords])
-        return self.op(rule, call, [receiver] + args, f"{func.attr.lower()}_{_hint(receiver)}")
+        return self.op(rule.vjp, call, [receiver] + args, f"{func.attr.lower()}_{_hint(receiver)}")
 
     def construct(self, node: ast.Call, keywords: list[ast.keyword]) -> ast.expr:
         """``ti.Vector([a, b])``, ``ti.Matrix([[a, b], [c, d]], dt)``: entry k gets ``g[k]``."""
@@ -577,7 +575,7 @@ class Reverser(ControlFlow):
             raise NotReversible(f"the constructor `{ast.unparse(node)}`")
         args = [self.operand(e) for e in node.args[0].elts]
         rows = resolve(node.func, self.parsed.namespace) is ti.Matrix.rows
-        part = rules.helpers.row_of if rows else rules.helpers.col_of
+        part = helpers.row_of if rows else helpers.col_of
         def rule(g: Sym, out: Sym, *xs: Sym) -> Contributions:
             return [part(g, k) for k in range(len(xs))]
 
@@ -585,13 +583,13 @@ class Reverser(ControlFlow):
 
     def construct_typed(self, node: ast.Call, callee: Any, keywords: list[ast.keyword]) -> ast.expr:
         """``ti.math.vec3(a, b, c)`` with one scalar per entry, or a list of them (``ti.math.ivec3``: no derivative)."""
-        if rules.is_integral(callee.dtype):
+        if is_integral(callee.dtype):
             return self.rename(node)
         if len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple)):  # ti.math.mat2([[a, b], [c, d]])
             return self.construct(node, keywords)
         if len(node.args) == 1:  # ti.math.vec3(x): x in every entry, or a copy of a vector x
             arg = self.operand(node.args[0])
-            return self.op(rules.constructor_of_one, ast.Call(node.func, [arg], keywords), [arg], "vec")
+            return self.op(_constructor_of_one, ast.Call(node.func, [arg], keywords), [arg], "vec")
         shape = (callee.n,) if callee.ndim == 1 else (callee.n, callee.m)
         size = shape[0] if len(shape) == 1 else shape[0] * shape[1]
         if len(node.args) != size:
@@ -708,7 +706,7 @@ class Reverser(ControlFlow):
         these index ``paths``: one call op whose results are bound to names of their own."""
         count = len(paths)
         callee = self.classify(node)
-        rule = rules.lookup(callee.obj) if callee.kind is Kind.OP else None
+        rule = lookup(callee.obj) if callee.kind is Kind.OP else None
         if not (callee.kind in (Kind.CUSTOM, Kind.FUNCTION, Kind.FUNC) or getattr(rule, "n_outputs", 1) == count):
             raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
         if not any(self.reads_active(a) for a in node.args + [k.value for k in node.keywords]):
@@ -719,7 +717,8 @@ class Reverser(ControlFlow):
                 raise NotReversible(f"the call `{ast.unparse(node)}`")
             args = [self.operand(a) for a in node.args]
             keywords = [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords]
-            tuple_name = self.op(rule, ast.Call(node.func, args, keywords), args, _call_hint(node.func, args))
+            assert rule is not None and rule.vjp is not None  # an op of several results has a reverse rule
+            tuple_name = self.op(rule.vjp, ast.Call(node.func, args, keywords), args, _call_hint(node.func, args))
         else:
             tuple_name = self.call_reverse(node, callee.obj, n_outputs=count)
         op = self.last_op()
@@ -803,6 +802,11 @@ _OP_HINTS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", as
 # (a third reverse transform through a custom_vjp rule, whose reverse returns the rule's results so) binds
 # each leaf of the call's results to a name (``r_0_0 = r[0][0]``), and the callee's reverse takes one
 # cotangent per leaf: its results count as their leaves.
+
+
+def _constructor_of_one(g: Sym, out: Sym, x: Sym) -> Contributions:
+    """The adjoint of ``ti.math.vec3(x)``: Taichi puts a scalar ``x`` in every entry and copies a vector."""
+    return [helpers.sum_to(g, x)]
 
 
 def _top_level(count: int) -> list[Path]:

@@ -13,7 +13,7 @@ import taichi as ti
 
 from .._lang.callees import STATIC_BUILTINS, refusal, transformable
 from .._lang.parse import MISSING, hashable, resolve, static_call
-from .forward import REFUSED, lookup, zero
+from .table import REFUSED, lookup, zero
 
 CUSTOM_JVPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 """callee -> a @ti.func ``(*primals, *tangents) -> (out, dout)`` used instead of transforming it."""
@@ -131,7 +131,7 @@ def classify(node: ast.Call, namespace: dict[str, Any], local: Container[str],
     if callable_rule(callee) is not None:
         return Callee(Kind.FUNCTION, callee)
     rule = lookup(callee)
-    if rule is zero:
+    if rule is not None and rule.jvp is zero:
         return Callee(Kind.CONSTANT, callee)
     if rule is not None:
         return Callee(Kind.OP, callee)

@@ -1,6 +1,6 @@
 """Derivatives of ``ti.svd``, ``ti.sym_eig`` and ``ti.polar_decompose``, as ``@ti.func`` helpers.
 
-Rules in ``forward.py`` and ``reverse.py`` call them as ``_tidiff_rules.<name>``
+Rules in ``ops.py`` call them as ``_tidiff_rules.<name>``
 (``helpers`` re-exports them). Each takes the op's primal results, so nothing is
 decomposed twice, and is plain straight-line Taichi code: at second order the tangent
 transform differentiates it through its source.

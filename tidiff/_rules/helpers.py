@@ -26,7 +26,7 @@ from .decompositions import sym_eig_vjp as sym_eig_vjp
 @ti.func
 def stop_gradient(x):
     """``x`` itself, with zero tangent: blocks differentiation through it (``td.stop_gradient``; its rule,
-    zero, is in ``forward.py``)."""
+    zero, is in ``ops.py``)."""
     return x
 
 
@@ -43,7 +43,7 @@ def inverse_by_cofactors(a):
     return cofactors(a).transpose() / a.determinant()
 
 
-# --- helpers of the reverse rules (``reverse.py``) --------------------------
+# --- helpers of the reverse rules (``ops.py``) ------------------------------
 # Source-level reverse mode cannot see shapes: ``x * y`` may be a scalar times
 # a matrix. These helpers pick the right code when Taichi compiles them
 # (``ti.static`` on the operands' shapes), once per shape.
@@ -257,6 +257,23 @@ def col_of(m, j: ti.template()):  # type: ignore[valid-type]
     """Column ``j`` of the matrix ``m`` as a vector: the cotangent of ``cols[j]`` in ``ti.Matrix.cols(cols)``."""
     return ti.Vector([m[i, j] for i in ti.static(range(m.n))])
 
+
+@ti.func
+def row_into(like, v, i: ti.template()):  # type: ignore[valid-type]
+    """A zero shaped like the matrix ``like`` with the vector ``v`` as row ``i``: the adjoint of ``row_of``."""
+    result = ti.zero(like)
+    for j in ti.static(range(like.m)):
+        result[i, j] = v[j]
+    return result
+
+
+@ti.func
+def col_into(like, v, j: ti.template()):  # type: ignore[valid-type]
+    """A zero shaped like the matrix ``like`` with the vector ``v`` as column ``j``: the adjoint of ``col_of``."""
+    result = ti.zero(like)
+    for i in ti.static(range(like.n)):
+        result[i, j] = v[i]
+    return result
 
 
 # --- tapes of loop-carried values (``_adjoint/control.py``) ------------------

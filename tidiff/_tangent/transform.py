@@ -23,7 +23,7 @@ from .._lang.parse import MISSING, Parsed, positional, resolve
 from .._lang.rebinding import rename_rebindings
 from .._lang.sym import Sym, zero_like
 from .._rules.calls import Callee, Kind, callable_rule, classify
-from .._rules.forward import RULES, Call, Rule, lookup
+from .._rules.table import TABLE, Call, Jvp, lookup
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
@@ -280,10 +280,10 @@ class Transformer:
             if dvalue is not None:
                 self.emit(ast.AugAssign(store(dtarget), node.op, dvalue))
         else:
-            call = Call(
-                None, [Sym(load(target)), Sym(value)], [Sym(load(dtarget)), None if dvalue is None else Sym(dvalue)]
-            )
-            dp = RULES[type(node.op)](call)
+            call = Call(None, [Sym(load(target)), Sym(value)],
+                        [Sym(load(dtarget)), None if dvalue is None else Sym(dvalue)],
+                        out=Sym(ast.BinOp(load(target), node.op, copy.deepcopy(value))))
+            dp = TABLE[type(node.op)].jvp(call)
             self.emit(_assign(dtarget, zero_like(load(target)).node if dp is None else dp.node))
         self.emit(ast.AugAssign(store(target), node.op, value))
 
@@ -427,13 +427,13 @@ class Transformer:
 
     def expr_BinOp(self, node: ast.BinOp) -> Pair:
         (a, da), (b, db) = self.atom(node.left), self.atom(node.right)
-        return self.apply(RULES[type(node.op)], ast.BinOp(a, node.op, b), None, [a, b], [da, db])
+        return self.apply(TABLE[type(node.op)].jvp, ast.BinOp(a, node.op, b), None, [a, b], [da, db])
 
     def expr_UnaryOp(self, node: ast.UnaryOp) -> Pair:
         if isinstance(node.op, (ast.Not, ast.Invert)):
             return node, None
         a, da = self.atom(node.operand)
-        return self.apply(RULES[type(node.op)], ast.UnaryOp(node.op, a), None, [a], [da])
+        return self.apply(TABLE[type(node.op)].jvp, ast.UnaryOp(node.op, a), None, [a], [da])
 
     def expr_Compare(self, node: ast.expr) -> Pair:
         return node, None
@@ -472,11 +472,13 @@ class Transformer:
 
     expr_List = expr_Tuple
 
-    def apply(self, rule: Rule, p: ast.expr, fn: Sym | None, args: list[ast.expr], tangents: list[ast.expr | None],
+    def apply(self, rule: Jvp, p: ast.expr, fn: Sym | None, args: list[ast.expr], tangents: list[ast.expr | None],
               keywords: Sequence[ast.keyword] = (), static_args: Sequence[Any] = ()) -> Pair:
-        """Run a rule on atoms; returns (primal, tangent node or None)."""
+        """Run a forward rule on atoms; returns (primal, tangent node or None). A rule reading the result
+        gets a copy of ``p``, which :meth:`_share_result` binds once."""
         call = Call(fn, [Sym(a) for a in args], [None if t is None else Sym(t) for t in tangents],
-                    {k.arg: Sym(k.value) for k in keywords if k.arg is not None}, list(static_args))
+                    {k.arg: Sym(k.value) for k in keywords if k.arg is not None}, list(static_args),
+                    out=Sym(copy.deepcopy(p)))
         tangent = rule(call)
         if tangent is None:
             return p, None
@@ -551,12 +553,12 @@ class Transformer:
         assert isinstance(func, ast.Attribute)  # classify says METHOD of attributes only
         receiver, dreceiver = self.atom(func.value)
         parts = [self.atom(a) for a in node.args]
-        rule = RULES.get(("method", func.attr))
+        rule = TABLE.get(("method", func.attr))
         if rule is None:
             raise self.error(node, f"the method `.{func.attr}()`", call=True)
         method = ast.Attribute(receiver, func.attr, ast.Load())
         args = [p for p, _ in parts]
-        return self.apply(rule, ast.Call(method, args, node.keywords), Sym(method),
+        return self.apply(rule.jvp, ast.Call(method, args, node.keywords), Sym(method),
                           [receiver] + args, [dreceiver] + [dp for _, dp in parts], node.keywords,
                           [None] + [self._static(a) for a in args])
 
@@ -607,7 +609,7 @@ class Transformer:
     def call_op(self, node: ast.Call, callee: Callee) -> Pair:
         rule = lookup(callee.obj)
         assert rule is not None
-        if len(node.args) > 2 and rule in (RULES[min], RULES[max]):
+        if len(node.args) > 2 and (rule is TABLE[min] or rule is TABLE[max]):
             node = self._pairwise(node)
         for keyword in node.keywords:
             if self.is_active(keyword.value):
@@ -616,7 +618,7 @@ class Transformer:
         parts = [self.atom(a) for a in node.args]
         args = [p for p, _ in parts]
         static_args = [self._static(a) for a in node.args]
-        return self.apply(rule, ast.Call(node.func, args, node.keywords), Sym(node.func), args,
+        return self.apply(rule.jvp, ast.Call(node.func, args, node.keywords), Sym(node.func), args,
                           [dp for _, dp in parts], node.keywords, static_args)
 
     def call_refused(self, node: ast.Call, callee: Callee) -> Pair:
