@@ -18,6 +18,11 @@ Workloads (B elements, float64):
 - ``hessian3``: the Hessian by three arguments, ``x`` (n) and two scalars, of
   ``log(sum exp(a x)) + b (x.x)^2``: nine blocks per element, tidiff and JAX
   (NOTE: [One loop of pushes] in ``tidiff/_codegen/bodies.py``).
+- ``grad_loop``, ``hessian_loop``: the gradient and the Hessian of the same ``f``
+  written entry by entry, ``s += exp(x[i])`` in a ``ti.static`` loop, then
+  ``log(s) + (x.x)^2`` (issue 39: compile time that grows with the function's
+  own, not with the square of its size); tidiff and JAX (``jit(vmap(grad))``,
+  ``jit(vmap(hessian))``).
 
 ``--offline-cache`` instead measures the second of two processes sharing
 Taichi's on-disk cache (nothing should compile).
@@ -54,7 +59,9 @@ def _tidiff(workload: str, n: int, cache_dir: str | None) -> tuple[float, float,
     call = {"hessian": lambda: td.hessian(namespace["f"])(x[0]),
             "jacobian": lambda: td.jacobian(namespace["g"])(x[0]),
             "mlp": lambda: td.jacfwd(td.jacrev(namespace["layer"], argnums=0), argnums=0)(*x),
-            "hessian3": lambda: _flat_blocks(td.hessian(namespace["f3"], argnums=(0, 1, 2))(*x))}[workload]
+            "hessian3": lambda: _flat_blocks(td.hessian(namespace["f3"], argnums=(0, 1, 2))(*x)),
+            "grad_loop": lambda: td.grad(namespace["f"])(x[0]),
+            "hessian_loop": lambda: td.hessian(namespace["f"])(x[0])}[workload]
     return _first_and_warm(call)
 
 
@@ -96,6 +103,8 @@ def _jax(workload: str, n: int) -> tuple[float, float, np.ndarray]:
         return jnp.log(jnp.sum(jnp.exp(a * x))) + b * jnp.dot(x, x) ** 2
 
     fn = {"hessian": jax.jit(jax.vmap(jax.hessian(f))),
+          "grad_loop": jax.jit(jax.vmap(jax.grad(f))),
+          "hessian_loop": jax.jit(jax.vmap(jax.hessian(f))),
           "jacobian": jax.jit(jax.vmap(jax.jacfwd(g))),
           "mlp": jax.jit(jax.vmap(jax.jacfwd(jax.jacrev(layer, 0), 0), in_axes=(None, 0, None))),
           "hessian3": jax.jit(jax.vmap(jax.hessian(f3, argnums=(0, 1, 2))))}[workload]
@@ -137,6 +146,16 @@ import taichi as ti
 def f(x: ti.types.vector({n}, ti.f64)) -> ti.f64:
     return ti.log(ti.exp(x).sum()) + x.dot(x) ** 2
 ''',
+    "grad_loop": '''
+import taichi as ti
+
+@ti.func
+def f(x: ti.types.vector({n}, ti.f64)) -> ti.f64:
+    s = 0.0
+    for i in ti.static(range({n})):
+        s += ti.exp(x[i])
+    return ti.log(s) + x.dot(x) ** 2
+''',
     "jacobian": '''
 import taichi as ti
 
@@ -160,6 +179,8 @@ def layer(W: ti.types.matrix(4, 8, ti.f64), x: ti.types.vector(8, ti.f64),
     return ti.tanh(W @ x + b)
 ''',
 }
+
+_TAICHI_SOURCES["hessian_loop"] = _TAICHI_SOURCES["grad_loop"]
 
 _CLOSED_FORMS = {
     "hessian": '''
@@ -249,7 +270,7 @@ def main() -> None:
         for n in sizes if workload != "mlp" else [8]:
             row = {"workload": workload, "n": n}
             for peer in args.peers.split(","):
-                if peer == "taichi" and workload in ("mlp", "hessian3"):
+                if peer == "taichi" and workload in ("mlp", "hessian3", "grad_loop", "hessian_loop"):
                     continue
                 row[peer] = measure(peer, workload, n)
                 print(workload, n, peer, _cell(row[peer]), flush=True)

@@ -27,6 +27,7 @@ import taichi as ti
 
 from . import _api
 from ._adjoint.transform import NotReversible
+from ._lang.compile import Generated
 from ._pointwise import value_and_cotangents
 from ._protocol import Function, as_function, taichi_callable
 from ._rules.calls import CALLABLE_OBJECTS, CALLABLE_TYPES
@@ -70,7 +71,7 @@ def _pick(args: Sequence[Any], source: Source) -> Any:
 class Call:
     """An object generated code calls: a Function ``G`` at rearranged arguments (NOTE: [Calls through Functions])."""
 
-    _tidiff_lane_cost = 64  # unknown until Taichi compiles it: a moderate guess keeps widening in bounds
+    _tidiff = Generated(lane_cost=64)  # unknown until Taichi compiles it: a moderate guess keeps widening in bounds
 
     def __init__(self) -> None:
         taichi_callable(self)

@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._adjoint import vjp_func, why_not
-from ._adjoint.transform import RECOMPUTES, USES_BWD
 from ._errors import NoForwardRule, TransformError
+from ._lang.compile import info
+from ._lang.generate import owned_cache
 from ._rules.calls import CUSTOM_VJPS
 from ._signature import ArgSpec
 from ._tangent import jvp_func
-from ._tangent.emit import owned_cache
+from ._tangent.fence import may_refuse
 
 # NOTE: [Vector-mode pushes] A Jacobian by an argument of n components is
 # best one call of the parent's tangent function widened to carry all n
@@ -64,8 +65,6 @@ LANE_BUDGET = 512
 # jvp rule). E.g. a 100-iteration loop of a 3-vector: 300 body runs forward,
 # about 5,000 in reverse.
 LOOP_REASON = "reverse mode recomputes a runtime loop at every iteration (NOTE: [Loops in reverse cost their square])"
-WIDE = "_tidiff_wide"
-"""Attribute of a generated body holding vector-mode pushes (its own or its parent's)."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +84,20 @@ def reverse_function(parent: Any, active: tuple[bool, ...], n_outputs: int) -> A
     return vjp_func(parent, active, n_outputs)
 
 
+def lane_cost(parent: Any, active: tuple[bool, ...]) -> int:
+    """The size of one lane of ``parent``'s tangent function (NOTE: [Vector-mode pushes])."""
+    cost = info(tangent_function(parent, active)).lane_cost
+    assert cost is not None  # every tangent function has one
+    return cost
+
+
 def forward_possible(parent: Any, active: tuple[bool, ...]) -> bool:
-    """Whether ``parent`` has a tangent function: not when it reaches a custom_vjp rule without a jvp rule."""
+    """Whether ``parent`` has a tangent function: not when it reaches a custom_vjp rule without a jvp rule.
+
+    Told without transforming where ``parent`` reaches none (NOTE: [Modes chosen without transforming] in
+    ``_tangent/fence.py``); else its tangent function is made (and cached for use)."""
+    if not may_refuse(parent):
+        return True
     try:
         tangent_function(parent, active)
     except NoForwardRule:
@@ -96,9 +107,9 @@ def forward_possible(parent: Any, active: tuple[bool, ...]) -> bool:
 
 def widens(parent: Any, active: tuple[bool, ...], size: int) -> bool:
     """Whether pushing ``size`` basis tangents is one widened call (NOTE: [Vector-mode pushes])."""
-    if getattr(parent, WIDE, False) or size == 1:
+    if info(parent).wide or size == 1:
         return size == 1
-    return size * tangent_function(parent, active)._tidiff_lane_cost <= LANE_BUDGET
+    return size * lane_cost(parent, active) <= LANE_BUDGET
 
 
 def jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgSpec], argnums: Sequence[int],
@@ -118,23 +129,27 @@ def _jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[Arg
                    out_specs: Sequence[ArgSpec], wanted: Sequence[int], flavour: str) -> Mode:
     if flavour == "fwd":
         return Mode("forward", "td.jacfwd pushes tangents forward")
+    forward = forward_possible(parent, active)
+    n_in = sum(in_specs[a].size for a in argnums)
+    n_out = sum(out_specs[o].size for o in wanted)
+    sizes = Mode("forward", f"{n_in} input components, {n_out} output components")
+    if forward and flavour == "auto" and n_out >= n_in and not _refused_by_other_arguments(parent, active, in_specs):
+        return sizes  # what follows could only choose forward too: the reverse function is not made
     reverse = reverse_function(parent, active, len(out_specs))
-    if not forward_possible(parent, active):
+    if not forward:
         if reverse is None:
             raise neither_way(parent, active, len(out_specs))
         return Mode("reverse", "forward mode reaches a custom_vjp rule without a jvp rule")
     if reverse is None:
         return Mode("forward", f"the reverse transform does not take {why_not(parent, active, len(out_specs))}")
-    if flavour == "rev" and getattr(reverse, USES_BWD, False):
+    if flavour == "rev" and info(reverse).uses_bwd:
         return Mode("reverse", "a reverse-mode transform reaches a custom_vjp rule")
     if _refused_by_other_arguments(parent, active, in_specs):
         return Mode("reverse", "forward mode by the other arguments reaches a custom_vjp rule without a jvp rule")
-    if getattr(reverse, RECOMPUTES, False):
+    if info(reverse).recomputes:
         return Mode("forward", LOOP_REASON)
-    n_in = sum(in_specs[a].size for a in argnums)
-    n_out = sum(out_specs[o].size for o in wanted)
     if n_out >= n_in:
-        return Mode("forward", f"{n_in} input components, {n_out} output components")
+        return sizes
     if n_out > 1 and all(widens(parent, active, in_specs[a].size) for a in argnums):
         return Mode("forward", "the forward pushes are one widened call")
     return Mode("reverse", f"{n_out} output components, fewer than {n_in} input components")
@@ -162,8 +177,10 @@ def cotangent_mode(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Mod
     unless it would recompute a runtime loop where forward pushes are possible (NOTE: [Loops in reverse cost
     their square])."""
     reverse = reverse_function(parent, active, n_outputs)
+    if reverse is not None and not info(reverse).recomputes:
+        return Mode("reverse", "one reverse call, whatever the sizes")
     forward = forward_possible(parent, active)
-    if reverse is not None and not (getattr(reverse, RECOMPUTES, False) and forward):
+    if reverse is not None and not forward:
         return Mode("reverse", "one reverse call, whatever the sizes")
     if not forward:
         raise neither_way(parent, active, n_outputs)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._lang.compile import info
 from ._protocol import as_function
 
 
@@ -40,7 +41,7 @@ def source(f: Any, *example_args: Any) -> str:
 
 def _collect(obj: Any, texts: list[str], seen: set[int]) -> None:
     """Depth-first: the generated source of ``obj``, then of the generated functions it names."""
-    text = getattr(obj, "_tidiff_source", None)
+    text = info(obj).source
     if text is None or id(obj) in seen:
         return
     seen.add(id(obj))

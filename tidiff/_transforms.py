@@ -33,6 +33,7 @@ from ._codegen.bodies import BodyWriter, LocalBlocks, jacobian_blocks
 from ._codegen.nested import nested_blocks
 from ._composed import Call, Composite, Const, Output
 from ._derived import SameArguments
+from ._lang.compile import info, mark
 from ._protocol import Function
 from ._signature import ArgSpec
 from ._tree import Tree, leaves
@@ -233,7 +234,7 @@ class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
 
         results = [result(it) for it in lay.items]
         body = w.compile(results, single=not isinstance(lay.tree, tuple), tag=self.kind)
-        body._tidiff_looped = w.looped
+        mark(body, looped=w.looped)
         return body
 
     def evaluate(self, batch: Batch) -> list[Any]:
@@ -241,7 +242,7 @@ class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
         (NOTE: [Blocks written to the output] in ``_codegen/bodies``)."""
         specs = list(batch.specs)
         nested = self.memo.get(("nested", tuple(specs)), lambda: self._nested_writer(specs))
-        if nested is None and not getattr(self.body_for(specs), "_tidiff_looped", False):
+        if nested is None and not info(self.body_for(specs)).looped:
             return super().evaluate(batch)
         kernel = self.memo.get(("blocks kernel", tuple(specs)), lambda: self._blocks_kernel(specs, nested))
         uses(kernel.kernel)

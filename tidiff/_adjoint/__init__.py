@@ -2,7 +2,9 @@
 from collections.abc import Sequence
 from typing import Any
 
-from .._tangent.emit import generate, owned_cache
+from .._lang.generate import generate, owned_cache
+from .._lang.naming import RULE_HELPERS
+from .._rules import helpers as rule_helpers
 from .transform import NotReversible, Reverser
 
 
@@ -14,7 +16,7 @@ def _made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
     if key not in cache:
         try:
             make = lambda parsed, act: Reverser(parsed, act, n_outputs, _made)  # noqa: E731
-            cache[key] = generate(f, key[0], make, tag="vjp")
+            cache[key] = generate(f, key[0], make, tag="vjp", namespace={RULE_HELPERS: rule_helpers})
         except NotReversible as reason:
             cache[key] = reason
     return cache[key]

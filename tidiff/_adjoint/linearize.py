@@ -15,9 +15,9 @@ from typing import Any
 import taichi as ti
 
 from .._lang.compile import compile_source
+from .._lang.generate import owned_cache
 from .._lang.naming import RULE_HELPERS
 from .._rules import helpers as rule_helpers
-from .._tangent.emit import owned_cache
 
 
 def linearized(f: Any, rule: Any, active: Sequence[bool], n_outputs: int) -> Any:
@@ -53,5 +53,4 @@ def _compile(f: Any, rule: Any, active: tuple[bool, ...], n_outputs: int) -> Any
     lines.append(f"    return {', '.join(['out'] + results)}")
     namespace = {"ti": ti, "rule": rule, RULE_HELPERS: rule_helpers}
     g = compile_source("\n".join(lines) + "\n", f"{base}_linear_vjp", namespace, tag="linear_vjp")
-    g._tidiff_primal = f
     return g

@@ -29,6 +29,7 @@ import taichi as ti
 
 from .._lang.activity import integer_locals, loaded_names
 from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name, is_helper, quiet
+from .._lang.compile import info
 from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
 from .._lang.nodes import assign as _assign
 from .._lang.nodes import name as _name
@@ -42,12 +43,6 @@ from .._rules.table import TABLE, Contributions, Vjp, copy_vjp, is_constructor, 
 from . import results
 from .control import Branch, ControlFlow, Loop, Op
 from .linearize import linearized
-
-USES_BWD = "_tidiff_uses_bwd"
-RECOMPUTES = "_tidiff_recomputes"
-"""Attribute of a reverse function that reverses a runtime loop by recomputing it (NOTE: [Loops in reverse
-cost their square] in ``_modes``)."""
-"""Attribute of a generated reverse function that calls a td.custom_vjp rule (see NOTE: [Mode choice])."""
 
 
 class NotReversible(Exception):
@@ -130,6 +125,10 @@ class Reverser(ControlFlow):
             None,
         )
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
+
+    def generated(self) -> dict[str, Any]:
+        """What the reverse function's record says of it (``_lang/compile.py``)."""
+        return {"reverse": True, "uses_bwd": self.uses_bwd, "recomputes": self.recomputes}
 
     # --- statements: the forward sweep -----------------------------------------
     def statement(self, node: ast.stmt) -> None:
@@ -639,8 +638,8 @@ class Reverser(ControlFlow):
             if reverse is None or isinstance(reverse, NotReversible):
                 why = f": {reverse}" if isinstance(reverse, NotReversible) else ""
                 raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible{why}")
-            self.uses_bwd = self.uses_bwd or getattr(reverse, USES_BWD, False)
-            self.recomputes = self.recomputes or getattr(reverse, RECOMPUTES, False)
+            self.uses_bwd = self.uses_bwd or info(reverse).uses_bwd
+            self.recomputes = self.recomputes or info(reverse).recomputes
             rank = iter(range(1, len(args) + 1))  # the result is (out, ct of each active operand...)
             hint, positions = base + "_vjp", [next(rank) if active else None for active in mask]
         helper = helper_name(self.helpers, self.namer, reverse, hint)

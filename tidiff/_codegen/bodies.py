@@ -38,7 +38,7 @@ import taichi as ti
 from taichi.lang.util import to_taichi_type
 
 from .. import _modes
-from .._lang.compile import compile_source
+from .._lang.compile import compile_source, mark
 from .._lang.naming import RULE_HELPERS, Namer
 from .._lang.sym import Sym, node_of
 from .._signature import ArgSpec
@@ -171,7 +171,7 @@ class BodyWriter:
         fn = ast.FunctionDef(self.name, ast.arguments([], [ast.arg(p) for p in self.params], None, [], [], None, []),
                              self.stmts + [ast.Return(value)], [ast.Attribute(TI.node, "func", ast.Load())], None)
         body = compile_source(fn, self.name, self.namespace, tag)
-        setattr(body, _modes.WIDE, self.wide)
+        mark(body, wide=self.wide)
         return body
 
 
@@ -280,7 +280,7 @@ class _Pushes:
         if len(argnums) < 2:
             return False
         size = sum(self.specs[a].size for a in argnums)
-        return size * _modes.tangent_function(self.parent, self.active)._tidiff_lane_cost > _modes.LANE_BUDGET
+        return size * _modes.lane_cost(self.parent, self.active) > _modes.LANE_BUDGET
 
     def every(self, argnums: Sequence[int], stores: dict[int, Any], one_loop: bool) -> None:
         """Push the basis tangents of every argument in ``argnums``, in one loop (:meth:`one_loop` said so)

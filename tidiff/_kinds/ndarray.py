@@ -57,6 +57,7 @@ from .._fields.graph import CodeGraph
 from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
 from .._fields.values import check_unchanged
 from .._lang.activity import root_names
+from .._lang.compile import info
 from .._lang.parse import kernel_function
 from .._lang.source import source_tree
 from .._protocol import Function, register_kind
@@ -352,7 +353,9 @@ class NdarrayTangent(TangentSignature):
 
     def kernel_source(self, specs: Sequence[ArgSpec]) -> str:
         """The generated source of the tangent kernel for these specs (for ``td.source``)."""
-        return self.concrete(specs).kernel._tidiff_source
+        source = info(self.concrete(specs).kernel).source
+        assert source is not None  # a generated kernel
+        return source
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
         outs, _ = self.concrete(in_specs).signature(in_specs)

@@ -9,6 +9,7 @@ instance), and is dropped with it.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 import linecache
 import weakref
@@ -17,13 +18,41 @@ from typing import Any
 _counter = itertools.count()
 
 
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """What tidiff knows of an object it generated: one record, kept on the object (:func:`info`)."""
+
+    source: str | None = None  # the generated source (``td.source``)
+    reverse: bool = False  # a reverse function, or a tangent made from one (NOTE: [Forward mode of a gradient's code])
+    lane_cost: int | None = None  # the size of one tangent lane (NOTE: [Vector-mode pushes])
+    uses_bwd: bool = False  # calls a td.custom_vjp rule, itself or in a callee (NOTE: [Mode choice])
+    recomputes: bool = False  # reverses a runtime loop by recomputing it (NOTE: [Loops in reverse cost their square])
+    wide: bool = False  # holds vector-mode pushes, its own or its parent's
+    looped: bool = False  # pushes in a runtime loop: its Jacobian blocks are written to the output on the host
+
+
+_RECORD = "_tidiff"
+_NOTHING = Generated()
+
+
+def info(obj: object) -> Generated:
+    """The record of an object tidiff generated; an empty one for anything else (the user's code)."""
+    found = getattr(obj, _RECORD, None)
+    return found if isinstance(found, Generated) else _NOTHING
+
+
+def mark(obj: object, **fields: Any) -> None:
+    """Set fields of the record of an object tidiff generated."""
+    setattr(obj, _RECORD, dataclasses.replace(info(obj), **fields))
+
+
 def compile_source(source: str | ast.Module | ast.stmt, name: str, namespace: dict[str, Any], tag: str = "gen") -> Any:
     """Execute ``source`` (text, a module or a statement such as a function) in ``namespace``; return the object
     named ``name``.
 
     The text is registered in ``linecache`` so that Taichi (and tracebacks)
-    can read it back; the file name says which generator made it. The object
-    gets ``_tidiff_source`` (for ``td.source``).
+    can read it back; the file name says which generator made it. The object's
+    record (:func:`info`) holds the source (for ``td.source``).
     """
     if not isinstance(source, str):
         module = source if isinstance(source, ast.Module) else ast.Module([source], [])
@@ -33,7 +62,7 @@ def compile_source(source: str | ast.Module | ast.stmt, name: str, namespace: di
     linecache.cache[filename] = (len(source), None, lines, filename)
     exec(compile(source, filename, "exec", dont_inherit=True), namespace)  # no __future__ from here
     obj = namespace[name]
-    obj._tidiff_source = source
+    mark(obj, source=source)
     try:
         weakref.finalize(obj, linecache.cache.pop, filename, None)
     except TypeError:  # an object that cannot be weakly referenced keeps its entry

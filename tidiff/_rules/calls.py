@@ -122,6 +122,11 @@ def classify(node: ast.Call, namespace: dict[str, Any], local: Container[str],
     callee = resolve(func, namespace)
     if callee is MISSING:
         return Callee(Kind.UNKNOWN)
+    return kind_of(callee)
+
+
+def kind_of(callee: object) -> Callee:
+    """What a call of the object ``callee`` goes to (:func:`classify` once the callee is resolved)."""
     if isinstance(callee, functools.partial):
         return Callee(Kind.PARTIAL, callee)
     if callee is ti.static or (hashable(callee) and callee in STATIC_BUILTINS):

@@ -61,13 +61,17 @@ from taichi.types.ndarray_type import NdarrayType
 
 from .._lang.activity import assignments, root_names
 from .._lang.callees import call_name, transformable
-from .._lang.compile import compile_source
-from .._lang.naming import helper_name
+from .._lang.compile import compile_source, info, mark
+from .._lang.generate import generate
+from .._lang.naming import RULE_HELPERS, helper_name
 from .._lang.objects import Unbound, argcount, bind, fields_of, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, resolve
+from .._rules import helpers as rule_helpers
 from .._rules.calls import callable_rule
-from .emit import generate, jvp_func
+from .emit import jvp_func
 from .transform import Transformer, _name
+
+_RULES = {RULE_HELPERS: rule_helpers}
 
 _GRADIENT_ATTRIBUTES = {"grad", "dual"}
 
@@ -265,7 +269,7 @@ def _transform_kernel(kernel: Any, tangents: FieldTangents, owner: object = None
         made.append(KernelTransformer(parsed, active, tangents, kernel=kernel, owner=owner, arrays=arrays))
         return made[0]
 
-    return generate(Unbound(kernel) if owner is not None else kernel, (), make), made[0]
+    return generate(Unbound(kernel) if owner is not None else kernel, (), make, tag="jvp", namespace=_RULES), made[0]
 
 
 def _launcher(g: Any, transformer: KernelTransformer, tangents: FieldTangents) -> Any:
@@ -282,8 +286,7 @@ def _launcher(g: Any, transformer: KernelTransformer, tangents: FieldTangents) -
                                  [ast.Return(ast.Call(_name(kernel), args, []))], [], None)
     namespace = {"__name__": "tidiff_generated", kernel: g, lookup: tangents.tangent_of}
     launch = compile_source(launch_def, name, namespace, tag="jvp-launch")
-    launch._tidiff_source = g._tidiff_source + "\n\n" + launch._tidiff_source
-    launch._tidiff_primal = g._tidiff_primal
+    mark(launch, source=f"{info(g).source}\n\n{info(launch).source}")
     return launch
 
 
@@ -302,7 +305,8 @@ def jvp_field_func(f: Any, active: Sequence[bool], tangents: FieldTangents) -> A
     key = (fn, id(owner), pattern)
     if key not in tangents.generated:
         tangents.generated[key] = generate(
-            fn, pattern, lambda parsed, act: KernelTransformer(parsed, act, tangents, owner=owner))
+            fn, pattern, lambda parsed, act: KernelTransformer(parsed, act, tangents, owner=owner), tag="jvp",
+            namespace=_RULES)
     return tangents.generated[key]
 
 

@@ -18,6 +18,7 @@ from taichi.lang.field import Field
 from .._errors import NoForwardRule, TransformError, where_hint
 from .._lang.activity import active_variables, loaded_names, local_names, root_names
 from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name
+from .._lang.compile import info
 from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
 from .._lang.parse import MISSING, Parsed, positional, resolve
 from .._lang.rebinding import rename_rebindings
@@ -163,12 +164,17 @@ class Transformer:
                              self.block or [ast.Pass()], [decorator], self.returns)
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
+    def generated(self) -> dict[str, Any]:
+        """What the tangent function's record says of it (``_lang/compile.py``)."""
+        return {"lane_cost": self.lane_cost, "reverse": self.through_vjp_rules}
+
     def _callee_cost(self, stmt: ast.stmt) -> int:
         """Lane cost of the tangent function (or custom rule) a call statement calls."""
         call = stmt.value if isinstance(stmt, ast.Assign) else None
         assert isinstance(call, ast.Call) and isinstance(call.func, ast.Name)  # as call_tangent writes it
         fn = self.helpers[call.func.id]
-        return getattr(fn, "_tidiff_lane_cost", len(call.args))
+        cost = info(fn).lane_cost
+        return len(call.args) if cost is None else cost
 
     def _check_fields(self) -> None:
         """Global fields and ndarrays are program state, not function inputs: refuse them."""
