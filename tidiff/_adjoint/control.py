@@ -143,6 +143,7 @@ class ControlFlow:
     ops: list[Op | Branch | Loop]
     backward: list[ast.stmt]
     cts: dict[str, str]
+    in_block: int
     recomputes: bool
     statement: Callable[[ast.stmt], None]
     rename: Callable[[ast.expr], ast.expr]
@@ -327,9 +328,12 @@ class ControlFlow:
 
     # --- reverse sweep --------------------------------------------------------------
     def emitted(self, write: Callable[[], None]) -> list[ast.stmt]:
-        """The reverse statements ``write()`` emits, as a list of their own."""
+        """The reverse statements ``write()`` emits, as a list of their own (a block: entry contributions are
+        added at once, NOTE: [Entries in one value] in ``_rules/helpers.py``)."""
         outer, self.backward = self.backward, []
+        self.in_block += 1
         write()
+        self.in_block -= 1
         stmts, self.backward = self.backward, outer
         return stmts
 

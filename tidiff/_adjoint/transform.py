@@ -30,7 +30,7 @@ import taichi as ti
 from .._lang.activity import integer_locals, loaded_names
 from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name, is_helper, quiet
 from .._lang.compile import info
-from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
+from .._lang.naming import RULE_HELPERS, TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
 from .._lang.nodes import assign as _assign
 from .._lang.nodes import name as _name
 from .._lang.nodes import zero_of
@@ -90,6 +90,9 @@ class Reverser(ControlFlow):
         self.backward: list[ast.stmt] = []
         self.ops: list[Op | Branch | Loop] = []
         self.cts: dict[str, str] = {}  # SSA name -> the name of its cotangent, in the reverse sweep
+        self.entries: dict[str, tuple[ast.expr, dict[tuple[int, ...], ast.expr]]] = {}  # SSA name -> (its
+        # shape's model, {index: its cotangent's contribution}): entry contributions waiting to be added
+        self.in_block = 0  # how deep the reverse sweep is in branches and loops
         self.helpers: dict[str, Any] = {}
         self.taichi_name = taichi_name(self.namer, parsed.namespace)
 
@@ -748,10 +751,27 @@ class Reverser(ControlFlow):
             if self.is_active(out):
                 self.add(out.id, Sym(_name(ct)))
         self.sweep_ops(self.ops)
+        self.flush()
         return self.cts
 
     def add(self, variable: str, contribution: Sym) -> None:
-        """``ct_variable += contribution`` (declared by its first contribution)."""
+        """``ct_variable += contribution`` (declared by its first contribution). A contribution to one entry
+        (``scatter(x, g, 3)``) waits beside the others to that variable's entries, in straight-line code,
+        until the cotangent is read (NOTE: [Entries in one value] in ``_rules/helpers.py``)."""
+        entry = _entry_contribution(contribution) if not self.in_block else None
+        if entry is not None:
+            like, index, value = entry
+            waiting = self.entries.setdefault(variable, (like, {}))[1]
+            if index in waiting:  # a second read of the entry: its contributions summed in order
+                total = self.namer.fresh(f"ct_{variable}_at")
+                self.backward.append(_assign(total, ast.BinOp(waiting[index], ast.Add(), value)))
+                value = _name(total)
+            waiting[index] = value
+            return
+        self.flush(variable)
+        self.add_now(variable, contribution)
+
+    def add_now(self, variable: str, contribution: Sym) -> None:
         value: ast.expr
         if variable in self.cts:
             value = ast.BinOp(_name(self.cts[variable]), ast.Add(), contribution.node)
@@ -760,16 +780,35 @@ class Reverser(ControlFlow):
             value = contribution.node
         self.backward.append(_assign(self.cts[variable], value))
 
+    def flush(self, *variables: str) -> None:
+        """Add the waiting entry contributions to the cotangents of ``variables`` (all, by default): one
+        ``scatter`` where one entry waits, else one ``scattered`` value of all of them."""
+        for variable in variables or list(self.entries):
+            if variable not in self.entries:
+                continue
+            like, waiting = self.entries.pop(variable)
+            if len(waiting) == 1:
+                (index, value), = waiting.items()
+                self.add_now(variable, Sym(_scatter(like, index, value)))
+            else:
+                spread = "scattered" if len(next(iter(waiting))) == 1 else "scattered2"
+                parts = [part for index, value in waiting.items() for part in (*map(ast.Constant, index), value)]
+                self.add_now(variable, Sym(ast.Call(ast.Attribute(_name(RULE_HELPERS), spread, ast.Load()),
+                                                    [like] + parts, [])))
+
     def sweep_ops(self, ops: list[Op | Branch | Loop]) -> None:
         """The adjoints of a block's ops, last first, into ``self.backward``."""
         cts = self.cts
         for op in reversed(ops):
             if isinstance(op, Branch):
+                self.flush()
                 self.reverse_branch(op)
                 continue
             if isinstance(op, Loop):
+                self.flush()
                 self.reverse_loop(op)
                 continue
+            self.flush(*op.results())
             if not any(r in cts for r in op.results()):
                 continue
             contributions: Contributions
@@ -806,6 +845,27 @@ _OP_HINTS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", as
 def _constructor_of_one(g: Sym, out: Sym, x: Sym) -> Contributions:
     """The adjoint of ``ti.math.vec3(x)``: Taichi puts a scalar ``x`` in every entry and copies a vector."""
     return [helpers.sum_to(g, x)]
+
+
+_SCATTERS = {"scatter": 1, "scatter2": 2}
+
+
+def _entry_contribution(contribution: Sym) -> tuple[ast.expr, tuple[int, ...], ast.expr] | None:
+    """``(like, index, value)`` of a contribution ``scatter(like, value, i)`` (``scatter2``: ``i, j``) at
+    constant indices, else None."""
+    node = contribution.node
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SCATTERS
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == RULE_HELPERS):
+        return None
+    like, value, *index = node.args
+    at = tuple(i.value for i in index if isinstance(i, ast.Constant) and type(i.value) is int)
+    return (like, at, value) if len(at) == len(index) == _SCATTERS[node.func.attr] else None
+
+
+def _scatter(like: ast.expr, index: tuple[int, ...], value: ast.expr) -> ast.Call:
+    """``scatter(like, value, i)`` (``scatter2`` for two indices)."""
+    func = ast.Attribute(_name(RULE_HELPERS), "scatter" if len(index) == 1 else "scatter2", ast.Load())
+    return ast.Call(func, [like, value] + [ast.Constant(i) for i in index], [])
 
 
 def _top_level(count: int) -> list[Path]:

@@ -332,6 +332,27 @@ deflinear_in(rule_helpers.entries, 0, lambda g, out, x: [helpers.unflat_any(g, x
 deflinear_in(rule_helpers.unflat_any, 0, lambda g, out, v, like: [helpers.entries(g)])
 deflinear_in(rule_helpers.pick_extreme, 1, lambda g, out, x, t, largest: [None, helpers.extreme_adjoint(x, g, largest)])
 deflinear_in(rule_helpers.extreme_adjoint, 1, lambda g, out, x, v, largest: [None, helpers.pick_extreme(x, g, largest)])
+def _entries_at(rank: int) -> Rule:
+    """The rules of ``scattered`` (``rank`` 1: ``like, i, v, ...``) and ``scattered2`` (2: ``like, i, j, v, ...``),
+    linear in the values (NOTE: [Entries in one value] in ``helpers.py``)."""
+    step = rank + 1
+
+    def jvp(call: Call) -> Sym | None:
+        groups = [(call.args[k:k + rank], call.tangents[k + rank]) for k in range(1, len(call.args), step)]
+        kept = [part for index, t in groups if t is not None for part in (*index, t)]
+        return None if not kept else call.fn(call.args[0], *kept)
+
+    def vjp(g: Sym, out: Sym, like: Sym, *groups: Sym) -> Contributions:
+        found: Contributions = [None]
+        for k in range(0, len(groups), step):
+            found += [None] * rank + [g[groups[k]] if rank == 1 else g[groups[k], groups[k + 1]]]
+        return found
+
+    return Rule(jvp, vjp)
+
+
+register(rule_helpers.scattered, _entries_at(1))
+register(rule_helpers.scattered2, _entries_at(2))
 defjvp(rule_helpers.inner, lambda g, a, b: helpers.inner(g, b), lambda g, a, b: helpers.inner(a, g),
        vjp=lambda g, out, a, b: [g * b, g * a])
 defzero(rule_helpers.basis)
