@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
 import taichi as ti
+from taichi.lang.matrix import MatrixType
 
 from .._lang.activity import integer_locals, loaded_names
 from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name, is_helper, quiet
@@ -34,12 +35,12 @@ from .._lang.naming import RULE_HELPERS, TAICHI, Namer, helper_name, names_in, s
 from .._lang.nodes import assign as _assign
 from .._lang.nodes import name as _name
 from .._lang.nodes import zero_of
-from .._lang.parse import MISSING, Parsed, hashable, positional, resolve
+from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call
 from .._lang.rebinding import rebound_call
 from .._lang.sym import Sym, helpers
 from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, Callee, Kind, callable_rule, classify
 from .._rules.helpers import is_integral
-from .._rules.table import TABLE, Contributions, Vjp, copy_vjp, is_constructor, is_dtype, lookup, zero
+from .._rules.table import TABLE, Contributions, Rule, Shape, Vjp, copy_vjp, is_constructor, is_dtype, lookup, zero
 from . import results
 from .control import Branch, ControlFlow, Loop, Op
 from .linearize import linearized
@@ -93,6 +94,13 @@ class Reverser(ControlFlow):
         self.entries: dict[str, tuple[ast.expr, dict[tuple[int, ...], ast.expr]]] = {}  # SSA name -> (its
         # shape's model, {index: its cotangent's contribution}): entry contributions waiting to be added
         self.in_block = 0  # how deep the reverse sweep is in branches and loops
+        self.shapes: dict[str, Shape] = {}  # SSA name -> its shape, where the code says (NOTE: [Known shapes])
+        for arg in self.tree.args.args:
+            shape = _annotated_shape(arg.annotation, parsed.namespace)
+            if shape is not None:
+                self.shapes[arg.arg] = shape
+        self.borrowed: set[str] = set()  # SSA names whose cotangent is another's name (NOTE: [Known shapes])
+        self.straight = True  # no branch or runtime loop: cotangent names may be shared
         self.helpers: dict[str, Any] = {}
         self.taichi_name = taichi_name(self.namer, parsed.namespace)
 
@@ -310,7 +318,12 @@ class Reverser(ControlFlow):
                 and isinstance(self.forward[-1].targets[0], ast.Name) and self.forward[-1].targets[0].id == value.id):
             self.forward[-1].targets[0].id = last.target = ssa  # the op computes the variable itself
             self.active.add(ssa)
+            if value.id in self.shapes:
+                self.shapes[ssa] = self.shapes.pop(value.id)
         else:
+            shape = self.shape_of(value)
+            if shape is not None and annotation is None:
+                self.shapes[ssa] = shape
             self.forward.append(_assign(ssa, value, annotation))
             if self.is_active(value):
                 self.ops.append(Op(ssa, copy_vjp, [value]))
@@ -379,15 +392,28 @@ class Reverser(ControlFlow):
         return handler(node)
 
     def op(self, rule: Vjp | None, node: ast.expr, args: list[ast.expr], hint: str, callee: str | None = None,
-           positions: list[int | None] | None = None) -> ast.Name:
-        """Emit ``t = node`` and remember how to send its cotangent to ``args``."""
+           positions: list[int | None] | None = None, shape: Shape | None = None) -> ast.Name:
+        """Emit ``t = node`` and remember how to send its cotangent to ``args`` (``shape``: its shape, where
+        known)."""
         target = self.namer.fresh(hint)
+        if shape is not None:
+            self.shapes[target] = shape
         self.forward.append(_assign(target, node))
         self.ops.append(Op(target, rule, args, callee, positions))
         self.active.add(target)
         self.temps.add(target)
         self.defined.add(target)
         return _name(target)
+
+    def shape_of(self, node: ast.expr) -> Shape | None:
+        """The shape of an operand, where the code says: a number's, or a name's (NOTE: [Known shapes])."""
+        if isinstance(node, ast.Name):
+            return self.shapes.get(node.id)
+        return () if _is_number(node) or (isinstance(node, ast.Constant) and type(node.value) in (int, float)) \
+            else None
+
+    def result_shape(self, rule: Rule, args: list[ast.expr]) -> Shape | None:
+        return None if rule.result_shape is None else rule.result_shape([self.shape_of(a) for a in args])
 
     def expr_Name(self, node: ast.Name) -> ast.expr:
         return _name(self.ssa(node.id))
@@ -399,13 +425,15 @@ class Reverser(ControlFlow):
         if rule is None or rule.vjp is None:
             raise NotReversible(f"the operator in `{ast.unparse(node)}`")
         a, b = self.operand(node.left), self.operand(node.right)
-        return self.op(rule.vjp, ast.BinOp(a, node.op, b), [a, b], _OP_HINTS.get(type(node.op), "t"))
+        return self.op(rule.vjp, ast.BinOp(a, node.op, b), [a, b], _OP_HINTS.get(type(node.op), "t"),
+                       shape=self.result_shape(rule, [a, b]))
 
     def expr_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
         if isinstance(node.op, (ast.Not, ast.Invert)):
             return self.rename(node)
         a = self.operand(node.operand)
-        return self.op(TABLE[type(node.op)].vjp, ast.UnaryOp(node.op, a), [a], "neg")
+        rule = TABLE[type(node.op)]
+        return self.op(rule.vjp, ast.UnaryOp(node.op, a), [a], "neg", shape=self.result_shape(rule, [a]))
 
     def expr_Compare(self, node: ast.expr) -> ast.expr:
         return self.rename(node)
@@ -448,7 +476,9 @@ class Reverser(ControlFlow):
         def rule(g: Sym, out: Sym, x: Sym) -> Contributions:
             return [scatter(x, g, *[Sym(i) for i in index])]
 
-        return self.op(rule, read, [base], f"{_hint(base)}_entry")
+        whole = self.shape_of(base)
+        entry = () if whole is not None and len(whole) == len(index) else None
+        return self.op(rule, read, [base], f"{_hint(base)}_entry", shape=entry)
 
     def expr_Call(self, node: ast.Call) -> ast.expr:
         callee = self.classify(node)
@@ -520,7 +550,8 @@ class Reverser(ControlFlow):
         if rule is None or rule.vjp is None:
             raise NotReversible(f"a call of `{ast.unparse(func)}` (no reverse rule)")
         args = [self.operand(a) for a in node.args]
-        return self.op(rule.vjp, ast.Call(func, args, keywords), args, _call_hint(func, args))
+        return self.op(rule.vjp, ast.Call(func, args, keywords), args, _call_hint(func, args),
+                       shape=self.result_shape(rule, args))
 
     def _float_cast(self, node: ast.Call) -> bool:
         """Whether ``ti.cast(x, dtype)`` may have a derivative: not a cast to an integer type the transform
@@ -547,7 +578,8 @@ class Reverser(ControlFlow):
         args = [self.operand(a) for a in node.args]
         call = ast.Call(ast.Attribute(receiver, func.attr, ast.Load()), args,
                         [ast.keyword(k.arg, self.rename(k.value)) for k in node.keywords])
-        return self.op(rule.vjp, call, [receiver] + args, f"{func.attr.lower()}_{_hint(receiver)}")
+        return self.op(rule.vjp, call, [receiver] + args, f"{func.attr.lower()}_{_hint(receiver)}",
+                       shape=self.result_shape(rule, [receiver] + args))
 
     def construct(self, node: ast.Call, keywords: list[ast.keyword]) -> ast.expr:
         """``ti.Vector([a, b])``, ``ti.Matrix([[a, b], [c, d]], dt)``: entry k gets ``g[k]``."""
@@ -747,6 +779,7 @@ class Reverser(ControlFlow):
     # --- the reverse sweep ---------------------------------------------------------
     def sweep(self, outputs: list[ast.expr], ct_params: list[str]) -> dict[str, str]:
         """Cotangent statements, last op first; returns {SSA name: the name of its cotangent}."""
+        self.straight = not any(isinstance(op, (Branch, Loop)) for op in self.ops)
         for out, ct in zip(outputs, ct_params, strict=False):
             if self.is_active(out):
                 self.add(out.id, Sym(_name(ct)))
@@ -769,10 +802,20 @@ class Reverser(ControlFlow):
             waiting[index] = value
             return
         self.flush(variable)
+        if isinstance(contribution.node, ast.Name) and variable not in self.cts and self.straight:
+            self.cts[variable] = contribution.node.id  # the same value: its name, no copy (NOTE: [Known shapes])
+            self.borrowed.add(variable)
+            return
         self.add_now(variable, contribution)
 
     def add_now(self, variable: str, contribution: Sym) -> None:
         value: ast.expr
+        if variable in self.borrowed:  # its name is another's cotangent: a sum of the two is a name of its own
+            self.borrowed.discard(variable)
+            total = self.namer.fresh("ct_" + variable)
+            self.backward.append(_assign(total, ast.BinOp(_name(self.cts[variable]), ast.Add(), contribution.node)))
+            self.cts[variable] = total
+            return
         if variable in self.cts:
             value = ast.BinOp(_name(self.cts[variable]), ast.Add(), contribution.node)
         else:
@@ -826,6 +869,10 @@ class Reverser(ControlFlow):
                 assert op.rule is not None
                 g = Sym(_name(cts[op.target]))
                 contributions = op.rule(g, Sym(_name(op.target)), *[Sym(a) for a in op.args])
+                shape = self.shapes.get(op.target)
+                if shape is not None:  # a sum back to an operand of the result's shape is the value itself
+                    contributions = [_summed_to(c, a, shape, self.shape_of(a))
+                                     for c, a in zip(contributions, op.args, strict=False)]
             for arg, contribution in zip(op.args, contributions, strict=False):
                 if contribution is not None and self.is_active(arg):
                     self.add(arg.id, contribution)
@@ -860,6 +907,34 @@ def _entry_contribution(contribution: Sym) -> tuple[ast.expr, tuple[int, ...], a
     like, value, *index = node.args
     at = tuple(i.value for i in index if isinstance(i, ast.Constant) and type(i.value) is int)
     return (like, at, value) if len(at) == len(index) == _SCATTERS[node.func.attr] else None
+
+
+# NOTE: [Known shapes] Shapes are not in the source, so a reverse rule sums a contribution back to its
+# operand's shape (``sum_to(v, x)``), and each cotangent is a variable of its own: code over scalars was
+# mostly copies (``ct_s_3 = sum_to(ct_s_4, s_3)``: 258 of the 885 lines of the tangent of a gradient reading
+# 64 entries, every copy a statement Taichi compiles). Where the code says a shape (annotated parameters,
+# numbers, entries of those, results of ops whose rule gives theirs: ``Rule.result_shape``), a sum to an
+# operand of the result's own shape is dropped, and in code without branches or runtime loops a cotangent
+# that is another's value is that value's name: the copies are gone.
+def _summed_to(contribution: Sym | None, arg: ast.expr, shape: Shape, arg_shape: Shape | None) -> Sym | None:
+    """``v`` for a contribution ``sum_to(v, arg)`` where ``arg`` has the result's ``shape``, else the contribution."""
+    node = None if contribution is None else contribution.node
+    if (arg_shape == shape and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "sum_to" and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == RULE_HELPERS and len(node.args) == 2
+            and ast.dump(node.args[1]) == ast.dump(arg)):
+        return Sym(node.args[0])
+    return contribution
+
+
+def _annotated_shape(annotation: ast.expr | None, namespace: dict[str, Any]) -> Shape | None:
+    """The shape a parameter's annotation gives (``ti.f64``: ``()``, ``ti.math.vec3``: ``(3,)``), or None."""
+    value = MISSING if annotation is None else resolve(annotation, namespace)
+    if value is MISSING and annotation is not None:  # ti.types.vector(3, ti.f64)
+        value = static_call(annotation, namespace, ())
+    if isinstance(value, MatrixType):
+        return (value.n,) if value.ndim == 1 else (value.n, value.m)
+    return () if value in (float, int) or isinstance(value, type(ti.f64)) else None
 
 
 def _scatter(like: ast.expr, index: tuple[int, ...], value: ast.expr) -> ast.Call:

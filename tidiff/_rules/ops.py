@@ -26,6 +26,7 @@ from .table import (
     Contributions,
     Jvp,
     Rule,
+    broadcast,
     defjvp,
     defjvp2,
     deflinear_in,
@@ -34,6 +35,7 @@ from .table import (
     linear_in,
     method,
     register,
+    scalar,
     without_minus,
 )
 
@@ -71,7 +73,8 @@ defjvp(ast.Mult, lambda g, x, y: g * y, lambda g, x, y: x * g)
 # ti.raw_div is true division on floats; not x / (y * y): y * y overflows past 1e154
 defjvp2([ast.Div, ti.raw_div], lambda g, ans, x, y: g / y, lambda g, ans, x, y: -g * ans / y)
 defjvp(ast.MatMult, lambda g, x, y: g @ y, lambda g, x, y: x @ g,
-       vjp=lambda g, out, x, y: [helpers.matmul_adjoint_left(g, x, y), helpers.matmul_adjoint_right(g, x, y)])
+       vjp=lambda g, out, x, y: [helpers.matmul_adjoint_left(g, x, y), helpers.matmul_adjoint_right(g, x, y)],
+       result_shape=None)
 
 
 def exponent_less_one(y: Sym) -> Sym:
@@ -130,7 +133,7 @@ register(float, FLOAT_CAST)
 # when lo == hi != x; v.max() (Taichi folds the entries left to right) to the last
 # entry equal to the max.
 @defrule([min, ti.min], lambda g, out, x, y: [_sum_to(T.select(x < y, g, _zero(g)), x),
-                                              _sum_to(T.select(x < y, _zero(g), g), y)])
+                                              _sum_to(T.select(x < y, _zero(g), g), y)], broadcast)
 def _min(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents):
         return None
@@ -139,7 +142,7 @@ def _min(call: Call) -> Sym | None:
 
 
 @defrule([max, ti.max], lambda g, out, x, y: [_sum_to(T.select(x > y, g, _zero(g)), x),
-                                              _sum_to(T.select(x > y, _zero(g), g), y)])
+                                              _sum_to(T.select(x > y, _zero(g), g), y)], broadcast)
 def _max(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents):
         return None
@@ -148,7 +151,7 @@ def _max(call: Call) -> Sym | None:
 
 
 @defrule(ti.select, lambda g, out, c, a, b: [None, _sum_to(T.select(c, g, _zero(g)), a),
-                                             _sum_to(T.select(c, _zero(g), g), b)])
+                                             _sum_to(T.select(c, _zero(g), g), b)], broadcast)
 def _select(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents[1:]):
         return None
@@ -199,7 +202,7 @@ def _clamp_adjoint(g: Sym, out: Sym, x: Sym, lo: Sym, hi: Sym) -> Contributions:
             _sum_to(T.select(upper, g, _zero(g)), hi)]
 
 
-@defrule(ti.math.clamp, _clamp_adjoint)
+@defrule(ti.math.clamp, _clamp_adjoint, broadcast)
 def _clamp(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents):
         return None
@@ -221,7 +224,7 @@ def _smoothstep_adjoint(g: Sym, out: Sym, e0: Sym, e1: Sym, x: Sym) -> Contribut
     return [_sum_to(k * (t - 1), e0), _sum_to(-k * t, e1), _sum_to(k, x)]
 
 
-@defrule(ti.math.smoothstep, _smoothstep_adjoint)
+@defrule(ti.math.smoothstep, _smoothstep_adjoint, broadcast)
 def _smoothstep(call: Call) -> Sym | None:
     e0, e1, x = call.args
     de0, de1, dx = call.tangents
@@ -236,11 +239,12 @@ def _smoothstep(call: Call) -> Sym | None:
 
 # --- vectors and matrices: methods and their ti.math spellings -------------
 defjvp(method("dot") + [ti.math.dot], lambda g, x, y: g.dot(y), lambda g, x, y: x.dot(g),
-       vjp=lambda g, out, x, y: [g * y, g * x])
+       vjp=lambda g, out, x, y: [g * y, g * x], result_shape=scalar)
 defjvp(method("cross") + [ti.math.cross], lambda g, x, y: g.cross(y), lambda g, x, y: x.cross(g),
-       vjp=lambda g, out, x, y: [helpers.cross_adjoint_left(g, x, y), helpers.cross_adjoint_right(g, x, y)])
+       vjp=lambda g, out, x, y: [helpers.cross_adjoint_left(g, x, y), helpers.cross_adjoint_right(g, x, y)],
+       result_shape=None)
 defjvp(method("outer_product"), lambda g, x, y: g.outer_product(y), lambda g, x, y: x.outer_product(g),
-       vjp=lambda g, out, x, y: [g @ y, g.transpose() @ x])
+       vjp=lambda g, out, x, y: [g @ y, g.transpose() @ x], result_shape=None)
 
 
 # NOTE: [Norm at zero]
@@ -267,10 +271,10 @@ def inverse_norm(x: Sym, *eps: Sym) -> Sym:
 
 defjvp(method("norm") + [ti.math.length],  # sqrt(|x|^2 + eps), of a matrix too
        lambda g, x, *eps: (x * g).sum() * inverse_norm(x, *eps),
-       vjp=lambda g, out, x, *eps: [g * x * reciprocal_or_zero(out)])
+       vjp=lambda g, out, x, *eps: [g * x * reciprocal_or_zero(out)], result_shape=scalar)
 defjvp2(method("norm_inv"), lambda g, ans, x, *eps: -ans ** 3 * (x * g).sum(),  # rsqrt(|x|^2 + eps)
-        vjp=lambda g, out, x, *eps: [-g * out ** 3 * x])
-defjvp(method("norm_sqr"), lambda g, x: 2 * (x * g).sum(), vjp=lambda g, out, x: [2 * g * x])
+        vjp=lambda g, out, x, *eps: [-g * out ** 3 * x], result_shape=scalar)
+defjvp(method("norm_sqr"), lambda g, x: 2 * (x * g).sum(), vjp=lambda g, out, x: [2 * g * x], result_shape=scalar)
 
 
 def _normalized(g: Sym, ans: Sym, x: Sym, *eps: Sym) -> Sym:
@@ -283,9 +287,9 @@ def _normalized(g: Sym, ans: Sym, x: Sym, *eps: Sym) -> Sym:
 
 defjvp2(method("normalized") + [ti.math.normalize], _normalized)
 defjvp(method("determinant") + [ti.math.determinant], lambda g, x: (helpers.cofactors(x) * g).sum(),
-       vjp=lambda g, out, x: [g * helpers.cofactors(x)])
+       vjp=lambda g, out, x: [g * helpers.cofactors(x)], result_shape=scalar)
 defjvp2(method("inverse") + [ti.math.inverse], lambda g, ans, x: -(ans @ g @ ans),
-        vjp=lambda g, out, x: [-(out.transpose() @ g @ out.transpose())])
+        vjp=lambda g, out, x: [-(out.transpose() @ g @ out.transpose())], result_shape=None)
 
 
 @defrule(ti.math.distance, lambda g, out, x, y: [g * (x - y) * reciprocal_or_zero(out),  # NOTE: [Norm at zero]
@@ -299,13 +303,14 @@ def _distance(call: Call) -> Sym | None:
     return (x - y).dot(along) * inverse_norm(x - y)
 
 
-defjvp(method("transpose"), lambda g, x: g.transpose())
-defjvp(method("trace"), lambda g, x: g.trace(), vjp=lambda g, out, x: [helpers.trace_adjoint(x, g)])
-defjvp(method("sum"), lambda g, x: g.sum(), vjp=lambda g, out, x: [_zero(x) + g])
+defjvp(method("transpose"), lambda g, x: g.transpose(), result_shape=None)
+defjvp(method("trace"), lambda g, x: g.trace(), vjp=lambda g, out, x: [helpers.trace_adjoint(x, g)],
+       result_shape=scalar)
+defjvp(method("sum"), lambda g, x: g.sum(), vjp=lambda g, out, x: [_zero(x) + g], result_shape=scalar)
 defjvp(method("max"), lambda g, x: helpers.pick_extreme(x, g, True),  # NOTE: [Ties]
-       vjp=lambda g, out, x: [helpers.extreme_adjoint(x, g, True)])
+       vjp=lambda g, out, x: [helpers.extreme_adjoint(x, g, True)], result_shape=scalar)
 defjvp(method("min"), lambda g, x: helpers.pick_extreme(x, g, False),
-       vjp=lambda g, out, x: [helpers.extreme_adjoint(x, g, False)])
+       vjp=lambda g, out, x: [helpers.extreme_adjoint(x, g, False)], result_shape=scalar)
 
 # --- constructors of matrices from values (the dims are static) -------------
 deflinear_in(ti.Matrix.diag, 1, lambda g, out, dim, val: [None, g.trace()])
@@ -354,7 +359,7 @@ def _entries_at(rank: int) -> Rule:
 register(rule_helpers.scattered, _entries_at(1))
 register(rule_helpers.scattered2, _entries_at(2))
 defjvp(rule_helpers.inner, lambda g, a, b: helpers.inner(g, b), lambda g, a, b: helpers.inner(a, g),
-       vjp=lambda g, out, a, b: [g * b, g * a])
+       vjp=lambda g, out, a, b: [g * b, g * a], result_shape=scalar)
 defzero(rule_helpers.basis)
 
 

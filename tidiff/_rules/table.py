@@ -52,6 +52,25 @@ Vjp = Callable[..., Contributions]
 their cotangents and of the results (``gs, outs, *operands``)."""
 
 
+Shape = tuple[int, ...]
+"""A value's shape: ``()`` for a scalar."""
+ResultShape = Callable[[list["Shape | None"]], "Shape | None"]
+"""The shape of an op's result from its operands' shapes (None where one is not known)."""
+
+
+def broadcast(shapes: list[Shape | None]) -> Shape | None:
+    """The result shape of an elementwise op: its operands' common shape, scalars broadcast; None if unknown."""
+    if any(s is None for s in shapes):
+        return None
+    found = {s for s in shapes if s}
+    return found.pop() if len(found) == 1 else () if not found else None
+
+
+def scalar(shapes: list[Shape | None]) -> Shape | None:
+    """The result shape of a reduction (``v.dot(w)``, ``v.sum()``, ``det(m)``)."""
+    return ()
+
+
 @dataclass(frozen=True)
 class Rule:
     """How one op is differentiated, in both modes (see the module's docstring)."""
@@ -60,6 +79,7 @@ class Rule:
     vjp: Vjp | None = None  # None: no derivative (``zero``), or reversed entry by entry (``entrywise``)
     n_outputs: int = 1
     entrywise: bool = False  # a constructor (``ti.Vector([a, b])``): the reverse transform sends g[k] to entry k
+    result_shape: ResultShape | None = None  # where the transforms can know it: they drop ``sum_to`` of one shape
 
 
 TABLE: dict[Any, Rule] = {}
@@ -100,22 +120,25 @@ def register(keys: Any, rule: Rule) -> Rule:
 # one operand keeps its shape. Partials that read the result (``defjvp2``) get, in forward mode, the
 # primal expression, which the transform binds once (``tanh_x``), and in reverse mode its name.
 def defjvp(keys: Any, *partials: Callable[..., Sym] | None, jvp: Jvp | None = None,
-           vjp: Vjp | None = None) -> Rule:
+           vjp: Vjp | None = None, result_shape: ResultShape | None = broadcast) -> Rule:
     """An op whose operand ``k``'s tangent ``g`` contributes ``partials[k](g, *operands)`` (None: no
     derivative by it); both rules derived from the partials (NOTE: [One rule, two modes]).
 
     ``jvp`` or ``vjp`` replaces the derived rule of that mode: a forward rule
     that gives a lone tangent the result's shape (``x + y``), a reverse rule
     for an op whose partials are not elementwise (``x @ y``, ``x.dot(y)``:
-    their transposes, as JAX's ``defbilinear``).
+    their transposes, as JAX's ``defbilinear``). ``result_shape``: the
+    elementwise broadcast, unless the op says otherwise (None: not known).
     """
     return register(keys, Rule(jvp or sum_of_terms(partials, with_out=False),
-                               vjp or _transposed(partials, with_out=False)))
+                               vjp or _transposed(partials, with_out=False), result_shape=result_shape))
 
 
-def defjvp2(keys: Any, *partials: Callable[..., Sym] | None, vjp: Vjp | None = None) -> Rule:
+def defjvp2(keys: Any, *partials: Callable[..., Sym] | None, vjp: Vjp | None = None,
+            result_shape: ResultShape | None = broadcast) -> Rule:
     """As :func:`defjvp`, with partials ``(g, ans, *operands)`` that also read the op's result ``ans``."""
-    return register(keys, Rule(sum_of_terms(partials, with_out=True), vjp or _transposed(partials, with_out=True)))
+    return register(keys, Rule(sum_of_terms(partials, with_out=True), vjp or _transposed(partials, with_out=True),
+                               result_shape=result_shape))
 
 
 def sum_of_terms(partials: Sequence[Callable[..., Sym] | None], with_out: bool = False) -> Jvp:
@@ -158,10 +181,10 @@ def without_minus(node: ast.expr) -> ast.expr | None:
     return None
 
 
-def defrule(keys: Any, vjp: Vjp | None, n_outputs: int = 1) -> Callable[[Jvp], Jvp]:
+def defrule(keys: Any, vjp: Vjp | None, result_shape: ResultShape | None = None) -> Callable[[Jvp], Jvp]:
     """Register a decorated forward rule ``jvp(call)`` as it is, with its reverse rule ``vjp``."""
     def decorate(jvp: Jvp) -> Jvp:
-        register(keys, Rule(jvp, vjp, n_outputs))
+        register(keys, Rule(jvp, vjp, result_shape=result_shape))
         return jvp
     return decorate
 

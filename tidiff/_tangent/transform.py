@@ -116,6 +116,7 @@ class Transformer:
         self.locals = local_names(self.tree)
         self.assigned_once = _assigned_once(self.tree)
         self.zero: set[str] = set()  # variables assigned once, at the top level, with a zero tangent: no dx at all
+        self.shared: set[str] = set()  # temporaries holding an op's result its tangent reads (_share_result)
         self.depth = 0
         self.active = active_variables(self.tree, self.active_params)
         self.namer = Namer(names_in(self.tree))
@@ -228,7 +229,24 @@ class Transformer:
                 self.call_tangent(node.value, callee.obj, custom=callee.jvp if callee.kind is Kind.CUSTOM else None,
                                   into=(target.id, self.namer.tangent(target.id)))
                 return
-        self.assign(target, *self.expr(node.value))
+        p, dp = self.expr(node.value)
+        if isinstance(target, ast.Name) and (bound := self._bound_into(target.id, p, dp)) is not None:
+            self.emit(_assign(self.namer.tangent(target.id), bound))
+            return
+        self.assign(target, p, dp)
+
+    def _bound_into(self, target: str, p: ast.expr, dp: ast.expr | None) -> ast.expr | None:
+        """``y = p`` binding the op's result to ``y`` itself where ``p`` is the temporary just bound to it
+        (``_share_result``) and the tangent reads no old value of ``y``: ``y = ti.exp(x); dy = dx * y``, not a
+        copy ``y = exp_x`` more. Returns the tangent reading ``y``, or None (and changes nothing)."""
+        last = self.block[-1] if self.block else None
+        if not (dp is not None and isinstance(p, ast.Name) and p.id in self.shared and self.depth == 0
+                and target in self.active and target not in self.zero and target not in loaded_names(dp)
+                and isinstance(last, ast.Assign) and isinstance(last.targets[0], ast.Name)
+                and last.targets[0].id == p.id):
+            return None
+        last.targets[0] = ast.Name(target, ast.Store())
+        return _Rename(p.id, target).visit(dp)
 
     def assign(self, target: ast.expr, p: ast.expr, dp: ast.expr | None) -> None:
         """``target = p`` with its tangent, ordered so both read the old values."""
@@ -512,6 +530,7 @@ class Transformer:
             return p, dp
         name = self.namer.fresh(_hint(p))
         self.emit(_assign(name, p))
+        self.shared.add(name)
         return _name(name), _Replace(same, name).visit(dp)
 
     def _hoist(self, dp: ast.expr) -> ast.expr:
@@ -749,6 +768,16 @@ def _hint(node: ast.expr) -> str:
     if isinstance(node, (ast.BinOp, ast.UnaryOp)):
         return _OP_NAMES.get(type(node.op), "t")
     return "t"
+
+
+class _Rename(ast.NodeTransformer):
+    """Every read of the variable ``old`` reads ``new`` instead."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name(self.new, node.ctx) if node.id == self.old else node
 
 
 class _Replace(ast.NodeTransformer):
