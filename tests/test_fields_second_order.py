@@ -2,7 +2,7 @@
 
 hessian, hvp, grad of grad, jacfwd/jacrev of jacrev, vjp of grad and the jvp/vjp
 of the vjp function, all by reverse passes of the tangent program
-(NOTE: [Cotangent map without a body] in tidiff/_composed.py), compared
+(NOTE: [Cotangent map without a body] in tidiff/_composite.py), compared
 with torch.autograd.functional in float64.
 """
 import numpy as np
@@ -13,7 +13,7 @@ from programs import mid, out, stage_one, u, v  # stage_one: u, v -> mid
 from programs import torch_two_stages as torch_out
 
 import tidiff as td
-from tidiff._composed import cotangent_map_of as vjp_function
+from tidiff._composite import cotangent_map_of as vjp_function
 
 RTOL, ATOL = 1e-7, 1e-12
 

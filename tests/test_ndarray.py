@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from ndarray_kernels import EPS, causal_conv, conv_torch
 
 import tidiff as td
-from tidiff._composed import cotangent_map_of as vjp_function
+from tidiff._composite import cotangent_map_of as vjp_function
 
 F64 = torch.float64
 

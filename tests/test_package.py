@@ -147,3 +147,13 @@ def test_public_api_is_typed():
             "tidiff.Function.tangent", "tidiff.testing.arguments"} <= set(found)
     missing = sorted(name for name, fn in found.items() if untyped(fn))
     assert not missing, f"public functions without type hints: {missing}"
+
+
+def test_every_note_is_written_once():
+    """A ``NOTE: [Name]`` followed by its text is the note; every other mention points to it."""
+    import collections
+    import re
+
+    written = collections.Counter(m.group(1) for path in ROOT.rglob("*.py")
+                                  for m in re.finditer(r"NOTE: \[([^\]]+)\] [A-Z`]", path.read_text()))
+    assert not [name for name, count in written.items() if count > 1], written.most_common(3)

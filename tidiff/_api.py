@@ -18,7 +18,7 @@ import taichi as ti
 from . import _modes
 from ._arrays import Batch, is_tensor, owned_copy, read_args, unbroadcast
 from ._cache import Counter
-from ._composed import like
+from ._composite import like
 from ._fields.values import reading, record
 from ._protocol import Function, as_function, taichi_callable
 from ._protocol import function as _function
@@ -60,9 +60,20 @@ def function(f: Any, *, inputs: Any = None, outputs: Any = None, signature: Any 
         numbers) or inside a kernel (``@ti.func`` code and its transforms).
 
     Example:
-        >>> E = td.function(energy, inputs=[x, w], outputs=[loss])
+        >>> @ti.func
+        ... def f(x, s):                                    # no annotations: a signature gives core shapes
+        ...     return s * x.dot(x)
         >>> F = td.function(f, signature=[(3,), ()])
-        >>> conv = td.function(conv_kernel, inputs=["k", "w"], outputs={"out": lambda k, w: k.shape})
+        >>> F(np.ones((4, 3)), 2.0)
+        array([6., 6., 6., 6.])
+        >>> x, loss = ti.field(ti.f64, shape=3), ti.field(ti.f64, shape=())
+        >>> @ti.kernel
+        ... def energy():
+        ...     for i in x:
+        ...         loss[None] += x[i] ** 2
+        >>> E = td.function(energy, inputs=[x], outputs=[loss])   # a program over fields
+        >>> td.grad(E)(np.array([1.0, 2.0, 3.0]))
+        array([2., 4., 6.])
     """
     options = {} if state is None else {"state": state}  # only field programs take it
     return _function(f, inputs=inputs, outputs=outputs, signature=signature, name=name, constants=constants,
@@ -88,8 +99,12 @@ def grad(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Fun
         through, not differentiated.
 
     Example:
+        >>> @ti.func
+        ... def p(x: ti.f64) -> ti.f64:
+        ...     return x ** 3 + 2 * x ** 2 - 3 * x + 1
         >>> dfdx = td.grad(p)
-        >>> dfdx(1.0)              # array(4.)
+        >>> dfdx(1.0)
+        array(4.)
     """
     return transform("grad", as_function(f, "td.grad"), argnums, has_aux)
 
@@ -99,7 +114,11 @@ def value_and_grad(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = Fal
     """Like :func:`grad`, returning ``(value, grad)`` (``((value, aux), grad)`` with aux).
 
     Example:
-        >>> td.value_and_grad(p)(1.0)    # (array(1.), array(4.))
+        >>> @ti.func
+        ... def p(x: ti.f64) -> ti.f64:
+        ...     return x ** 3 + 2 * x ** 2 - 3 * x + 1
+        >>> td.value_and_grad(p)(1.0)
+        (array(1.), array(4.))
     """
     return transform("value_and_grad", as_function(f, "td.value_and_grad"), argnums, has_aux)
 
@@ -112,7 +131,11 @@ def jacfwd(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> F
     with ``has_aux`` the result is ``(jacobian, aux)``.
 
     Example:
-        >>> td.jacfwd(f)(np.ones((5, 3)), 2.0).shape    # (5, 3) for a scalar f of a vec3
+        >>> @ti.func
+        ... def f(x: ti.math.vec3, s: ti.f64) -> ti.math.vec2:
+        ...     return ti.Vector([s * x.dot(x), ti.sin(x[0])])
+        >>> td.jacfwd(f)(np.ones((5, 3)), 2.0).shape       # batch + out_core + in_core
+        (5, 2, 3)
     """
     return transform("jacfwd", as_function(f, "td.jacfwd"), argnums, has_aux)
 
@@ -142,7 +165,14 @@ def hessian(f: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> 
     block matrix; with ``has_aux`` the result is ``(hessian, aux)``.
 
     Example:
-        >>> td.hessian(f)(np.ones((5, 3)), 2.0).shape    # (5, 3, 3)
+        >>> @ti.func
+        ... def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
+        ...     return s * x.dot(x) + ti.sin(x[0])
+        >>> H = td.hessian(f)(np.zeros((5, 3)), 2.0)       # batch + in_core + in_core
+        >>> H.shape, H[0]
+        ((5, 3, 3), array([[4., 0., 0.],
+               [0., 4., 0.],
+               [0., 0., 4.]]))
     """
     return jacfwd(jacrev(f, argnums, has_aux), argnums, has_aux)
 
@@ -227,7 +257,11 @@ def jvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any], has_aux: bool =
         ``(primals_out, tangents_out, aux)`` with ``has_aux``.
 
     Example:
-        >>> td.jvp(p, (1.0,), (1.0,))     # (array(1.), array(4.))
+        >>> @ti.func
+        ... def p(x: ti.f64) -> ti.f64:
+        ...     return x ** 3 + 2 * x ** 2 - 3 * x + 1
+        >>> td.jvp(p, (1.0,), (1.0,))
+        (array(1.), array(4.))
     """
     fn, call, primals, tangents = _primals_and_tangents(f, primals, tangents, "td.jvp")
     if ti.lang.impl.inside_kernel():
@@ -276,8 +310,13 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
         or fields the function reads, afterwards changes nothing.
 
     Example:
-        >>> y, vjp_fn = td.vjp(f, x, 2.0)
+        >>> @ti.func
+        ... def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
+        ...     return s * x.dot(x)
+        >>> y, vjp_fn = td.vjp(f, np.ones((4, 3)), 2.0)
         >>> dx, ds = vjp_fn(np.ones(y.shape))
+        >>> dx[0], ds                                   # ds: summed over the batch (s was broadcast)
+        (array([4., 4., 4.]), array(12.))
     """
     fn = as_function(f, "td.vjp")
     call = f"td.vjp({fn.name})"
@@ -369,7 +408,12 @@ def hvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, t
     (a tuple, one entry per argument; ``None`` for integer arguments).
 
     Example:
-        >>> value, hv = td.hvp(f, (x, s), (v, 0.0))
+        >>> @ti.func
+        ... def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
+        ...     return s * x.dot(x)
+        >>> value, (hv_x, hv_s) = td.hvp(f, (np.ones(3), 2.0), (np.array([1.0, 0.0, 0.0]), 0.0))
+        >>> value, hv_x, hv_s
+        (array(6.), array([4., 0., 0.]), array(2.))
     """
     fn, call, primals, tangents = _primals_and_tangents(f, primals, tangents, "td.hvp")
     specs = fn.specs_for(primals)

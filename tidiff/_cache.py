@@ -100,9 +100,13 @@ def cache_info(fn: Any = None) -> dict[str, CacheInfo] | CacheInfo:
     ``td.function``), whatever its name.
 
     Example:
-        >>> td.grad(f)(np.ones((5, 3)), 2.0); td.grad(f)(np.ones((7, 3)), 1.0)
-        >>> td.cache_info()["grad(f)"]            # doctest: +SKIP
-        CacheInfo(compiles=2, calls=2, hits=1)
+        >>> @ti.func
+        ... def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
+        ...     return s * x.dot(x)
+        >>> g = td.grad(f)
+        >>> _ = g(np.ones((5, 3)), 2.0), g(np.ones((7, 3)), 1.0)   # a new batch size compiles nothing
+        >>> td.cache_info(g)
+        CacheInfo(compiles=1, calls=2, hits=1)
     """
     if fn is not None:
         counter = getattr(fn, "_counter", None)

@@ -99,9 +99,15 @@ def compose(g: Any, f: Any, name: str | None = None) -> Function:
         the composition of their tangents). It takes no batch dims.
 
     Example:
-        >>> sim = td.scan(step, length=100)                  # (x0, v0, k) -> (xT, vT)
-        >>> loss = td.function(distance, inputs=[x, v], outputs=[l])
-        >>> td.grad(td.compose(loss, sim), argnums=2)(x0, v0, k0)
+        >>> @ti.func
+        ... def step(x: ti.f64, v: ti.f64, k: ti.f64):
+        ...     return x + 0.01 * v, v - 0.01 * k * x
+        >>> @ti.func
+        ... def energy(x: ti.f64, v: ti.f64) -> ti.f64:
+        ...     return 0.5 * v * v + 2.0 * x * x
+        >>> loss = td.compose(energy, td.scan(step, length=1000))    # (x0, v0, k) -> energy at T
+        >>> np.round(td.grad(loss, argnums=2)(1.0, 0.0, 4.0), 4)    # by the stiffness k
+        np.float64(0.9184)
     """
     gf, ff = as_function(g, "td.compose(g, f)"), as_function(f, "td.compose(g, f)")
     call = f"td.compose({gf.name}, {ff.name})"

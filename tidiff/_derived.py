@@ -7,7 +7,7 @@ A tangent takes ``(x..., dx for each float x)``, a cotangent map (``vjp_fn(f)``)
 ``(x..., one cotangent per output of f)``: how many arguments a call takes
 follows from the parent's (``arity``), and their specs from the primals'
 (``specs_of``). Pointwise functions (``_pointwise``) and functions without
-a body (``_composed``, ``_kinds/ndarray``) derive from these alike.
+a body (``_composite``, ``_kinds/ndarray``) derive from these alike.
 """
 from __future__ import annotations
 

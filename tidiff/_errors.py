@@ -19,20 +19,20 @@ class TransformError(TypeError):
         super().__init__(f"{where}cannot differentiate {construct}; {hint}")
 
 
-def where_hint(kind: str, name: str | None, call: bool = False) -> str:
+def where_hint(form: str, name: str | None, call: bool = False) -> str:
     """The way around a construct the transform refuses, for where it stands.
 
-    ``kind`` is what is being transformed: ``"kernel"`` (which cannot be
+    ``form`` is what is being transformed: ``"kernel"`` (which cannot be
     wrapped: its code must move into a ``@ti.func`` that can),
     ``"func"`` (a ``@ti.func``, which can) or ``"helper"`` (a plain Python
     function, which must become a ``@ti.func`` first); ``call`` says the
     construct is a call, which can also move into a ``@ti.func`` of its own.
     ``name`` names the function (None for a lambda).
     """
-    if kind == "kernel":
+    if form == "kernel":
         what = "the call" if call else "that code"
         return f"move {what} into a @ti.func and give that a rule with td.custom_jvp (a kernel cannot be wrapped)"
-    if kind == "helper":  # name None: a lambda
+    if form == "helper":  # name None: a lambda
         helper = f"decorate the helper `{name}` with @ti.func" if name else "write the lambda as a @ti.func"
         return (f"{helper} and give it a rule with td.custom_jvp"
                 + (", or move the call into a @ti.func of its own and wrap that" if call else ""))

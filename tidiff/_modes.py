@@ -114,7 +114,8 @@ def widens(parent: Any, active: tuple[bool, ...], size: int) -> bool:
 
 def jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgSpec], argnums: Sequence[int],
                   out_specs: Sequence[ArgSpec], wanted: Sequence[int], flavour: str) -> Mode:
-    """How a Jacobian body computes its blocks; ``flavour`` is "fwd" (jacfwd), "rev" (grad, jacrev) or "auto".
+    """How a Jacobian body computes its blocks; ``flavour`` is "forward" (jacfwd), "reverse" (grad, jacrev) or
+    "auto".
 
     Decided once per parent and question (kept on the parent: a nested Jacobian asks for its inner one's
     mode, and the inner body asks again when it is built)."""
@@ -127,7 +128,7 @@ def jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgS
 
 def _jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[ArgSpec], argnums: Sequence[int],
                    out_specs: Sequence[ArgSpec], wanted: Sequence[int], flavour: str) -> Mode:
-    if flavour == "fwd":
+    if flavour == "forward":
         return Mode("forward", "td.jacfwd pushes tangents forward")
     forward = forward_possible(parent, active)
     n_in = sum(in_specs[a].size for a in argnums)
@@ -142,7 +143,7 @@ def _jacobian_mode(parent: Any, active: tuple[bool, ...], in_specs: Sequence[Arg
         return Mode("reverse", "forward mode reaches a custom_vjp rule without a jvp rule")
     if reverse is None:
         return Mode("forward", f"the reverse transform does not take {why_not(parent, active, len(out_specs))}")
-    if flavour == "rev" and info(reverse).uses_bwd:
+    if flavour == "reverse" and info(reverse).uses_bwd:
         return Mode("reverse", "a reverse-mode transform reaches a custom_vjp rule")
     if _refused_by_other_arguments(parent, active, in_specs):
         return Mode("reverse", "forward mode by the other arguments reaches a custom_vjp rule without a jvp rule")
@@ -192,11 +193,11 @@ def cotangent_mode(parent: Any, active: tuple[bool, ...], n_outputs: int) -> Mod
 def composed_mode(flavour: str, n_in: int, n_out: int, reverse_refused: str | None = None) -> Mode:
     """How a function without a body gets a Jacobian: tangent evaluations or vjps (tangent evaluations
     whenever its vjp is refused, ``Function.reverse_refused``)."""
-    if flavour == "fwd":
+    if flavour == "forward":
         return Mode("forward", "td.jacfwd pushes tangents forward")
     if reverse_refused is not None:
         return Mode("forward", reverse_refused)
-    if flavour == "rev":
+    if flavour == "reverse":
         return Mode("reverse", "a reverse-mode transform")
     if n_in <= n_out:
         return Mode("forward", f"{n_in} input components, {n_out} output components")

@@ -1,4 +1,4 @@
-"""Pointwise functions: a ``@ti.func`` body mapped over a batch (API.md 1a), and the functions derived from one.
+"""Pointwise functions: a ``@ti.func`` body mapped over a batch, and the functions derived from one.
 
 A :class:`Pointwise` function implements the protocol by generated code:
 ``evaluate`` is one launch of its body over the batch (``_codegen.batch``),

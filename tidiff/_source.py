@@ -21,7 +21,24 @@ def source(f: Any, *example_args: Any) -> str:
         tangents of ``x`` named ``dx``).
 
     Example:
-        >>> print(td.source(td.grad(p), 1.0))
+        >>> @ti.func
+        ... def p(x: ti.f64) -> ti.f64:
+        ...     return x ** 3 - 3 * x
+        >>> print(td.source(td.grad(p)))
+        @ti.func
+        def grad_p(x):
+            t_0 = p_jvp(x, ti.cast(1.0, ti.f64))
+            J_0_0 = t_0[1]
+            return J_0_0
+        <BLANKLINE>
+        @ti.func
+        def p_jvp(x: ti.f64, dx: ti.f64):
+            pow = x ** 3
+            dpow = 3 * x ** 2 * dx
+            mul = 3 * x
+            dmul = 3 * dx
+            return (pow - mul, dpow - dmul)
+        <BLANKLINE>
     """
     fn = as_function(f, "td.source")
     specs = fn.declared_specs() if not example_args else fn.specs_for(example_args)

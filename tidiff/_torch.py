@@ -1,4 +1,4 @@
-"""``td.torch.function``: any tidiff Function as a PyTorch operator (API.md 5).
+"""``td.torch.function``: any tidiff Function as a PyTorch operator (docs/torch.md).
 
 NOTE: [One recursion] The operator of a Function ``f`` is a ``torch.library``
 operator ``tidiff::<name>_<token>_<n>`` whose autograd rules are operators of other
@@ -80,7 +80,7 @@ import numpy as np
 import torch
 
 from ._arrays import torch_dtype
-from ._composed import cotangent_map_of
+from ._composite import cotangent_map_of
 from ._fields.values import reading, record
 from ._protocol import Function, as_function
 from ._protocol import function as _td_function
@@ -112,9 +112,14 @@ def function(f: Any, **kwargs: Any) -> TorchFunction:
         Kernels compile once per dtype/shape signature, not per call.
 
     Example:
-        >>> op = td.torch.function(f)                     # f: @ti.func (x: vec3, s: f64) -> f64
-        >>> x = torch.randn(8, 3, dtype=torch.float64, requires_grad=True)
-        >>> op(x, 2.0).sum().backward()                   # x.grad: (8, 3)
+        >>> @ti.func
+        ... def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
+        ...     return s * x.dot(x)
+        >>> op = td.torch.function(f)
+        >>> x = torch.ones(8, 3, dtype=torch.float64, requires_grad=True)
+        >>> op(x, 2.0).sum().backward()
+        >>> x.grad[0]
+        tensor([4., 4., 4.], dtype=torch.float64)
 
     Limitations: a ``@ti.func`` computes in the precision of its arguments
     (float32 tensors in, float32 out); field programs in their fields' dtype.

@@ -8,7 +8,7 @@ is built from the parent's protocol alone (``_protocol``):
 - a pointwise parent gives a pointwise Jacobian whose ``@ti.func`` body pushes
   basis tangents through the parent's tangent function, or calls its reverse
   function once per output component (``_codegen.bodies``; ``_modes`` says which);
-- any other parent gives a composed Jacobian (``_composed``): one evaluation
+- any other parent gives a composed Jacobian (``_composite``): one evaluation
   of the parent's tangent per input component, or one evaluation of its
   cotangent map per output component.
 
@@ -24,22 +24,22 @@ from typing import Any
 
 import numpy as np
 
-from . import _composed, _modes, _pointwise
+from . import _composite, _modes, _pointwise
 from ._arrays import Batch
 from ._cache import uses
 from ._codegen.batch import flatten_batch, identifier
 from ._codegen.blocks import BlocksKernel
 from ._codegen.bodies import BodyWriter, LocalBlocks, jacobian_blocks
 from ._codegen.nested import nested_blocks
-from ._composed import Call, Composite, Const, Output
+from ._composite import Call, Composite, Const, Output
 from ._derived import SameArguments
 from ._lang.compile import info, mark
 from ._protocol import Function
 from ._signature import ArgSpec
 from ._tree import Tree, leaves
 
-KINDS = ("grad", "value_and_grad", "jacfwd", "jacrev", "jacobian", "linearize")
-FLAVOUR = {"grad": "rev", "value_and_grad": "rev", "jacrev": "rev", "jacfwd": "fwd", "jacobian": "auto",
+TRANSFORMS = ("grad", "value_and_grad", "jacfwd", "jacrev", "jacobian", "linearize")
+FLAVOUR = {"grad": "reverse", "value_and_grad": "reverse", "jacrev": "reverse", "jacfwd": "forward", "jacobian": "auto",
            "linearize": "auto"}
 
 
@@ -111,9 +111,9 @@ def jacobian_spec(out: ArgSpec, arg: ArgSpec) -> ArgSpec:
     return ArgSpec(f"d{out.name}_d{arg.name}", out.shape + arg.shape, out.dtype)
 
 
-def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bool, specs: Sequence[ArgSpec],
+def layout(transform: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bool, specs: Sequence[ArgSpec],
            out_specs: Sequence[ArgSpec], tree: Tree, call: str) -> Layout:
-    """The :class:`Layout` of transform ``kind`` of a function with these input and output specs."""
+    """The :class:`Layout` of ``transform`` (``"grad"``, ...) of a function with these input and output specs."""
     argnums = check_argnums(argnums, specs, call)
     main, aux = split_aux(tree, call) if has_aux else (tree, None)
     items: list[tuple[Any, ...]] = []
@@ -140,7 +140,7 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
         return tuple(over(u) for u in t) if isinstance(t, tuple) else block_of(t)
 
     node: Tree
-    if kind in ("grad", "value_and_grad"):
+    if transform in ("grad", "value_and_grad"):
         shape = non_scalar(main, out_specs)
         if shape is not None:
             hint = " (for a function returning (out, aux), pass has_aux=True)" \
@@ -151,14 +151,14 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
             )
         assert not isinstance(main, tuple)  # non_scalar calls a tuple not scalar
         # the flat results in this order: the value, the aux, the gradients
-        value = keep(main) if kind == "value_and_grad" else None
+        value = keep(main) if transform == "value_and_grad" else None
         aux_node = keep(aux) if aux is not None else None
         grads = block_of(main)
         if value is None:
             node = grads if aux_node is None else (grads, aux_node)
         else:
             node = (value if aux_node is None else (value, aux_node), grads)
-    elif kind == "linearize":  # every output, then Jacobian blocks of the main ones: td.vjp's residuals
+    elif transform == "linearize":  # every output, then Jacobian blocks of the main ones: td.vjp's residuals
         for o in range(len(out_specs)):
             items.append(("out", o))
         for o in leaves(main):
@@ -173,14 +173,14 @@ def layout(kind: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bo
 
 
 class Jacobian(SameArguments):
-    """A transform of ``parent`` (see the module docstring); kinds in :data:`KINDS`."""
+    """A transform of ``parent`` (see the module docstring), one of :data:`TRANSFORMS`."""
 
-    def __init__(self, kind: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
-        call = f"td.{kind}"
+    def __init__(self, transform: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
+        call = f"td.{transform}"
         self.argnums, self.tuple_argnums = normalize_argnums(argnums, call)
         label = "" if argnums == 0 else f", argnums={argnums}"
-        Function.__init__(self, f"{kind}({parent.name}{label}{', has_aux=True' if has_aux else ''})")
-        self.kind, self.parent, self.has_aux = kind, parent, has_aux
+        Function.__init__(self, f"{transform}({parent.name}{label}{', has_aux=True' if has_aux else ''})")
+        self.transform, self.parent, self.has_aux = transform, parent, has_aux
         self.arguments_of = parent
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
@@ -189,7 +189,7 @@ class Jacobian(SameArguments):
     def check_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         if kwargs and any(a >= len(args) or a < -len(args) for a in self.argnums):
             raise TypeError(
-                f"td.{self.kind}({self.parent.name}): differentiating with respect to argnums={self.argnums} "
+                f"td.{self.transform}({self.parent.name}): differentiating with respect to argnums={self.argnums} "
                 f"needs them among the {len(args)} positional arguments; keyword arguments are passed "
                 "through, not differentiated"
             )
@@ -197,8 +197,8 @@ class Jacobian(SameArguments):
     def layout(self, in_specs: Sequence[ArgSpec]) -> Layout:
         def make() -> Layout:
             out_specs, tree = self.parent.signature(in_specs)
-            return layout(self.kind, self.argnums, self.tuple_argnums, self.has_aux, in_specs, out_specs, tree,
-                          f"td.{self.kind}({self.parent.name})")
+            return layout(self.transform, self.argnums, self.tuple_argnums, self.has_aux, in_specs, out_specs, tree,
+                          f"td.{self.transform}({self.parent.name})")
 
         return self.memo.get(("layout", tuple(in_specs)), make)
 
@@ -210,8 +210,8 @@ class Jacobian(SameArguments):
 class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
     """A Jacobian of a pointwise parent: a generated ``@ti.func`` body (one launch on the host)."""
 
-    def __init__(self, kind: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
-        Jacobian.__init__(self, kind, parent, argnums, has_aux)
+    def __init__(self, transform: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
+        Jacobian.__init__(self, transform, parent, argnums, has_aux)
 
     def make_body(self, specs: list[ArgSpec]) -> Any:
         lay = self.layout(specs)
@@ -221,7 +221,7 @@ class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
         sink = LocalBlocks(w)
         wants_value = any(it[0] == "out" for it in lay.items)
         value = jacobian_blocks(w, parent_body, specs, lay.argnums, out_specs, not isinstance(tree, tuple),
-                                lay.wanted(), FLAVOUR[self.kind], sink, keep_value=wants_value)
+                                lay.wanted(), FLAVOUR[self.transform], sink, keep_value=wants_value)
         if wants_value and value is None:
             value = w.let("value", w.callee(parent_body, identifier(self.parent.name))(*w.args()))
         single = not isinstance(tree, tuple)
@@ -233,7 +233,7 @@ class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
             return value if single else value[item[1]]
 
         results = [result(it) for it in lay.items]
-        body = w.compile(results, single=not isinstance(lay.tree, tuple), tag=self.kind)
+        body = w.compile(results, single=not isinstance(lay.tree, tuple), tag=self.transform)
         mark(body, looped=w.looped)
         return body
 
@@ -253,8 +253,8 @@ class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
         lay = self.layout(specs)
         out_specs, tree = self.parent.signature(specs)
         return BlocksKernel(identifier(self.name), self.parent.body_for(specs), specs, lay.argnums, lay.items,
-                            lay.specs, out_specs, not isinstance(tree, tuple), lay.wanted(), FLAVOUR[self.kind],
-                            self.kind, write)
+                            lay.specs, out_specs, not isinstance(tree, tuple), lay.wanted(), FLAVOUR[self.transform],
+                            self.transform, write)
 
     def _nested_writer(self, specs: list[ArgSpec]) -> Any:
         """The writer of this Jacobian of a reverse-mode Jacobian as one loop over cotangents (NOTE: [Nested
@@ -270,11 +270,11 @@ class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
         inner_active = tuple(k in inner_lay.argnums for k in range(len(specs)))
         if sum(f_out[o].size for o in inner_lay.wanted()) < 2 or _modes.jacobian_mode(
                 f_body, inner_active, specs, inner_lay.argnums, f_out, inner_lay.wanted(),
-                FLAVOUR[inner.kind]).way != "reverse":
+                FLAVOUR[inner.transform]).way != "reverse":
             return None
         active = tuple(k in lay.argnums for k in range(len(specs)))
         if _modes.jacobian_mode(inner.body_for(specs), active, specs, lay.argnums, list(inner_lay.specs),
-                                lay.wanted(), FLAVOUR[self.kind]).way != "forward":
+                                lay.wanted(), FLAVOUR[self.transform]).way != "forward":
             return None
 
         def write(w: Any, sink: Any) -> None:
@@ -283,11 +283,11 @@ class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
         return write
 
 
-class ComposedJacobian(Jacobian, _composed.Composed):
-    """A Jacobian of a parent without a body: calls of its tangent or its cotangent map (``_composed``)."""
+class ComposedJacobian(Jacobian, _composite.Composed):
+    """A Jacobian of a parent without a body: calls of its tangent or its cotangent map (``_composite``)."""
 
-    def __init__(self, kind: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
-        Jacobian.__init__(self, kind, parent, argnums, has_aux)
+    def __init__(self, transform: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
+        Jacobian.__init__(self, transform, parent, argnums, has_aux)
 
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
         lay = self.layout(specs)
@@ -296,7 +296,7 @@ class ComposedJacobian(Jacobian, _composed.Composed):
         wanted = lay.wanted()
         n_in = sum(specs[a].size for a in lay.argnums)
         n_out = sum(out_specs[o].size for o in wanted)
-        mode = _modes.composed_mode(FLAVOUR[self.kind], n_in, n_out, self.parent.reverse_refused())
+        mode = _modes.composed_mode(FLAVOUR[self.transform], n_in, n_out, self.parent.reverse_refused())
         calls: list[Call] = []
         blocks: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
         value_call = None
@@ -313,7 +313,7 @@ class ComposedJacobian(Jacobian, _composed.Composed):
                     blocks[o, a] = tuple((c, m + o) for c in columns)
             value_call = 0 if calls else None
         else:
-            V = _composed.cotangent_map_of(self.parent)
+            V = _composite.cotangent_map_of(self.parent)
             rank = {a: r for r, a in enumerate(k for k, s in enumerate(specs) if s.is_float)}
             for o in wanted:
                 rows = []
@@ -345,13 +345,14 @@ def _basis(spec: ArgSpec, hot: int | None) -> np.ndarray:
     return e.reshape(spec.shape)
 
 
-def transform(kind: str, f: Function, argnums: Any = 0, has_aux: bool = False) -> Jacobian:
-    """The ``kind`` transform of ``f`` (made once per ``f``, kind, argnums and has_aux)."""
+def transform(name: str, f: Function, argnums: Any = 0, has_aux: bool = False) -> Jacobian:
+    """The transform ``name`` (one of :data:`TRANSFORMS`) of ``f``, made once per ``f``, name, argnums and
+    has_aux."""
     if not isinstance(has_aux, bool):
-        raise TypeError(f"td.{kind}: has_aux must be True or False, got {has_aux!r}")
-    normalized, is_tuple = normalize_argnums(argnums, f"td.{kind}")
-    key = (kind, normalized if is_tuple else normalized[0], has_aux)
+        raise TypeError(f"td.{name}: has_aux must be True or False, got {has_aux!r}")
+    normalized, is_tuple = normalize_argnums(argnums, f"td.{name}")
+    key = (name, normalized if is_tuple else normalized[0], has_aux)
     if key not in f.derived:
         cls = PointwiseJacobian if f.pointwise else ComposedJacobian
-        f.derived[key] = cls(kind, f, key[1], has_aux)
+        f.derived[key] = cls(name, f, key[1], has_aux)
     return f.derived[key]  # type: ignore[return-value]

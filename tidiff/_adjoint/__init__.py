@@ -37,13 +37,17 @@ def vjp_func(f: Any, active: Sequence[bool], n_outputs: int = 1) -> Any:
         active parameter. None when ``f`` has no reverse function (see
         :func:`why_not`); derivatives then come from forward pushes.
 
-    Example::
-
-        @ti.func
-        def f(x, y):
-            return ti.sin(x) * y
-
-        g = vjp_func(f, (True, False))   # in a kernel: out, ct_x = g(x, y, 1.0)
+    Example:
+        >>> @ti.func
+        ... def f(x, y):
+        ...     return ti.sin(x) * y
+        >>> g = vjp_func(f, (True, False))            # a cotangent for x only
+        >>> @ti.kernel
+        ... def at(x: ti.f64, y: ti.f64) -> ti.math.vec2:
+        ...     out, ct_x = g(x, y, 1.0)
+        ...     return ti.Vector([out, ct_x])
+        >>> at(0.0, 3.0)                              # sin(0) * 3 and d/dx = cos(0) * 3
+        [0. 3.]
     """
     found = _made(f, active, n_outputs)
     return None if isinstance(found, NotReversible) else found

@@ -9,7 +9,12 @@ unpacks them (``t, dt = f_jvp_jvp(...)``, then ``t[1]``), so the nesting is
 followed through the callee's code: a ``return`` of names bound to tuples
 (by a call, a tuple literal or an unpacking) has the nesting of those values,
 found the same way in the callee's callees. A name bound anywhere else (in a
-branch or a loop) counts as one value.
+branch or a loop) counts as one value. The reverse function of a function
+returning several values returns them as one tuple before the cotangents:
+``((a, b), ct_x, ...)``; reversing code that calls such a reverse function (a
+third reverse transform through a custom_vjp rule, whose reverse returns the
+rule's results so) binds each leaf to a name (``r_0_0 = r[0][0]``), and the
+callee's reverse takes one cotangent per leaf.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from collections.abc import Container
 from typing import Any, TypeAlias
 
 from .._lang.parse import Parsed, parse
-from .._rules.calls import Kind, callable_rule, classify
+from .._rules.calls import Sort, callable_rule, classify
 from .._rules.table import lookup
 
 Path = tuple[int, ...]
@@ -40,12 +45,12 @@ def _flat(count: int) -> Shape:
 def call_shape(node: ast.Call, parsed: Parsed, local: Container[str]) -> Shape:
     """The nesting of what the call ``node`` (in code parsed as ``parsed``, with these local names) returns."""
     callee = classify(node, parsed.namespace, local)
-    if callee.kind in (Kind.FUNCTION, Kind.CUSTOM):  # td.grad(E)(x), a custom function: as many as it says
+    if callee.sort in (Sort.FUNCTION, Sort.CUSTOM):  # td.grad(E)(x), a custom function: as many as it says
         return _flat(callable_rule(callee.obj).outputs(callee.obj))
-    if callee.kind is Kind.OP:
+    if callee.sort is Sort.OP:
         rule = lookup(callee.obj)
         return _flat(rule.n_outputs) if rule is not None and rule.n_outputs > 1 else None  # U, S, V = ti.svd(A)
-    return function_shape(callee.obj) if callee.kind is Kind.FUNC else None
+    return function_shape(callee.obj) if callee.sort is Sort.FUNC else None
 
 
 def function_shape(callee: Any) -> Shape:

@@ -38,7 +38,7 @@ from .._lang.nodes import zero_of
 from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call
 from .._lang.rebinding import rebound_call
 from .._lang.sym import Sym, helpers
-from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, Callee, Kind, callable_rule, classify
+from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, Callee, Sort, callable_rule, classify
 from .._rules.helpers import is_integral
 from .._rules.table import TABLE, Contributions, Rule, Shape, Vjp, copy_vjp, is_constructor, is_dtype, lookup, zero
 from . import results
@@ -482,7 +482,7 @@ class Reverser(ControlFlow):
 
     def expr_Call(self, node: ast.Call) -> ast.expr:
         callee = self.classify(node)
-        return getattr(self, "call_" + callee.kind.name.lower())(node, callee)
+        return getattr(self, "call_" + callee.sort.name.lower())(node, callee)
 
     def classify(self, node: ast.Call) -> Callee:
         """What a call goes to (``_rules/calls.py``), with the names bound so far as locals."""
@@ -740,13 +740,13 @@ class Reverser(ControlFlow):
         these index ``paths``: one call op whose results are bound to names of their own."""
         count = len(paths)
         callee = self.classify(node)
-        rule = lookup(callee.obj) if callee.kind is Kind.OP else None
-        if not (callee.kind in (Kind.CUSTOM, Kind.FUNCTION, Kind.FUNC) or getattr(rule, "n_outputs", 1) == count):
+        rule = lookup(callee.obj) if callee.sort is Sort.OP else None
+        if not (callee.sort in (Sort.CUSTOM, Sort.FUNCTION, Sort.FUNC) or getattr(rule, "n_outputs", 1) == count):
             raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
         if not any(self.reads_active(a) for a in node.args + [k.value for k in node.keywords]):
             value = self.operand(node)
             return [_element(value, path) for path in paths]
-        if callee.kind is Kind.OP:  # an op with a rule: U, S, V = ti.svd(A)
+        if callee.sort is Sort.OP:  # an op with a rule: U, S, V = ti.svd(A)
             if any(self.reads_active(k.value) for k in node.keywords):
                 raise NotReversible(f"the call `{ast.unparse(node)}`")
             args = [self.operand(a) for a in node.args]
@@ -882,11 +882,7 @@ _OP_HINTS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", as
              ast.MatMult: "matmul", ast.Mod: "mod"}
 
 
-# NOTE: [Nested results] The reverse function of a function returning several values returns them as one
-# tuple before the cotangents: ``((a, b), ct_x, ...)``. Reversing code that calls such a reverse function
-# (a third reverse transform through a custom_vjp rule, whose reverse returns the rule's results so) binds
-# each leaf of the call's results to a name (``r_0_0 = r[0][0]``), and the callee's reverse takes one
-# cotangent per leaf: its results count as their leaves.
+# The leaves of a call's results (NOTE: [Nested results] in ``results.py``).
 
 
 def _constructor_of_one(g: Sym, out: Sym, x: Sym) -> Contributions:

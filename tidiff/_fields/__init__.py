@@ -1,4 +1,4 @@
-"""The engine for kind 1b: a kernel, or a Python function launching kernels, over global fields.
+"""The engine of programs over fields: a kernel, or a Python function launching kernels, over global fields.
 
 :class:`FieldProgram` turns ``program`` plus the fields it reads
 (``inputs``) and writes (``outputs``) into a function of NumPy arrays with
@@ -48,6 +48,6 @@ Limitations:
       small launches, 1-5 ms on CPU for a handful of fields); one fused
       kernel per program would cut that.
 """
-from .program import ArgSpec, FieldProgram
+from .program import FieldProgram, FieldSpec
 
-__all__ = ["ArgSpec", "FieldProgram"]
+__all__ = ["FieldSpec", "FieldProgram"]

@@ -77,9 +77,20 @@ def part(field: Any, *index: int) -> "Part":
         both inputs and outputs if they do not overlap.
 
     Example:
-        >>> v = ti.Vector.field(2, ti.f64, shape=(T, n))
+        >>> v = ti.Vector.field(2, ti.f64, shape=(2, 4))       # two steps of 4 points
+        >>> loss = ti.field(ti.f64, shape=())
+        >>> @ti.kernel
+        ... def simulate():
+        ...     for i in range(4):
+        ...         v[1, i] = 2.0 * v[0, i]
+        ...     for i in range(4):
+        ...         loss[None] += v[1, i].norm_sqr()
         >>> F = td.function(simulate, inputs=[td.part(v, 0)], outputs=[loss])
-        >>> td.grad(F)(v0)              # v0.shape == (n, 2)
+        >>> td.grad(F)(np.ones((4, 2)))                      # the part's shape: v.shape[1:] + (2,)
+        array([[8., 8.],
+               [8., 8.],
+               [8., 8.],
+               [8., 8.]])
     """
     if not is_field(field):
         raise TypeError(f"td.part(field, *index): expected a Taichi scalar, vector or matrix field, "

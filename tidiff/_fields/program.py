@@ -20,8 +20,9 @@ from .twins import Twins, full_shape, is_real, load, numpy_dtype, read, zero
 from .values import value_of
 
 
-class ArgSpec(NamedTuple):
-    """One argument or result: its name, NumPy shape and NumPy dtype."""
+class FieldSpec(NamedTuple):
+    """One input or output of a program over fields: its name, NumPy shape and NumPy dtype (``_signature.ArgSpec``
+    of the Function made of it, once the program is a kind)."""
 
     name: str
     shape: tuple[int, ...]
@@ -51,11 +52,19 @@ class FieldProgram:
             with their current values (accumulators, intermediate state).
         name: the program's name; ``call`` how messages name the user's call.
 
-    Example::
-
-        prog = FieldProgram(energy, inputs=[x, w], outputs=[loss])
-        (value,) = prog.primal([np.ones(16), np.array(2.0)])
-        (value,), (dx, dw) = prog.vjp([np.ones(16), np.array(2.0)], [np.array(1.0)])
+    Example:
+        >>> x, w = ti.field(ti.f64, shape=4), ti.field(ti.f64, shape=())
+        >>> loss = ti.field(ti.f64, shape=())
+        >>> @ti.kernel
+        ... def energy():
+        ...     for i in x:
+        ...         loss[None] += w[None] * x[i] ** 2
+        >>> prog = FieldProgram(energy, inputs=[x, w], outputs=[loss])
+        >>> prog.primal([np.ones(4), np.array(2.0)])
+        [array(8.)]
+        >>> (value,), (dx, dw) = prog.vjp([np.ones(4), np.array(2.0)], [np.array(1.0)])
+        >>> value, dx, dw
+        (array(8.), array([4., 4., 4., 4.]), array(4.))
     """
 
     def __init__(self, program: Any, inputs: Iterable[Field | Part], outputs: Iterable[Field | Part],
@@ -93,8 +102,8 @@ class FieldProgram:
         self._generation = 0  # how many times the twins were loaded: a pullback checks it is still its run
         self._runtime = impl.get_runtime()  # the twins live in it: a new one (ti.init, ti.reset) freed them
 
-    def _spec(self, part: Part) -> ArgSpec:
-        return ArgSpec(part.label(self._names.get(id(part.field), "")), part.shape, numpy_dtype(part.field))
+    def _spec(self, part: Part) -> FieldSpec:
+        return FieldSpec(part.label(self._names.get(id(part.field), "")), part.shape, numpy_dtype(part.field))
 
     def name_of(self, field: Field) -> str:
         """The name the program uses for ``field`` ("" when it has none)."""
@@ -298,4 +307,4 @@ class FieldProgram:
         return [p.take(read(self._twins[p.field].grad)) if is_real(p.field) else None for p in self.inputs]
 
 
-__all__ = ["ArgSpec", "FieldProgram", "Part"]
+__all__ = ["FieldSpec", "FieldProgram", "Part"]

@@ -135,6 +135,11 @@ def custom_vjp(f: Any) -> CustomVjpFunction:
         ... @ti.func
         ... def clip_grad_bwd(x, ct):
         ...     return (ti.math.clamp(ct, -1.0, 1.0),)
+        >>> @ti.func
+        ... def ten_clipped(x: ti.f64) -> ti.f64:
+        ...     return 10.0 * clip_grad(x)
+        >>> td.grad(ten_clipped)(3.0)                 # the cotangent 10 clipped to 1
+        array(1.)
     """
     if not getattr(f, "_is_taichi_function", False):
         raise TypeError(f"td.custom_vjp: expected a @ti.func, got {type(f).__name__}")
@@ -156,12 +161,14 @@ def custom_jvp(f: Any) -> CustomJvpFunction:
     Example:
         >>> @td.custom_jvp
         ... @ti.func
-        ... def safe_log(x):
+        ... def safe_log(x: ti.f64) -> ti.f64:
         ...     return ti.log(x)
         >>> @safe_log.defjvp
         ... @ti.func
         ... def safe_log_jvp(x, dx):
         ...     return ti.log(x), dx / ti.max(x, 1e-12)
+        >>> td.grad(safe_log)(np.array([2.0, 0.0]))   # finite at 0, where 1 / x is not
+        array([5.e-01, 1.e+12])
     """
     if not getattr(f, "_is_taichi_function", False):
         raise TypeError(f"td.custom_jvp: expected a @ti.func, got {type(f).__name__}")

@@ -1,4 +1,4 @@
-"""Kind 1b: a kernel, or a Python function launching kernels, over global fields (API.md 1b).
+"""A kernel, or a Python function launching kernels, over global fields (docs/kernel-programs.md).
 
 The engine is ``_fields.FieldProgram`` (twins of the fields, recorded
 launches and replayed adjoints, the tangent program); this module gives it

@@ -1,4 +1,4 @@
-"""Kind 1a: a ``@ti.func`` as a batched, differentiable function (API.md 1a).
+"""A ``@ti.func`` as a batched, differentiable function (docs/transforms.md).
 
 Its body is the func itself; everything else is :class:`~tidiff._pointwise.Pointwise`.
 Annotations (or ``signature=``) give each argument's core shape; without

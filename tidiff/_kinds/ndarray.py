@@ -1,4 +1,4 @@
-"""Kind 1c: kernels over ``ti.types.ndarray()`` parameters (API.md 1c).
+"""Kernels over ``ti.types.ndarray()`` parameters (docs/torch.md).
 
 An ndarray kernel writes its results into output arrays it is given::
 
@@ -130,7 +130,7 @@ ShapeRule = Callable[..., Any] | tuple[int, ...]
 
 
 class NdarrayFunction(Function):
-    """A ``@ti.kernel`` over ndarray parameters with named inputs and outputs (API.md 1c).
+    """A ``@ti.kernel`` over ndarray parameters with named inputs and outputs (docs/torch.md).
 
     Arguments are the ``inputs`` in order, each a whole array (no batch dims:
     the kernel sees the array's full shape). Results are the ``outputs``.

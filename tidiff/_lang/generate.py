@@ -28,7 +28,7 @@ def generate(f: Any, active: tuple[bool, ...], make: Callable[[Parsed, tuple[boo
     parsed = parse(f)
     transformer = make(parsed, active)
     tree = transformer.run()
-    if parsed.kind == "helper":
+    if parsed.form == "helper":
         _by_reference(tree, transformer.taichi_name)
     text = wrap_long_lines(ast.unparse(ast.Module([tree], [])))
     scope = {**parsed.namespace, **transformer.helpers, **namespace, transformer.taichi_name: ti}

@@ -24,7 +24,7 @@ class Parsed:
     filename: str
     first_line: int
     namespace: dict[str, Any]
-    kind: str = "func"  # "func", "kernel" or "helper" (a plain Python function, NOTE: [Python helpers])
+    form: str = "func"  # "func", "kernel" or "helper" (a plain Python function, NOTE: [Python helpers])
 
     def lineno(self, node: ast.AST) -> int:
         """Line of ``node`` in the original file."""
@@ -69,9 +69,9 @@ def parse(f: Any) -> Parsed:
     """Parse the source of ``f`` (a ``@ti.func``, a ``@ti.kernel`` or a plain helper) and collect its
     globals and closure variables."""
     if getattr(f, "_is_wrapped_kernel", False):
-        fn, kind = kernel_function(f), "kernel"
+        fn, form = kernel_function(f), "kernel"
     else:
-        fn, kind = python_function(f), "helper" if is_helper(f) else "func"
+        fn, form = python_function(f), "helper" if is_helper(f) else "func"
     tree, filename, first_line = source_tree(fn)
     namespace = dict(fn.__globals__)
     for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
@@ -82,7 +82,7 @@ def parse(f: Any) -> Parsed:
     _bind_annotations(tree, fn, namespace)
     unrolled(tree, lambda node: resolve(node, namespace))  # NOTE: [Unrolled comprehensions]
     narrowing_returns_cast(tree, lambda node: resolve(node, namespace), namespace)  # NOTE: [Narrowing return ...]
-    return Parsed(tree, filename, first_line, namespace, kind)
+    return Parsed(tree, filename, first_line, namespace, form)
 
 
 MISSING = object()

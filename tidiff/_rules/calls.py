@@ -60,8 +60,8 @@ def register_vjp(f: Any, bwd: Any) -> None:
     CUSTOM_VJPS[f] = bwd
 
 
-class Kind(enum.Enum):
-    """What a call in Taichi code goes to; each source transform has one handler per kind."""
+class Sort(enum.Enum):
+    """What a call in Taichi code goes to; each source transform has one handler per sort."""
 
     METHOD = "a method of a local value (``v.dot(w)``): its rule is keyed by name"
     LOCAL = "a call of a local value that is no method: refused"
@@ -78,9 +78,9 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True)
 class Callee:
-    """What :func:`classify` says of a call: its kind, what it calls, and for ``REFUSED`` why."""
+    """What :func:`classify` says of a call: its sort, what it calls, and for ``REFUSED`` why."""
 
-    kind: Kind
+    sort: Sort
     obj: Any = None
     reason: str = ""
 
@@ -111,38 +111,38 @@ def classify(node: ast.Call, namespace: dict[str, Any], local: Container[str],
     counts ``x[i]`` of a field ``x`` as a value, whose methods are ops). The
     one place that reads a callee: both source transforms and the shape of a
     call's results (``_adjoint/results.py``) ask it, and handle each
-    :class:`Kind` in their own way.
+    :class:`Sort` in their own way.
     """
     func = node.func
     made = static_call(func, namespace, local)
     if made is not MISSING and callable_rule(made) is not None:  # td.grad(E)(x), made at the call site
-        return Callee(Kind.FUNCTION, made)
+        return Callee(Sort.FUNCTION, made)
     if is_local(func, local) if local_value is None else local_value(func):
-        return Callee(Kind.METHOD if isinstance(func, ast.Attribute) else Kind.LOCAL)
+        return Callee(Sort.METHOD if isinstance(func, ast.Attribute) else Sort.LOCAL)
     callee = resolve(func, namespace)
     if callee is MISSING:
-        return Callee(Kind.UNKNOWN)
-    return kind_of(callee)
+        return Callee(Sort.UNKNOWN)
+    return sort_of(callee)
 
 
-def kind_of(callee: object) -> Callee:
+def sort_of(callee: object) -> Callee:
     """What a call of the object ``callee`` goes to (:func:`classify` once the callee is resolved)."""
     if isinstance(callee, functools.partial):
-        return Callee(Kind.PARTIAL, callee)
+        return Callee(Sort.PARTIAL, callee)
     if callee is ti.static or (hashable(callee) and callee in STATIC_BUILTINS):
-        return Callee(Kind.STATIC, callee)
+        return Callee(Sort.STATIC, callee)
     if hashable(callee) and (callee in CUSTOM_JVPS or callee in CUSTOM_VJPS):
-        return Callee(Kind.CUSTOM, callee)
+        return Callee(Sort.CUSTOM, callee)
     if callable_rule(callee) is not None:
-        return Callee(Kind.FUNCTION, callee)
+        return Callee(Sort.FUNCTION, callee)
     rule = lookup(callee)
     if rule is not None and rule.jvp is zero:
-        return Callee(Kind.CONSTANT, callee)
+        return Callee(Sort.CONSTANT, callee)
     if rule is not None:
-        return Callee(Kind.OP, callee)
+        return Callee(Sort.OP, callee)
     if transformable(callee):  # NOTE: [Python helpers]
-        return Callee(Kind.FUNC, callee)
+        return Callee(Sort.FUNC, callee)
     if (getattr(callee, "__module__", None) or "").startswith("taichi"):
         why = REFUSED.get(callee) if hashable(callee) else None
-        return Callee(Kind.REFUSED, callee, "no derivative rule" if why is None else f"no derivative rule: {why}")
-    return Callee(Kind.REFUSED, callee, refusal(callee) or "no derivative rule")
+        return Callee(Sort.REFUSED, callee, "no derivative rule" if why is None else f"no derivative rule: {why}")
+    return Callee(Sort.REFUSED, callee, refusal(callee) or "no derivative rule")

@@ -186,10 +186,15 @@ def scan(step: Any, length: int, checkpoints: int | None = None, name: str | Non
         state and keeps nothing.
 
     Example:
-        >>> step = td.function(advance, inputs=[x, v, k], outputs=[x_next, v_next])
+        >>> @ti.func
+        ... def step(x: ti.f64, v: ti.f64, k: ti.f64):      # a spring: the carry (x, v), the stiffness k
+        ...     return x + 0.01 * v, v - 0.01 * k * x
         >>> sim = td.scan(step, length=1000)
-        >>> xT, vT = sim(x0, v0, k0)
-        >>> dx0, dv0, dk = td.vjp(sim, x0, v0, k0)[1]((np.ones_like(xT), np.zeros_like(vT)))
+        >>> xT, vT = sim(1.0, 0.0, 4.0)
+        >>> (xT, vT), vjp_fn = td.vjp(sim, 1.0, 0.0, 4.0)
+        >>> dx0, dv0, dk = vjp_fn((1.0, 0.0))                  # d xT by x0, v0 and k
+        >>> np.round([xT, vT, dx0, dv0, dk], 4)
+        array([ 0.5014, -2.2274,  0.5014,  0.5568, -2.7581])
 
     Limitations:
         A field program's fields are loaded once per call; before each step

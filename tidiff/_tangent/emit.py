@@ -59,13 +59,17 @@ def jvp_func(f: Any, active: Sequence[bool] | None = None, width: int = 1, *,
         With ``width`` k > 1 it takes k tangents per active parameter, lane by
         lane, and returns ``(out, dout_0, ..., dout_{k-1})``.
 
-    Example::
-
-        @ti.func
-        def f(x):
-            return ti.sin(x) * x
-
-        g = jvp_func(f)          # in a kernel: y, dy = g(x, dx)
+    Example:
+        >>> @ti.func
+        ... def f(x):
+        ...     return ti.sin(x) * x
+        >>> g = jvp_func(f)
+        >>> @ti.kernel
+        ... def at(x: ti.f64, dx: ti.f64) -> ti.math.vec2:
+        ...     y, dy = g(x, dx)
+        ...     return ti.Vector([y, dy])
+        >>> at(0.0, 1.0)                              # sin(0) * 0 and its derivative (sin x + x cos x)(0)
+        [0. 0.]
     """
     fn = python_function(f)
     n = fn.__code__.co_argcount

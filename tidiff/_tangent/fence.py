@@ -19,7 +19,7 @@ from .._lang.activity import local_names
 from .._lang.compile import info
 from .._lang.generate import owned_cache
 from .._lang.parse import parse
-from .._rules.calls import CUSTOM_JVPS, Kind, classify, kind_of
+from .._rules.calls import CUSTOM_JVPS, Sort, classify, sort_of
 
 
 def may_refuse(f: Any) -> bool:
@@ -65,10 +65,10 @@ def _calls(f: Any) -> tuple[list[Any], list[Any]] | None:
     for node in ast.walk(parsed.tree):
         if isinstance(node, ast.Call):
             callee = classify(node, parsed.namespace, local)
-            if callee.kind is Kind.PARTIAL:  # p(x) calls the partial's function
-                callee = kind_of(callee.obj.func)
-            if callee.kind is Kind.CUSTOM:
+            if callee.sort is Sort.PARTIAL:  # p(x) calls the partial's function
+                callee = sort_of(callee.obj.func)
+            if callee.sort is Sort.CUSTOM:
                 customs.append(callee.obj)
-            elif callee.kind is Kind.FUNC:
+            elif callee.sort is Sort.FUNC:
                 funcs.append(callee.obj)
     return customs, funcs

@@ -225,11 +225,18 @@ def jvp_kernel(kernel: Any, tangents: FieldTangents, owner: object = None) -> An
         from the tangents of the fields it reads. Generated once per
         ``(kernel, tangents)``; ``source(result)`` gives its code.
 
-    Example::
-
-        tangents = FieldTangents([(x, dx), (loss, dloss)])
-        energy_jvp = jvp_kernel(energy, tangents)
-        energy_jvp()          # loss and dloss, from x and dx
+    Example:
+        >>> x, dx = ti.field(ti.f64, shape=3), ti.field(ti.f64, shape=3)
+        >>> loss, dloss = ti.field(ti.f64, shape=()), ti.field(ti.f64, shape=())
+        >>> @ti.kernel
+        ... def energy():
+        ...     for i in x:
+        ...         loss[None] += x[i] ** 2
+        >>> energy_jvp = jvp_kernel(energy, FieldTangents([(x, dx), (loss, dloss)]))
+        >>> x.from_numpy(np.array([1.0, 2.0, 3.0])); dx.from_numpy(np.array([1.0, 0.0, 0.0]))
+        >>> energy_jvp()                              # loss and dloss, from x and dx
+        >>> loss[None], dloss[None]
+        (14.0, 2.0)
     """
     key = (kernel, id(owner))
     if key not in tangents.generated:

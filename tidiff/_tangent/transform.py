@@ -23,7 +23,7 @@ from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, t
 from .._lang.parse import MISSING, Parsed, positional, resolve
 from .._lang.rebinding import rename_rebindings
 from .._lang.sym import Sym, zero_like
-from .._rules.calls import Callee, Kind, callable_rule, classify
+from .._rules.calls import Callee, Sort, callable_rule, classify
 from .._rules.table import TABLE, Call, Jvp, lookup
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 
@@ -130,7 +130,7 @@ class Transformer:
         """A TransformError at ``node``; the default hint fits where it stands (kernel, @ti.func, helper)."""
         if hint is None:
             name = None if getattr(self.parsed.tree, "is_lambda", False) else self.parsed.tree.name
-            hint = where_hint(self.parsed.kind, name, call)
+            hint = where_hint(self.parsed.form, name, call)
         return TransformError(construct, self.parsed.filename, self.parsed.lineno(node), hint)
 
     # --- the function --------------------------------------------------------
@@ -183,7 +183,7 @@ class Transformer:
             if isinstance(node, ast.Subscript) and not self._is_local(node.value):
                 base = resolve(node.value, self.parsed.namespace)
                 if isinstance(base, (Field, Ndarray)):
-                    where = "a @ti.func" if self.parsed.kind == "func" else "a Python helper"
+                    where = "a @ti.func" if self.parsed.form == "func" else "a Python helper"
                     raise self.error(node, f"field access `{ast.unparse(node)}` inside {where}",
                                      "pass the values in as arguments, or wrap the function with td.custom_jvp")
 
@@ -226,7 +226,7 @@ class Transformer:
         if isinstance(target, ast.Name) and isinstance(node.value, ast.Call):
             callee = self._nested_callee(node.value)
             if callee is not None:  # y = h(x): the call's results go straight into y, dy
-                self.call_tangent(node.value, callee.obj, custom=callee.jvp if callee.kind is Kind.CUSTOM else None,
+                self.call_tangent(node.value, callee.obj, custom=callee.jvp if callee.sort is Sort.CUSTOM else None,
                                   into=(target.id, self.namer.tangent(target.id)))
                 return
         p, dp = self.expr(node.value)
@@ -570,7 +570,7 @@ class Transformer:
     # --- calls ---------------------------------------------------------------
     def expr_Call(self, node: ast.Call) -> Pair:
         callee = classify(node, self.parsed.namespace, self.locals, self._is_local)
-        return getattr(self, "call_" + callee.kind.name.lower())(node, callee)
+        return getattr(self, "call_" + callee.sort.name.lower())(node, callee)
 
     # one handler per kind of callee (``_rules/calls.py``), each ``(node, callee) -> (primal, tangent)``
     def call_method(self, node: ast.Call, callee: Callee) -> Pair:
@@ -674,7 +674,7 @@ class Transformer:
         if not isinstance(node, ast.Call):
             return None
         callee = classify(node, self.parsed.namespace, self.locals, self._is_local)
-        if callee.kind in (Kind.FUNCTION, Kind.FUNC) or (callee.kind is Kind.CUSTOM and callee.jvp is not None):
+        if callee.sort in (Sort.FUNCTION, Sort.FUNC) or (callee.sort is Sort.CUSTOM and callee.jvp is not None):
             return callee
         return None
 

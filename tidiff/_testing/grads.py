@@ -74,7 +74,7 @@ def check_grads(f: Any, args: Sequence[Any], order: int = 2, modes: str | Sequen
         >>> @ti.func
         ... def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
         ...     return s * x.dot(x) + ti.sin(x[0])
-        >>> td.testing.check_grads(f, (np.random.rand(4, 3), 2.0), order=2)
+        >>> td.testing.check_grads(f, (np.random.rand(4, 3), 2.0), order=2)   # raises if a check fails
 
     Limitations: ``f`` must be smooth within ``h`` of ``args`` (keep kinks
     and jumps of ``abs``, ``floor``, ``select`` away), and its float

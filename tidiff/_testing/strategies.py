@@ -19,7 +19,9 @@ def batch_shapes(min_dims: int = 0, max_dims: int = 2, min_side: int = 1,
 
     Example:
         >>> @given(td.testing.batch_shapes(max_dims=3))
-        ... def test_shapes(batch): ...
+        ... def test_shapes(batch):
+        ...     assert len(batch) <= 3 and all(1 <= side <= 3 for side in batch)
+        >>> test_shapes()
     """
     from hypothesis.extra import numpy as hnp
 
@@ -57,9 +59,14 @@ def arguments(f: Any, *, batch_shapes: SearchStrategy[tuple[int, ...]] | None = 
         A strategy of tuples, one array per argument.
 
     Example:
-        >>> @given(td.testing.arguments(f, elements=st.floats(0.5, 2.0)))
+        >>> @ti.func
+        ... def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
+        ...     return s * ti.log(x).sum()
+        >>> @settings(deadline=None, max_examples=10)        # first calls compile
+        ... @given(td.testing.arguments(f, elements=st.floats(0.5, 2.0)))
         ... def test_f(args):
         ...     td.testing.check_grads(f, args)
+        >>> test_f()
     """
     from hypothesis import strategies as st
     from hypothesis.extra import numpy as hnp
