@@ -50,10 +50,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._lang.activity import assignments
-from .._lang.naming import RULE_HELPERS, Namer
-from .._lang.nodes import assign, for_loop, name, statements, zero_of
+from .._lang.naming import Namer
+from .._lang.nodes import assign, augment, compare, for_range, if_, name, taichi, zero_of
 from .._lang.parse import Parsed, resolve
-from .._lang.sym import Sym
+from .._lang.sym import Sym, helpers
 from .._rules.table import Vjp
 
 
@@ -273,20 +273,20 @@ class ControlFlow:
         if TAPE_ROWS and any(phis[v] in self.active for v in variables):
             tapes = {v: self.fresh("tape_" + v) for v in variables}
             for v in variables:
-                self.forward.append(assign(tapes[v], Sym(name(RULE_HELPERS)).tape_of(name(phis[v]), TAPE_ROWS).node))
+                self.forward.append(assign(tapes[v], helpers.tape_of(name(phis[v]), TAPE_ROWS)))
             if counter is not None:  # the trip count is known: every stride-th iteration fits the tape
-                self.forward += statements("{stride} = {ti}.max(1, ({stop} - {start} + {rows} - 1) // {rows})",
-                                           stride=stride, stop=stop, start=start, rows=TAPE_ROWS)
+                assert start is not None and stop is not None  # set with the counter
+                rows = (Sym(name(stop)) - Sym(name(start)) + TAPE_ROWS - 1) // TAPE_ROWS
+                self.forward.append(assign(stride, taichi("max")(1, rows)))
             else:  # a while loop: the stride grows as the tape fills
                 self.forward.append(assign(stride, ast.Constant(1)))
         loop = Loop(body, phis, prevs, ins, finals, tapes, count, stride, counter_name, start)
         stmts = (self.checkpoint(loop) + [assign(ins[v], name(phis[v])) for v in variables] + body.forward
                  + [assign(phis[v], name(finals[v])) for v in variables]
-                 + [ast.AugAssign(ast.Name(count, ast.Store()), ast.Add(), ast.Constant(1))])
+                 + [augment(count, ast.Add(), 1)])
         if counter_name is not None:
             assert start is not None and stop is not None  # set with the counter
-            iterate = ast.Call(name("range"), [name(start), name(stop)], [])
-            self.forward.append(ast.For(ast.Name(counter_name, ast.Store()), iterate, stmts, []))
+            self.forward.append(for_range(counter_name, [start, stop], stmts))
         else:
             assert test is not None  # a while loop
             self.forward.append(ast.While(test, stmts, []))
@@ -298,32 +298,33 @@ class ControlFlow:
         if not loop.tapes:
             return []
         r, j = self.namer.fresh("r"), self.namer.fresh("j")
+        count, stride = Sym(name(loop.count)), Sym(name(loop.stride))
         rows = {v: self.namer.fresh("row_" + v) for v in loop.tapes}
-        names = dict(count=loop.count, stride=loop.stride, size=TAPE_ROWS, half=TAPE_ROWS // 2, r=r, j=j)
-        thin = ""
+        body: list[ast.stmt] = []
         if loop.counter is None:
-            thin = ("    if {count} == {size} * {stride}:\n"
-                    "        for {r} in range({half}):\n"
-                    + "".join(f"            for {{j}} in {{ti}}.static(range(len({t}))):\n"
-                              f"                {t}[{{j}}][{{r}}] = {t}[{{j}}][2 * {{r}}]\n"
-                              for t in loop.tapes.values())
-                    + "        {stride} *= 2\n")
-        save = "".join(f"    {rows[v]} = {{rules}}.entries({loop.phis[v]})\n"
-                       f"    for {{j}} in {{ti}}.static(range(len({t}))):\n"
-                       f"        {t}[{{j}}][{{count}} // {{stride}}] = {rows[v]}[{{j}}]\n"
-                       for v, t in loop.tapes.items())
-        return statements("if {count} % {stride} == 0:\n" + thin + save, **names)
+            thin = [for_range(j, [Sym(name("len"))(name(t))], [assign(Sym(name(t))[Sym(name(j))][Sym(name(r))],
+                                                                      Sym(name(t))[Sym(name(j))][2 * Sym(name(r))])],
+                              static=True) for t in loop.tapes.values()]
+            body.append(if_(compare(count, ast.Eq(), TAPE_ROWS * stride),
+                            [for_range(r, [TAPE_ROWS // 2], thin), augment(loop.stride, ast.Mult(), 2)]))
+        for v, t in loop.tapes.items():
+            body += [assign(rows[v], helpers.entries(name(loop.phis[v]))),
+                     for_range(j, [Sym(name("len"))(name(t))],
+                               [assign(Sym(name(t))[Sym(name(j))][count // stride], Sym(name(rows[v]))[Sym(name(j))])],
+                               static=True)]
+        return [if_(compare(count % stride, ast.Eq(), 0), body)]
 
     def restore(self, loop: Loop, state: dict[str, str], c: str) -> list[ast.stmt]:
         """``state_v = <tape row c of v>`` for each carried variable (NOTE: [Tapes])."""
         stmts: list[ast.stmt] = []
         for v, tape in loop.tapes.items():
             row, j = self.namer.fresh("row_" + v), self.namer.fresh("j")
-            stmts += statements("{row} = {ti}.zero({rules}.entries({phi}))\n"
-                                "for {j} in {ti}.static(range(len({tape}))):\n"
-                                "    {row}[{j}] = {tape}[{j}][{c}]\n"
-                                "{state} = {rules}.unflat_any({row}, {phi})\n",
-                                row=row, j=j, phi=loop.phis[v], tape=tape, c=c, state=state[v])
+            phi = name(loop.phis[v])
+            stmts += [assign(row, taichi("zero")(helpers.entries(phi))),
+                      for_range(j, [Sym(name("len"))(name(tape))],
+                                [assign(Sym(name(row))[Sym(name(j))], Sym(name(tape))[Sym(name(j))][Sym(name(c))])],
+                                static=True),
+                      assign(state[v], helpers.unflat_any(name(row), phi))]
         return stmts
 
     # --- reverse sweep --------------------------------------------------------------
@@ -390,18 +391,17 @@ class ControlFlow:
             assert loop.start is not None  # set with the counter
             rerun.append(assign(loop.counter, ast.BinOp(name(loop.start), ast.Add(), name(m))))
         rerun += copy.deepcopy(body.forward)
-        rerun.append(ast.If(ast.Compare(name(m), [ast.Eq()], [name(k)]), self.emitted(adjoint), []))
+        rerun.append(if_(compare(m, ast.Eq(), k), self.emitted(adjoint)))
         rerun += [assign(state[v], name(loop.finals[v])) for v in loop.phis]
-        names = dict(r=r, k=k, c=c, m=m, count=loop.count, stride=loop.stride)
+        iteration: list[ast.stmt] = [assign(k, Sym(name(loop.count)) - 1 - Sym(name(r)))]
         if loop.tapes:  # from the nearest saved iteration
-            iteration = statements("{k} = {count} - 1 - {r}\n{c} = {k} // {stride}\n", **names)
+            iteration.append(assign(c, Sym(name(k)) // Sym(name(loop.stride))))
             iteration += self.restore(loop, state, c)
-            iteration.append(for_loop("for {m} in range({c} * {stride}, {k} + 1):", rerun, **names))
+            iteration.append(for_range(m, [Sym(name(c)) * Sym(name(loop.stride)), Sym(name(k)) + 1], rerun))
         else:  # from the values the loop started with
-            iteration = statements("{k} = {count} - 1 - {r}\n", **names)
             iteration += [assign(state[v], name(loop.prevs[v])) for v in loop.phis]
-            iteration.append(for_loop("for {m} in range({k} + 1):", rerun, **names))
-        self.backward.append(for_loop("for {r} in range({count}):", iteration, **names))
+            iteration.append(for_range(m, [Sym(name(k)) + 1], rerun))
+        self.backward.append(for_range(r, [loop.count], iteration))
         for v in carried:
             if self.is_active(name(loop.prevs[v])):
                 self.add(loop.prevs[v], Sym(name(ct[v])))

@@ -9,6 +9,7 @@ known when Taichi compiles). That costs as many pushes of the rule as the
 call has active input entries, at the call only: the rest of the function
 stays one reverse sweep. The rule's code is what runs, as in forward mode.
 """
+import ast
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,9 @@ import taichi as ti
 
 from .._lang.compile import compile_source
 from .._lang.generate import owned_cache
-from .._lang.naming import RULE_HELPERS
+from .._lang.naming import RULE_HELPERS, spell_taichi
+from .._lang.nodes import assign, call, for_range, function, name, taichi, unpack, zero_of
+from .._lang.sym import Sym, helpers
 from .._rules import helpers as rule_helpers
 
 
@@ -34,23 +37,22 @@ def _compile(f: Any, rule: Any, active: tuple[bool, ...], n_outputs: int) -> Any
     base = "".join(c if c.isalnum() else "_" for c in getattr(f, "name", "f"))
     xs = [f"x{k}" for k in range(len(active))]
     cts = ["ct_out"] if n_outputs == 1 else [f"ct_out{j}" for j in range(n_outputs)]
-    zeros = [f"ti.zero({x})" for x in xs]
-    lines = ["@ti.func", f"def {base}_linear_vjp({', '.join(xs + cts)}):",
-             f"    out, _ = rule({', '.join(xs + zeros)})"]
+    zeros = [zero_of(x) for x in xs]
+    body: list[ast.stmt] = [unpack(["out", "_"], call("rule", *xs, *zeros))]
     results = []
     for k, x in enumerate(xs):
         if not active[k]:
             continue
-        tangents = zeros[:k] + [f"{RULE_HELPERS}.basis({x}, e)"] + zeros[k + 1:]
-        pairing = " + ".join(
-            f"{RULE_HELPERS}.inner({ct}, t)" if n_outputs == 1 else f"{RULE_HELPERS}.inner({ct}, t[{j}])"
-            for j, ct in enumerate(cts))
-        lines += [f"    ct_{x} = ti.zero({x})",
-                  f"    for e in ti.static(range({RULE_HELPERS}.size_of({x}))):",
-                  f"        _, t = rule({', '.join(xs + tangents)})",
-                  f"        ct_{x} = ct_{x} + {RULE_HELPERS}.basis({x}, e) * ({pairing})"]
+        unit = helpers.basis(name(x), name("e"))
+        t = Sym(name("t"))
+        pairing = [helpers.inner(name(ct), t if n_outputs == 1 else t[j]) for j, ct in enumerate(cts)]
+        body += [assign(f"ct_{x}", zero_of(x)),
+                 for_range("e", [helpers.size_of(name(x))],
+                           [unpack(["_", "t"], call("rule", *xs, *zeros[:k], unit, *zeros[k + 1:])),
+                            assign(f"ct_{x}", Sym(name(f"ct_{x}")) + unit * sum(pairing[1:], pairing[0]))],
+                           static=True)]
         results.append(f"ct_{x}")
-    lines.append(f"    return {', '.join(['out'] + results)}")
+    body.append(ast.Return(ast.Tuple([name(r) for r in ["out"] + results], ast.Load())))
+    fn = spell_taichi(function(f"{base}_linear_vjp", [(p, None) for p in xs + cts], body, taichi("func").node), "ti")
     namespace = {"ti": ti, "rule": rule, RULE_HELPERS: rule_helpers}
-    g = compile_source("\n".join(lines) + "\n", f"{base}_linear_vjp", namespace, tag="linear_vjp")
-    return g
+    return compile_source(fn, f"{base}_linear_vjp", namespace, tag="linear_vjp")

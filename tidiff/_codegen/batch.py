@@ -25,6 +25,7 @@ as text: a function named ``r`` or ``ti`` cannot break the kernel.
 """
 from __future__ import annotations
 
+import ast
 import keyword
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +36,11 @@ from taichi.lang.matrix import make_matrix
 from taichi.lang.util import to_numpy_type, to_taichi_type
 
 from .._lang.compile import compile_source
-from .._lang.naming import Namer
+from .._lang.naming import Namer, spell_taichi
+from .._lang.nodes import assign, call, for_range, function, taichi
+from .._lang.nodes import name as node
+from .._lang.nodes import statement as statement_of
+from .._lang.sym import Sym
 from .._signature import ArgSpec
 
 
@@ -125,29 +130,30 @@ def _zero_expr(spec: ArgSpec) -> Any:
 
 
 class _Source:
-    """Lines of one generated kernel, its namespace and the namer every name comes from."""
+    """One generated kernel's namespace and the namer every name in it comes from."""
 
     def __init__(self, reserved: Sequence[str]) -> None:
         self.namer = Namer(["ti", *reserved])
         self.namespace: dict[str, Any] = {"ti": ti}
-        self.lines: list[str] = []
 
-    def bind(self, hint: str, value: Any) -> str:
-        """A fresh namespace name holding ``value`` (a type, a body)."""
+    def bind(self, hint: str, value: Any) -> ast.Name:
+        """A fresh namespace name holding ``value`` (a type, a body), as an expression."""
         name = self.namer.fresh(hint)
         self.namespace[name] = value
-        return name
+        return ast.Name(name, ast.Load())
 
-    def compile(self, name: str, tag: str) -> Any:
-        return compile_source("\n".join(self.lines) + "\n", name, self.namespace, tag)
+    def compile(self, params: Sequence[tuple[str, ast.expr]], body: list[ast.stmt], hint: str, tag: str,
+                returns: ast.expr | None = None) -> Any:
+        """The ``@ti.kernel`` ``hint(params) -> returns: body``."""
+        kernel = self.namer.fresh(hint)
+        fn = spell_taichi(function(kernel, params, body, taichi("kernel").node, returns), "ti")
+        return compile_source(fn, kernel, self.namespace, tag)
 
 
-def _serially(once: str, statement: str) -> list[str]:
-    """Kernel lines running ``statement`` in a serialized one-iteration loop (NOTE: [The body's loops stay
-    serial]): the loop keeps Taichi from running the body's own top-level loops in parallel."""
-    return ["    ti.loop_config(serialize=True)  # NOTE: [The body's loops stay serial]",
-            f"    for {once} in range(1):",
-            f"        {statement}"]
+def _serially(once: str, statement: ast.stmt) -> list[ast.stmt]:
+    """``statement`` in a serialized one-iteration loop (NOTE: [The body's loops stay serial]): the loop keeps
+    Taichi from running the body's own top-level loops in parallel."""
+    return [statement_of(taichi("loop_config")(serialize=True)), for_range(once, [1], [statement])]
 
 
 def probe_outputs(body: Any, in_specs: Sequence[ArgSpec], name: str) -> tuple[list[ArgSpec], bool, Any]:
@@ -161,10 +167,9 @@ def probe_outputs(body: Any, in_specs: Sequence[ArgSpec], name: str) -> tuple[li
     fn, record = src.bind(name, body), src.bind("record", recorder)
     params = [(src.namer.fresh(f"a{k}"), src.bind(f"T{k}", ti.types.ndarray(dtype=element_type(s), ndim=1)))
               for k, s in enumerate(in_specs)]
-    kernel, once = src.namer.fresh(f"{name}__probe"), src.namer.fresh("once")
-    src.lines += ["@ti.kernel", f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}):",
-                  *_serially(once, f"{record}({fn}({', '.join(f'{p}[0]' for p, _ in params)}))")]
-    compiled = src.compile(kernel, "probe")
+    once = src.namer.fresh("once")
+    read = call(record, call(fn, *[Sym(node(p))[0] for p, _ in params]))
+    compiled = src.compile(params, _serially(once, statement_of(read)), f"{name}__probe", "probe")
     compiled(*[np.zeros((1,) + kernel_shape(s), s.dtype) for s in in_specs])
     assert recorder.specs is not None
     return recorder.specs, recorder.is_tuple, compiled
@@ -180,24 +185,22 @@ class BatchKernel:
         src = _Source([])
         fn = src.bind(name, body)
         n, i, r = (src.namer.fresh(h) for h in ("n", "i", "r"))
-        params, call = [f"{n}: ti.i32"], []
+        i32 = taichi("i32").node
+        params: list[tuple[str, ast.expr]] = [(n, i32)]
+        args = []
         for k, spec in enumerate(self.in_specs):
             a, s = src.namer.fresh(f"a{k}"), src.namer.fresh(f"s{k}")
-            params += [f"{a}: {src.bind(f'T{k}', ti.types.ndarray(dtype=element_type(spec), ndim=1))}", f"{s}: ti.i32"]
-            call.append(f"{a}[{i} * {s}]")
+            params += [(a, src.bind(f"T{k}", ti.types.ndarray(dtype=element_type(spec), ndim=1))), (s, i32)]
+            args.append(Sym(node(a))[Sym(node(i)) * Sym(node(s))])
         outs = []
         for j, spec in enumerate(self.out_specs):
             o = src.namer.fresh(f"o{j}")
-            params.append(f"{o}: {src.bind(f'U{j}', ti.types.ndarray(dtype=element_type(spec), ndim=1))}")
+            params.append((o, src.bind(f"U{j}", ti.types.ndarray(dtype=element_type(spec), ndim=1))))
             outs.append(o)
-        kernel = src.namer.fresh(f"{name}__batch")
-        src.lines += ["@ti.kernel", f"def {kernel}({', '.join(params)}):", f"    for {i} in range({n}):",
-                      f"        {r} = {fn}({', '.join(call)})"]
-        if is_tuple:
-            src.lines += [f"        {o}[{i}] = {r}[{j}]" for j, o in enumerate(outs)]
-        else:
-            src.lines += [f"        {outs[0]}[{i}] = {r}"]
-        self.kernel = src.compile(kernel, "batch")
+        results = [Sym(node(r))[j] for j in range(len(outs))] if is_tuple else [Sym(node(r))]
+        body_of_loop = [assign(r, call(fn, *args))] + [
+            assign(Sym(node(o))[Sym(node(i))].node, value) for o, value in zip(outs, results, strict=True)]
+        self.kernel = src.compile(params, [for_range(i, [n], body_of_loop)], f"{name}__batch", "batch")
 
     def __call__(self, n: int, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Evaluate over ``n`` elements; ``inputs`` are ``(n or 1,) + core`` arrays."""
@@ -222,16 +225,12 @@ class ScalarKernel:
         src = _Source([])
         fn = src.bind(name, body)
         params = [(src.namer.fresh(f"a{k}"), src.bind(f"T{k}", s.ti_type())) for k, s in enumerate(in_specs)]
-        kernel, r, once = (src.namer.fresh(h) for h in (f"{name}__one", "r", "once"))
+        r, once = src.namer.fresh("r"), src.namer.fresh("once")
         R = src.bind("R", out_spec.ti_type())
-        src.lines += [
-            "@ti.kernel",
-            f"def {kernel}({', '.join(f'{p}: {t}' for p, t in params)}) -> {R}:",
-            f"    {r} = ti.cast(0, {R})",
-            *_serially(once, f"{r} = {fn}({', '.join(p for p, _ in params)})"),
-            f"    return {r}",
-        ]
-        self.kernel = src.compile(kernel, "one")
+        body_of_kernel = [assign(r, taichi("cast")(0, R)),
+                          *_serially(once, assign(r, call(fn, *[p for p, _ in params]))),
+                          ast.Return(node(r))]
+        self.kernel = src.compile(params, body_of_kernel, f"{name}__one", "one", returns=R)
 
     @staticmethod
     def fits(in_specs: Sequence[ArgSpec], out_specs: Sequence[ArgSpec], is_tuple: bool) -> bool:

@@ -79,6 +79,9 @@ class Sym:
     def __truediv__(self, other: Any) -> Sym: return binop(ast.Div(), self, other)
     def __rtruediv__(self, other: Any) -> Sym: return binop(ast.Div(), other, self)
     def __pow__(self, other: Any) -> Sym: return binop(ast.Pow(), self, other)
+    def __floordiv__(self, other: Any) -> Sym: return binop(ast.FloorDiv(), self, other)
+    def __rfloordiv__(self, other: Any) -> Sym: return binop(ast.FloorDiv(), other, self)
+    def __mod__(self, other: Any) -> Sym: return binop(ast.Mod(), self, other)
     def __matmul__(self, other: Any) -> Sym: return binop(ast.MatMult(), self, other)
 
     def __neg__(self) -> Sym:

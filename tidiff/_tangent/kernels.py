@@ -64,6 +64,7 @@ from .._lang.callees import call_name, transformable
 from .._lang.compile import compile_source, info, mark
 from .._lang.generate import generate
 from .._lang.naming import RULE_HELPERS, helper_name
+from .._lang.nodes import Value, call, function
 from .._lang.objects import Unbound, argcount, bind, fields_of, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, resolve
 from .._rules import helpers as rule_helpers
@@ -287,10 +288,8 @@ def _launcher(g: Any, transformer: KernelTransformer, tangents: FieldTangents) -
     """
     params, name = transformer.params, transformer.tree.name
     kernel, lookup = transformer.jvp_name, transformer.namer.fresh("tangent_of")
-    args: list[ast.expr] = [_name(p) for p in params]
-    args += [ast.Call(_name(lookup), [_name(p)], []) for p in transformer.template_params]
-    launch_def = ast.FunctionDef(name, ast.arguments([], [ast.arg(p) for p in params], None, [], [], None, []),
-                                 [ast.Return(ast.Call(_name(kernel), args, []))], [], None)
+    args: list[Value] = [*params, *(call(lookup, p) for p in transformer.template_params)]
+    launch_def = function(name, [(p, None) for p in params], [ast.Return(call(kernel, *args))], decorator=None)
     namespace = {"__name__": "tidiff_generated", kernel: g, lookup: tangents.tangent_of}
     launch = compile_source(launch_def, name, namespace, tag="jvp-launch")
     mark(launch, source=f"{info(g).source}\n\n{info(launch).source}")
