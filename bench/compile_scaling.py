@@ -24,6 +24,9 @@ Workloads (B elements, float64):
   own, not with the square of its size); tidiff and JAX (``jit(vmap(grad))``,
   ``jit(vmap(hessian))``).
 
+Peer ``value`` is the function itself (``td.function(f)(x)``: one kernel calling ``f``
+per element), the yardstick of "compile time that grows with the function's own".
+
 ``--offline-cache`` instead measures the second of two processes sharing
 Taichi's on-disk cache (nothing should compile).
 """
@@ -63,6 +66,21 @@ def _tidiff(workload: str, n: int, cache_dir: str | None) -> tuple[float, float,
             "grad_loop": lambda: td.grad(namespace["f"])(x[0]),
             "hessian_loop": lambda: td.hessian(namespace["f"])(x[0])}[workload]
     return _first_and_warm(call)
+
+
+_FUNCTION = {"hessian": "f", "grad_loop": "f", "hessian_loop": "f", "jacobian": "g", "mlp": "layer", "hessian3": "f3"}
+
+
+def _value(workload: str, n: int) -> tuple[float, float, np.ndarray]:
+    """The function itself, through tidiff: what its derivatives' compile time is measured against."""
+    import taichi as ti
+
+    import tidiff as td
+
+    ti.init(arch=ti.cpu, default_fp=ti.f64, offline_cache=False)
+    namespace = _load(_TAICHI_SOURCES[workload].format(n=n), f"compile_scaling_value_{workload}_{n}")
+    x = _inputs(workload, n)
+    return _first_and_warm(lambda: td.function(namespace[_FUNCTION[workload]])(*x))
 
 
 def _flat_blocks(blocks) -> np.ndarray:
@@ -228,6 +246,8 @@ def child(spec: str) -> None:
         first, warm, result = _tidiff(workload, n, cache_dir)
     elif peer == "jax":
         first, warm, result = _jax(workload, n)
+    elif peer == "value":
+        first, warm, result = _value(workload, n)
     else:
         first, warm, result = _closed_form(workload, n)
     checksum = float(np.sum(result * np.cos(np.arange(result.size).reshape(result.shape))))
@@ -281,7 +301,8 @@ def main() -> None:
 
 
 def _check_agreement(row: dict) -> None:
-    sums = {peer: r["checksum"] for peer, r in row.items() if isinstance(r, dict) and "checksum" in r}
+    sums = {peer: r["checksum"] for peer, r in row.items()
+            if isinstance(r, dict) and "checksum" in r and peer != "value"}  # the value is not a derivative
     ref = sums.get("taichi", sums.get("jax"))
     for peer, s in sums.items():
         if ref is not None and not np.isclose(s, ref, rtol=1e-9, atol=1e-9):
@@ -296,10 +317,11 @@ def _cell(r: dict, key: str = "first") -> str:
 
 
 def write(path: str, rows: list[dict]) -> None:
-    peers = [p for p in ("tidiff", "jax", "taichi") if any(p in r for r in rows)]
+    peers = [p for p in ("tidiff", "jax", "taichi", "value") if any(p in r for r in rows)]
     lines = ["# Compile scaling", "", f"First call (compile + one run) and warm run, B = {B}, float64, "
              "one fresh process per cell, Taichi offline cache off. `taichi` is a hand-written "
-             "closed-form kernel. Written by `python bench/compile_scaling.py`.", "",
+             "closed-form kernel; `value` is the function itself (`td.function(f)(x)`). Written by "
+             "`python bench/compile_scaling.py`.", "",
              "| workload | n | " + " | ".join(f"{p} first" for p in peers) + " | "
              + " | ".join(f"{p} warm" for p in peers) + " | tidiff / JAX first |",
              "|---|---" + "|---" * (2 * len(peers) + 1) + "|"]

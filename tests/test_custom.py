@@ -66,6 +66,9 @@ def test_rule_must_be_a_taichi_func_and_must_exist():
         td.grad(bare)(1.0)
     with pytest.raises(TypeError, match="@ti.func"):
         bare.defjvp(lambda x, dx: (x, dx))
+    with pytest.raises(TypeError, match=r"bare.defvjp: bare is a td.custom_jvp function.*td.custom_vjp"):
+        bare.defvjp(soft_jvp)  # JAX's custom_jvp has no defvjp either
+    assert bare.bwd is None
 
 
 def test_stop_gradient_blocks_forward_and_reverse():

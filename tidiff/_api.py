@@ -18,7 +18,7 @@ import taichi as ti
 from . import _modes
 from ._arrays import Batch, is_tensor, owned_copy, read_args, unbroadcast
 from ._cache import Counter
-from ._composite import like
+from ._derived import like
 from ._fields.values import reading, record
 from ._protocol import Function, as_function, taichi_callable
 from ._protocol import function as _function

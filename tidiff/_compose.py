@@ -27,13 +27,12 @@ from ._signature import ArgSpec
 from ._tree import Tree
 
 
-class Compose(SameArguments):
+class Compose(Function):
     """``x -> g(y[wiring[0]], y[wiring[1]], ...)`` with ``y = f(x)`` (see the module docstring)."""
 
     def __init__(self, g: Function, f: Function, wiring: Sequence[int], name: str, *, listed: bool = True) -> None:
-        super().__init__(name, listed=listed)
+        super().__init__(name, listed=listed, arguments=SameArguments(f))
         self.g, self.f, self.wiring = g, f, tuple(wiring)
-        self.arguments_of = f
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         call = call or self.name

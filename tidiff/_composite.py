@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import Batch, is_tensor, torch_dtype, torch_module
-from ._derived import CotangentMapSignature, Derived, TangentSignature
+from ._arrays import Batch, is_tensor, torch_module
+from ._derived import Arguments, CotangentArguments, TangentArguments, like
 from ._pointwise import cotangent_map
 from ._protocol import Function
 from ._signature import ArgSpec, with_tangents
@@ -130,7 +130,7 @@ class Composite:
         """The function a call runs forward and its primal arguments: a cotangent map runs its parent."""
         fn, args = call.fn, call.args
         if isinstance(fn, CotangentMap):
-            args = args[: fn.primal_count(self._specs(call))]
+            args = args[: fn.parent.arity(self._specs(call))]
             fn = fn.parent
         return fn, tuple(a if isinstance(a, int) else id(a) for a in args)
 
@@ -204,13 +204,19 @@ class Composite:
 
 
 class Composed(Function):
-    """A function that is a :class:`Composite` for each input specs: the protocol follows from it."""
+    """A function that is a :class:`Composite` for each input specs: the protocol follows from it. It is made
+    from another function (``arguments``), whose read of its primals it keeps."""
+
+    arguments: Arguments
 
     def composite(self, specs: Sequence[ArgSpec]) -> Composite:
         return self.memo.get(("composite", tuple(specs)), lambda: self.make_composite(list(specs)))
 
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
         raise NotImplementedError
+
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        return self.arguments.read(args, call or self.name)
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
         return self.composite(in_specs).signature()
@@ -227,48 +233,35 @@ class Composed(Function):
         return self.derived["tangent"]
 
 
-class DerivedWithoutBody(Derived):
-    """A function derived from one without a body: the parent reads its primals."""
-
-    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
-        """The parent reads its primals (fixed shapes, tensors where it takes them); the rest follow their specs."""
-        n = self.primal_count(args)
-        inner = self.parent.read(args[:n], call or self.name)
-        specs = self.specs_of(list(inner.specs))
-        if len(args) != len(specs):
-            raise TypeError(f"{call or self.name}: expected {len(specs)} arguments, got {len(args)}")
-        rest = [like(a, s, inner) for a, s in zip(args[n:], specs[n:], strict=True)]
-        return Batch(inner.arrays + tuple(rest), tuple(specs), (), inner.device)
-
-
-def like(value: Any, spec: ArgSpec, inner: Batch) -> Any:
-    """An extra argument (tangent, cotangent) as the parent's arrays are: a tensor beside tensors."""
-    if value is None:
-        value = np.zeros(spec.shape, spec.dtype)
-    if any(is_tensor(a) for a in inner.arrays):
-        torch = torch_module()
-        t = value if is_tensor(value) else torch.as_tensor(np.asarray(value))
-        device = next(a.device for a in inner.arrays if is_tensor(a))
-        return t.detach().to(device=device, dtype=torch_dtype(spec.dtype)).expand(spec.shape)
-    if is_tensor(value):
-        value = value.detach().cpu().numpy()
-    return np.broadcast_to(np.asarray(value, spec.dtype), spec.shape)
-
-
-class ComposedTangent(TangentSignature, DerivedWithoutBody, Composed):
+class ComposedTangent(Composed):
     """The tangent of a :class:`Composed` function: its composite's tangent, for each input specs."""
 
+    def __init__(self, parent: Composed) -> None:
+        super().__init__(f"jvp({parent.name})", listed=False, arguments=TangentArguments(parent))
+        self.parent = parent
+
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
-        assert isinstance(self.parent, Composed)
-        return self.parent.composite(specs[: self.primal_count(specs)]).tangent()
+        return self.parent.composite(specs[: self.parent.arity(specs)]).tangent()
 
 
-class CotangentMap(CotangentMapSignature, DerivedWithoutBody):
+class CotangentMap(Function):
     """``vjp_fn(f)`` of a function without a body: ``(x..., c...) -> J^T c`` (NOTE: [Cotangent map without a body])."""
+
+    arguments: CotangentArguments
+
+    def __init__(self, parent: Function) -> None:
+        super().__init__(f"vjp_fn({parent.name})", arguments=CotangentArguments(parent))
+        self.parent = parent
+
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        return self.arguments.read(args, call or self.name)
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        return self.arguments.outputs(in_specs)
 
     def split(self, batch: Batch) -> tuple[Batch, list[Any]]:
         """The parent's primals as a batch of their own, and the cotangents."""
-        n = self.primal_count(batch.specs)
+        n = self.parent.arity(batch.specs)
         return Batch(batch.arrays[:n], batch.specs[:n], (), batch.device), list(batch.arrays[n:])
 
     def evaluate(self, batch: Batch) -> list[Any]:
@@ -303,27 +296,20 @@ class CotangentMap(CotangentMapSignature, DerivedWithoutBody):
         return [next(on_x) if s.is_float else None for s in inner.specs] + on_c
 
 
-class CotangentMapTangent(DerivedWithoutBody, Composed):
+class CotangentMapTangent(Composed):
     """The tangent of ``V = vjp_fn(f)``: ``(x, c, dx, dc) -> (J^T c, J^T dc + sum_k c_k H_k dx)``.
 
     One call of the cotangent map of ``f``'s tangent (NOTE: [Cotangent map without a body]).
     """
 
     def __init__(self, vjp_map: CotangentMap) -> None:
-        super().__init__(f"jvp({vjp_map.name})", vjp_map.parent, listed=False)
-        self.vjp_map = vjp_map
-
-    def param_names(self) -> list[str]:
-        names = self.vjp_map.param_names()
-        return names + [f"d{n}" for n in names]
-
-    def specs_of(self, primal: Sequence[ArgSpec]) -> list[ArgSpec]:
-        return with_tangents(self.vjp_map.specs_of(primal))
+        super().__init__(f"jvp({vjp_map.name})", listed=False, arguments=TangentArguments(vjp_map))
+        self.vjp_map, self.parent = vjp_map, vjp_map.parent
 
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
-        n = self.primal_count(specs)
+        n = self.parent.arity(specs)
         primal = specs[:n]
-        m = len(self.vjp_map.specs_of(primal)) - n
+        m = len(self.vjp_map.arguments.specs_of(primal)) - n
         cts = specs[n:n + m]
         floats = [k for k, s in enumerate(primal) if s.is_float]
         float_cts = [j for j, s in enumerate(cts) if s.is_float]

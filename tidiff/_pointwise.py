@@ -30,7 +30,7 @@ from ._arrays import Batch, unbroadcast
 from ._cache import uses
 from ._codegen.batch import BatchKernel, ScalarKernel, flatten_batch, identifier
 from ._codegen.bodies import BodyWriter, cotangent_blocks, tangent_body
-from ._derived import CotangentMapSignature, Derived, TangentSignature
+from ._derived import CotangentArguments, TangentArguments
 from ._protocol import Function
 from ._signature import ArgSpec
 from ._tree import Tree
@@ -40,6 +40,14 @@ class Pointwise(Function):
     """A function with a per-element ``@ti.func`` body: the protocol by generated kernels and bodies."""
 
     pointwise = True
+
+    def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
+        """The body for these input specs, made once (:meth:`make_body`); a kind whose body is its own
+        (a ``@ti.func``) returns that instead."""
+        return self.memo.get(("body", tuple(in_specs)), lambda: self.make_body(list(in_specs)))
+
+    def make_body(self, in_specs: list[ArgSpec]) -> Any:
+        raise NotImplementedError
 
     def evaluate(self, batch: Batch) -> list[Any]:
         specs = list(batch.specs)
@@ -60,7 +68,7 @@ class Pointwise(Function):
         cts = [np.zeros(s.shape, s.dtype) if c is None else np.asarray(c, s.dtype)
                for c, s in zip(cotangents, out_specs, strict=True)]
         V = cotangent_map(self)
-        per_element = iter(V.evaluate(batch.but(list(batch.arrays) + cts, V.specs_of(batch.specs))))
+        per_element = iter(V.evaluate(batch.but(list(batch.arrays) + cts, V.arguments.specs_of(batch.specs))))
         return [unbroadcast(next(per_element), np.shape(a)) if s.is_float else None
                 for a, s in zip(batch.arrays, batch.specs, strict=True)]
 
@@ -98,36 +106,39 @@ def cotangent_map(fn: Pointwise) -> PointwiseCotangentMap:
     return fn.derived["cotangent map"]  # type: ignore[return-value]
 
 
-class PointwiseDerived(Derived, Pointwise):
-    """A pointwise function made from a pointwise ``parent``: its body calls the parent's."""
-
-    def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
-        return self.memo.get(("body", tuple(in_specs)), lambda: self.make_body(list(in_specs)))
-
-    def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        raise NotImplementedError
-
-
-class PointwiseTangent(TangentSignature, PointwiseDerived):
+class PointwiseTangent(Pointwise):
     """``(x..., dx for each float x...) -> (y_1..y_m, dy_1..dy_m)``, flat: a pointwise function's tangent."""
 
+    def __init__(self, parent: Function) -> None:
+        super().__init__(f"jvp({parent.name})", listed=False, arguments=TangentArguments(parent))
+        self.parent = parent
+
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs, _ = self.parent.signature(in_specs[: self.primal_count(in_specs)])
+        outs, _ = self.parent.signature(in_specs[: self.parent.arity(in_specs)])
         flat = list(outs) + [ArgSpec("d" + s.name, s.shape, s.dtype) for s in outs]
         return flat, tuple(range(len(flat)))
 
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        primal = in_specs[: self.primal_count(in_specs)]
+        primal = in_specs[: self.parent.arity(in_specs)]
         outs, tree = self.parent.signature(primal)
         return tangent_body(identifier(self.name), self.parent.body_for(primal), primal, len(outs),
                             not isinstance(tree, tuple))
 
 
-class PointwiseCotangentMap(CotangentMapSignature, PointwiseDerived):
+class PointwiseCotangentMap(Pointwise):
     """``(x..., one cotangent per output) -> (J^T c for each float x, ...)``, per element: ``vjp_fn(f)``."""
 
+    arguments: CotangentArguments
+
+    def __init__(self, parent: Function) -> None:
+        super().__init__(f"vjp_fn({parent.name})", arguments=CotangentArguments(parent))
+        self.parent = parent
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        return self.arguments.outputs(in_specs)
+
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        n = self.primal_count(in_specs)
+        n = self.parent.arity(in_specs)
         primal = in_specs[:n]
         outs, tree = self.parent.signature(primal)
         w = BodyWriter(identifier(self.name), [s.name for s in primal] + [f"ct_{o.name}" for o in outs])
@@ -136,20 +147,23 @@ class PointwiseCotangentMap(CotangentMapSignature, PointwiseDerived):
         return w.compile([grads[a] for a in sorted(grads)], single=False, tag="vjp")
 
 
-class PointwiseValueAndCotangents(PointwiseCotangentMap):
+class PointwiseValueAndCotangents(Pointwise):
     """``(x..., one cotangent per output) -> (outputs..., J^T c for each float x...)``, flat."""
 
+    arguments: CotangentArguments
+
     def __init__(self, parent: Function) -> None:
-        PointwiseDerived.__init__(self, f"value_and_vjp_fn({parent.name})", parent, listed=False)
+        super().__init__(f"value_and_vjp_fn({parent.name})", listed=False, arguments=CotangentArguments(parent))
+        self.parent = parent
 
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
-        outs, _ = self.parent.signature(in_specs[: self.primal_count(in_specs)])
-        grads, _ = super().signature(in_specs)
+        outs, _ = self.parent.signature(in_specs[: self.parent.arity(in_specs)])
+        grads, _ = self.arguments.outputs(in_specs)
         flat = list(outs) + grads
         return flat, tuple(range(len(flat)))
 
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
-        n = self.primal_count(in_specs)
+        n = self.parent.arity(in_specs)
         primal = in_specs[:n]
         outs, tree = self.parent.signature(primal)
         V = cotangent_map(self.parent)  # type: ignore[arg-type]

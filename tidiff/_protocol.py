@@ -32,6 +32,7 @@ from taichi.lang import impl
 from ._arrays import Batch, adapt, read_args
 from ._cache import Counter
 from ._codegen.batch import spec_of_expr
+from ._derived import Arguments
 from ._lang.parse import real_func_refusal
 from ._signature import ArgSpec, default_float, default_int
 from ._tree import Tree, unflatten
@@ -93,10 +94,12 @@ def spec_of_value(name: str, value: Any) -> ArgSpec:
 class Function:
     """A differentiable function; call it on host arrays or inside a kernel (see the module docstring).
 
-    Subclasses (kinds and derived functions) implement ``param_names``,
-    ``signature``, ``evaluate``, ``vjp``, ``tangent`` and, where they have
-    one, ``body_for``; ``declared_specs`` where the input specs are known
-    without a call.
+    Subclasses implement ``signature``, ``evaluate``, ``vjp``, ``tangent``
+    and, where they have one, ``body_for``. Kinds implement ``param_names``
+    and, where the input specs are known without a call, ``declared_specs``;
+    a Function made from another one is given ``arguments`` instead (``_derived``).
+    Each subclass is one way of computing (a kind, generated bodies, calls of
+    other functions): what it shares with others it holds, not inherits.
     """
 
     _is_taichi_function = True  # Taichi calls it inside kernels (see call_in_kernel)
@@ -104,8 +107,9 @@ class Function:
     pointwise = False  # a per-element @ti.func body; batches over leading dims (NOTE: in _pointwise)
     native_tensors = False  # evaluate/vjp take torch tensors as they are (ndarray kernels)
 
-    def __init__(self, name: str, *, listed: bool = True) -> None:
+    def __init__(self, name: str, *, listed: bool = True, arguments: Arguments | None = None) -> None:
         self.name = name
+        self.arguments = arguments  # they follow from another Function's (``_derived``), or None: its own
         self._counter = Counter(self if listed else None)
         self.memo = RuntimeMemo()
         self.derived: dict[Any, Function] = {}  # transforms of this function, made once
@@ -115,11 +119,13 @@ class Function:
 
     # -- the protocol --------------------------------------------------------
     def param_names(self) -> list[str]:
-        raise NotImplementedError
+        if self.arguments is None:
+            raise NotImplementedError
+        return self.arguments.param_names()
 
     def declared_specs(self) -> list[ArgSpec] | None:
         """Input specs known without a call, or None (then each call's arguments give them)."""
-        return None
+        return None if self.arguments is None else self.arguments.declared_specs()
 
     def arity(self, args: Sequence[Any]) -> int:
         """How many arguments a call takes, told by its leading ones (values or their specs).
@@ -128,6 +134,8 @@ class Function:
         cotangent per output of its parent, whose count may depend on the
         parent's input dtypes (a cotangent map of a cotangent map).
         """
+        if self.arguments is not None:
+            return self.arguments.arity(args)
         declared = self.declared_specs()
         return len(declared) if declared is not None else len(self.param_names())
 
@@ -171,6 +179,8 @@ class Function:
     # -- arguments -------------------------------------------------------------
     def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
         """The input specs of one call: declared core shapes, each float taking its value's precision."""
+        if self.arguments is not None:
+            return self.arguments.specs_for(args)
         declared = self.declared_specs()
         if declared is None:
             return [spec_of_value(n, v) for n, v in zip(self.param_names(), args, strict=False)]

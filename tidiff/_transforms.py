@@ -34,7 +34,7 @@ from ._codegen.nested import nested_blocks
 from ._composite import Call, Composite, Const, Output
 from ._derived import SameArguments
 from ._lang.compile import info, mark
-from ._protocol import Function
+from ._protocol import Function, RuntimeMemo
 from ._signature import ArgSpec
 from ._tree import Tree, leaves
 
@@ -172,19 +172,17 @@ def layout(transform: str, argnums: tuple[int, ...], tuple_argnums: bool, has_au
     return Layout(argnums, tuple(items), flat, node)
 
 
-class Jacobian(SameArguments):
-    """A transform of ``parent`` (see the module docstring), one of :data:`TRANSFORMS`."""
+class Jacobian:
+    """What a transform of ``parent`` computes (one of :data:`TRANSFORMS`; see the module docstring): its
+    name, its arguments' checks and its outputs' :class:`Layout`. The Function computing it holds one."""
 
     def __init__(self, transform: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
         call = f"td.{transform}"
         self.argnums, self.tuple_argnums = normalize_argnums(argnums, call)
         label = "" if argnums == 0 else f", argnums={argnums}"
-        Function.__init__(self, f"{transform}({parent.name}{label}{', has_aux=True' if has_aux else ''})")
+        self.name = f"{transform}({parent.name}{label}{', has_aux=True' if has_aux else ''})"
         self.transform, self.parent, self.has_aux = transform, parent, has_aux
-        self.arguments_of = parent
-
-    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
-        return self.parent.read(args, call or self.name)
+        self.memo = RuntimeMemo()
 
     def check_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         if kwargs and any(a >= len(args) or a < -len(args) for a in self.argnums):
@@ -207,11 +205,26 @@ class Jacobian(SameArguments):
         return list(lay.specs), lay.tree
 
 
-class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
+class PointwiseJacobian(_pointwise.Pointwise):
     """A Jacobian of a pointwise parent: a generated ``@ti.func`` body (one launch on the host)."""
 
-    def __init__(self, transform: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
-        Jacobian.__init__(self, transform, parent, argnums, has_aux)
+    arguments: SameArguments
+
+    def __init__(self, jacobian: Jacobian) -> None:
+        super().__init__(jacobian.name, arguments=SameArguments(jacobian.parent))
+        self.jacobian, self.parent, self.transform = jacobian, jacobian.parent, jacobian.transform
+
+    def layout(self, in_specs: Sequence[ArgSpec]) -> Layout:
+        return self.jacobian.layout(in_specs)
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        return self.jacobian.signature(in_specs)
+
+    def check_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        self.jacobian.check_call(args, kwargs)
+
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        return self.arguments.read(args, call or self.name)
 
     def make_body(self, specs: list[ArgSpec]) -> Any:
         lay = self.layout(specs)
@@ -283,11 +296,21 @@ class PointwiseJacobian(Jacobian, _pointwise.PointwiseDerived):
         return write
 
 
-class ComposedJacobian(Jacobian, _composite.Composed):
+class ComposedJacobian(_composite.Composed):
     """A Jacobian of a parent without a body: calls of its tangent or its cotangent map (``_composite``)."""
 
-    def __init__(self, transform: str, parent: Function, argnums: Any = 0, has_aux: bool = False) -> None:
-        Jacobian.__init__(self, transform, parent, argnums, has_aux)
+    def __init__(self, jacobian: Jacobian) -> None:
+        super().__init__(jacobian.name, arguments=SameArguments(jacobian.parent))
+        self.jacobian, self.parent, self.transform = jacobian, jacobian.parent, jacobian.transform
+
+    def layout(self, in_specs: Sequence[ArgSpec]) -> Layout:
+        return self.jacobian.layout(in_specs)
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        return self.jacobian.signature(in_specs)
+
+    def check_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        self.jacobian.check_call(args, kwargs)
 
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
         lay = self.layout(specs)
@@ -345,7 +368,7 @@ def _basis(spec: ArgSpec, hot: int | None) -> np.ndarray:
     return e.reshape(spec.shape)
 
 
-def transform(name: str, f: Function, argnums: Any = 0, has_aux: bool = False) -> Jacobian:
+def transform(name: str, f: Function, argnums: Any = 0, has_aux: bool = False) -> Function:
     """The transform ``name`` (one of :data:`TRANSFORMS`) of ``f``, made once per ``f``, name, argnums and
     has_aux."""
     if not isinstance(has_aux, bool):
@@ -353,6 +376,6 @@ def transform(name: str, f: Function, argnums: Any = 0, has_aux: bool = False) -
     normalized, is_tuple = normalize_argnums(argnums, f"td.{name}")
     key = (name, normalized if is_tuple else normalized[0], has_aux)
     if key not in f.derived:
-        cls = PointwiseJacobian if f.pointwise else ComposedJacobian
-        f.derived[key] = cls(name, f, key[1], has_aux)
-    return f.derived[key]  # type: ignore[return-value]
+        jacobian = Jacobian(name, f, key[1], has_aux)
+        f.derived[key] = PointwiseJacobian(jacobian) if f.pointwise else ComposedJacobian(jacobian)
+    return f.derived[key]

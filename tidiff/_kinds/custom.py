@@ -21,23 +21,38 @@ from typing import Any
 from .._cache import uses
 from .._codegen.batch import identifier, probe_outputs
 from .._codegen.bodies import BodyWriter
+from .._pointwise import Pointwise
 from .._rules.calls import register_jvp, register_vjp
 from .._signature import ArgSpec
+from .._tree import Tree
 from .func import FuncFunction, python_function
 
 
-class CustomJvpFunction(FuncFunction):
-    """A ``@ti.func`` whose tangent is given by a rule (see :func:`custom_jvp`)."""
+class CustomFunction(Pointwise):
+    """A ``@ti.func`` whose tangent (``td.custom_jvp``) or cotangent map (``td.custom_vjp``) is given by a
+    rule of the user's; its arguments and outputs are those of the plain function (``plain``)."""
 
     rule: Any = None
     bwd: Any = None
 
-    def __init__(self, tifunc: Any) -> None:
-        super().__init__(tifunc)
+    def __init__(self, tifunc: Any, form: str) -> None:
+        self.plain = FuncFunction(tifunc, listed=False)
+        super().__init__(self.plain.name)
+        self.plain._counter = self._counter  # the kernels probing its outputs are this function's
+        self.tifunc, self.form = tifunc, form
         self.__signature__ = inspect.signature(python_function(tifunc))
         w = BodyWriter(identifier(self.name), self.param_names())
         self._wrapper = w.compile([w.callee(self, identifier(self.name) + "_custom")(*w.args())], single=True,
                                   tag="custom")
+
+    def param_names(self) -> list[str]:
+        return self.plain.param_names()
+
+    def declared_specs(self) -> list[ArgSpec] | None:
+        return self.plain.declared_specs()
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        return self.plain.signature(in_specs)
 
     def defjvp(self, rule: Any) -> Any:
         """Attach the rule: a ``@ti.func`` ``(*primals, *tangents) -> (out, tangent_out)``.
@@ -51,26 +66,6 @@ class CustomJvpFunction(FuncFunction):
         register_jvp(self, rule)
         return rule
 
-    def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
-        if self.rule is None and self.bwd is None:
-            raise TypeError(
-                f"{self.name} is a td.custom_jvp function without a rule: call {self.name}.defjvp(rule) first"
-            )
-        return self._wrapper
-
-    def call_in_kernel(self, *args: Any) -> Any:
-        return self.tifunc(*args)
-
-    @property
-    def _tidiff_derivative_rule(self) -> str:
-        """The rule this function stands for (``RULE_ATTRIBUTE``: NOTE: [Rules Taichi's reverse mode cannot
-        see] in ``_fields/hidden_rules``)."""
-        return f"the {'td.custom_vjp' if self.bwd is not None else 'td.custom_jvp'} function `{self.name}`"
-
-
-class CustomVjpFunction(CustomJvpFunction):
-    """A ``@ti.func`` whose cotangent map is given by a rule (see :func:`custom_vjp`)."""
-
     def defvjp(self, bwd: Any) -> Any:
         """Attach the rule: a ``@ti.func`` ``(*primals, *cotangents) -> tuple of primal cotangents``.
 
@@ -79,6 +74,9 @@ class CustomVjpFunction(CustomJvpFunction):
         JAX. Returns ``bwd``, so it can be used as a decorator.
         """
         call = f"{self.name}.defvjp"
+        if self.form != "td.custom_vjp":
+            raise TypeError(f"{call}: {self.name} is a {self.form} function, whose rule is a jvp (defjvp); "
+                            "a vjp rule is for td.custom_vjp functions")
         if not getattr(bwd, "_is_taichi_function", False):
             raise TypeError(f"{call}: the rule must be a @ti.func, got {type(bwd).__name__}")
         specs = self.declared_specs()
@@ -101,14 +99,22 @@ class CustomVjpFunction(CustomJvpFunction):
         return bwd
 
     def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
-        if self.bwd is None and self.rule is None:
-            raise TypeError(
-                f"{self.name} is a td.custom_vjp function without a rule: call {self.name}.defvjp(bwd) first"
-            )
+        if self.rule is None and self.bwd is None:
+            attach = "defvjp(bwd)" if self.form == "td.custom_vjp" else "defjvp(rule)"
+            raise TypeError(f"{self.name} is a {self.form} function without a rule: call {self.name}.{attach} first")
         return self._wrapper
 
+    def call_in_kernel(self, *args: Any) -> Any:
+        return self.tifunc(*args)
 
-def custom_vjp(f: Any) -> CustomVjpFunction:
+    @property
+    def _tidiff_derivative_rule(self) -> str:
+        """The rule this function stands for (``RULE_ATTRIBUTE``: NOTE: [Rules Taichi's reverse mode cannot
+        see] in ``_fields/hidden_rules``)."""
+        return f"the {'td.custom_vjp' if self.bwd is not None else 'td.custom_jvp'} function `{self.name}`"
+
+
+def custom_vjp(f: Any) -> CustomFunction:
     """Give a ``@ti.func`` a cotangent rule of your own (JAX's ``jax.custom_vjp``).
 
     Args:
@@ -143,10 +149,10 @@ def custom_vjp(f: Any) -> CustomVjpFunction:
     """
     if not getattr(f, "_is_taichi_function", False):
         raise TypeError(f"td.custom_vjp: expected a @ti.func, got {type(f).__name__}")
-    return CustomVjpFunction(f)
+    return CustomFunction(f, "td.custom_vjp")
 
 
-def custom_jvp(f: Any) -> CustomJvpFunction:
+def custom_jvp(f: Any) -> CustomFunction:
     """Give a ``@ti.func`` a derivative rule of your own (JAX's ``jax.custom_jvp``).
 
     Args:
@@ -172,4 +178,4 @@ def custom_jvp(f: Any) -> CustomJvpFunction:
     """
     if not getattr(f, "_is_taichi_function", False):
         raise TypeError(f"td.custom_jvp: expected a @ti.func, got {type(f).__name__}")
-    return CustomJvpFunction(f)
+    return CustomFunction(f, "td.custom_jvp")

@@ -29,9 +29,9 @@ def python_function(tifunc: Any) -> Any:
 class FuncFunction(Pointwise):
     """A ``@ti.func`` as a batched, differentiable function."""
 
-    def __init__(self, tifunc: Any, signature: Any = None, name: str | None = None) -> None:
+    def __init__(self, tifunc: Any, signature: Any = None, name: str | None = None, *, listed: bool = True) -> None:
         pyfunc = python_function(tifunc)
-        super().__init__(name or pyfunc.__name__)
+        super().__init__(name or pyfunc.__name__, listed=listed)
         self.tifunc = tifunc
         self._pyfunc = pyfunc
         self._signature_option = signature

@@ -51,7 +51,7 @@ from taichi.types.ndarray_type import NdarrayType
 
 from .._arrays import Batch, is_tensor, numpy_dtype, to_numpy, torch_dtype
 from .._cache import uses
-from .._derived import TangentSignature
+from .._derived import TangentArguments
 from .._errors import taichi_cannot_reverse
 from .._fields.graph import CodeGraph
 from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
@@ -330,7 +330,7 @@ class NdarrayFunction(Function):
         return self.derived["tangent"]
 
 
-class NdarrayTangent(TangentSignature):
+class NdarrayTangent(Function):
     """``(x..., dx for each float x...) -> (y..., dy for each y...)`` of an ndarray function.
 
     For each pattern of float inputs this is a concrete :class:`NdarrayFunction`
@@ -342,10 +342,13 @@ class NdarrayTangent(TangentSignature):
     """
 
     native_tensors = True
-    parent: NdarrayFunction | NdarrayTangent
+
+    def __init__(self, parent: NdarrayFunction | NdarrayTangent) -> None:
+        super().__init__(f"jvp({parent.name})", listed=False, arguments=TangentArguments(parent))
+        self.parent = parent
 
     def concrete(self, specs: Sequence[ArgSpec]) -> NdarrayFunction:
-        primal = list(specs[: self.primal_count(specs)])
+        primal = list(specs[: self.parent.arity(specs)])
         return self.parent.concrete(primal).tangent_at(primal)
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:

@@ -32,7 +32,7 @@ from .host import HostStepper
 from .schedule import Schedule, keep_checkpoints, pull_back, run
 
 
-class Scan(SameArguments):
+class Scan(Function):
     """``step`` applied ``length`` times (see :func:`scan`).
 
     ``carry[j]`` is the input of ``step`` that its output ``j`` feeds, or
@@ -42,13 +42,12 @@ class Scan(SameArguments):
 
     def __init__(self, step: Function, length: int, checkpoints: int | None, carry: Sequence[int | None],
                  name: str, *, listed: bool = True) -> None:
-        super().__init__(name, listed=listed)
+        super().__init__(name, listed=listed, arguments=SameArguments(step))
         self.step, self.length, self.checkpoints = step, length, checkpoints
         self.carry = tuple(carry)
         self.schedule = Schedule.of(length, checkpoints)
         self._stepper: Any = None
         self._holder: object | None = None  # the linearization whose checkpoints the stepper holds
-        self.arguments_of = step
 
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
