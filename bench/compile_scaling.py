@@ -80,7 +80,8 @@ def _value(workload: str, n: int) -> tuple[float, float, np.ndarray]:
     ti.init(arch=ti.cpu, default_fp=ti.f64, offline_cache=False)
     namespace = _load(_TAICHI_SOURCES[workload].format(n=n), f"compile_scaling_value_{workload}_{n}")
     x = _inputs(workload, n)
-    return _first_and_warm(lambda: td.function(namespace[_FUNCTION[workload]])(*x))
+    fn = td.function(namespace[_FUNCTION[workload]])
+    return _first_and_warm(lambda: fn(*x))
 
 
 def _flat_blocks(blocks) -> np.ndarray:

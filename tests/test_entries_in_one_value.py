@@ -41,8 +41,33 @@ def weighted_twin(m):
     return (torch.sin(m) * w).sum() * m[0, 0] + m[1, 2] ** 3
 
 
+@ti.func
+def ring(x: vec, w: ti.f64) -> ti.f64:
+    total = 0.0
+    for i in range(N):  # a loop over constants, unrolled: x[(i + 1) % N] reads a constant entry
+        total += ti.sin(w * x[i]) * x[(i + 1) % N] - x[N - 1 - i] * x[i // 2]
+    return total
+
+
+def ring_twin(x, w):
+    i = torch.arange(N)
+    return (torch.sin(w * x) * x[(i + 1) % N] - x[N - 1 - i] * x[i // 2]).sum()
+
+
 CASES = [(logsumexp_entries, logsumexp_twin, (N,)), (weighted_entries, weighted_twin, (3, 3))]
 ids = ["vector", "matrix"]
+
+
+def test_entries_at_constant_expressions_are_constant_entries():
+    """NOTE: [Constant indices] in tidiff/_adjoint/transform.py."""
+    x = np.linspace(-1.0, 1.0, N)
+    source = td.source(td.grad(ring), x, 0.7)
+    assert source.count("scattered(x,") == 1 and "scatter(" not in source and "% 8" not in source, source
+    xt = torch.tensor(x, requires_grad=True)
+    ring_twin(xt, 0.7).backward()
+    np.testing.assert_allclose(td.grad(ring)(x, 0.7), xt.grad.numpy(), rtol=1e-12, atol=1e-14)
+    hessian = torch.autograd.functional.hessian(lambda v: ring_twin(v, 0.7), torch.tensor(x))
+    np.testing.assert_allclose(td.hessian(ring)(x, 0.7), hessian.numpy(), rtol=1e-10, atol=1e-12)
 
 
 def test_the_reverse_code_adds_the_entries_once():
