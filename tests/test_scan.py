@@ -186,6 +186,12 @@ def test_a_ti_func_step_runs_on_the_host():
     np.testing.assert_allclose(J[0], central_q, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(J[1], (reference(q0, 9.8 + eps) - reference(q0, 9.8 - eps)) / (2 * eps), rtol=1e-7)
     np.testing.assert_allclose(td.jacfwd(sim, argnums=(0, 1))(q0, 9.8)[0], J[0], rtol=1e-12)
+    _, vjp_fn = td.vjp(sim, q0, 9.8)
+    dq0, dg = vjp_fn(np.array([1.0, 0.0]))
+    # every cotangent an array of its argument's shape, the parameter's (summed over steps) too
+    assert [(type(c), c.shape, c.dtype) for c in (dq0, dg)] == [(np.ndarray, (2,), np.float64),
+                                                              (np.ndarray, (), np.float64)]
+    np.testing.assert_allclose(dg, J[1][0], rtol=1e-12)
 
 
 def test_user_fields_untouched_and_no_state_between_calls(system, step, loss):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import Batch, owned_copy
+from .._arrays import Batch, is_tensor, owned_copy
 
 
 class HostStepper:
@@ -71,5 +71,6 @@ class HostStepper:
         self.cts = [None if i is None else grads[i] for i in self.carry]
 
     def gradients(self) -> list[Any]:
-        return [(np.zeros(s.shape, s.dtype) if g is None else g) if s.is_float else None
+        return [(np.zeros(s.shape, s.dtype) if g is None else g if is_tensor(g) else np.asarray(g, s.dtype))
+                if s.is_float else None  # a sum of 0-d arrays is a NumPy scalar: an array, as every cotangent is
                 for g, s in zip(self.grads, self.batch.specs, strict=True)]
