@@ -286,6 +286,34 @@ def test_a_function_with_both_rules_uses_each_in_its_mode():
     assert td.jvp(both_rules, (0.3,), (2.0,))[1] == 10.0
 
 
+@td.custom_vjp
+@ti.func
+def clip_between(lo: ti.f64, hi: ti.f64, x: ti.f64) -> ti.f64:
+    return x
+
+
+@clip_between.defvjp
+@ti.func
+def clip_between_bwd(lo, hi, x, g):
+    return (None, None, ti.math.clamp(g, lo, hi))  # JAX's tutorial as written: None is a zero cotangent
+
+
+@ti.func
+def clipped_square(lo: ti.f64, hi: ti.f64, x: ti.f64) -> ti.f64:
+    return clip_between(lo, hi, x * x)
+
+
+def test_a_vjp_rule_may_return_none_for_a_zero_cotangent():
+    assert td.grad(clip_between, argnums=(0, 1, 2))(-0.5, 0.5, 3.0) == (0.0, 0.0, 0.5)
+    # inside a function: d/dx clip(x^2) with cotangent 1 is clamp(1, lo, hi) * 2x
+    x = np.array([0.5, 1.5, -2.0])
+    got = td.grad(clipped_square, argnums=(0, 1, 2))(-0.5, 0.25, x)
+    np.testing.assert_array_equal(got[2], 0.25 * 2 * x)
+    np.testing.assert_array_equal(got[0], 0.0)
+    _, vjp_fn = td.vjp(clipped_square, -0.5, 0.25, x)
+    np.testing.assert_array_equal(vjp_fn(np.array([-4.0, 0.1, 1.0]))[2], np.array([-0.5, 0.1, 0.25]) * 2 * x)
+
+
 def test_vjp_rule_must_return_one_cotangent_per_primal():
     @td.custom_vjp
     @ti.func

@@ -84,10 +84,10 @@ class _OutputRecorder:
     class func:
         has_print = False
 
-    def __init__(self, name: str = "the function") -> None:
-        self.specs: list[ArgSpec] | None = None
+    def __init__(self, name: str = "the function", allow_none: bool = False) -> None:
+        self.specs: list[ArgSpec | None] | None = None
         self.is_tuple = False
-        self.name = name
+        self.name, self.allow_none = name, allow_none
 
     def __call__(self, result: Any) -> None:
         self.is_tuple = isinstance(result, (tuple, list))
@@ -97,7 +97,8 @@ class _OutputRecorder:
             raise TypeError(f"{self.name} returns a tuple holding a tuple (its result {nested[0]}); tidiff's outputs "
                             "are values (scalars, vectors, matrices) or a flat tuple of them: return them flat, as "
                             "(out, aux) with one aux value, or (out0, out1, ...) and no has_aux")
-        self.specs = [spec_of_expr(f"out{i}" if self.is_tuple else "out", v) for i, v in enumerate(values)]
+        self.specs = [None if v is None and self.allow_none else spec_of_expr(f"out{i}" if self.is_tuple else "out", v)
+                      for i, v in enumerate(values)]
 
 
 def probe_in_kernel(body: Any, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], bool]:
@@ -108,7 +109,7 @@ def probe_in_kernel(body: Any, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpe
     recorder = _OutputRecorder()
     recorder(body(*[_zero_expr(s) for s in in_specs]))
     assert recorder.specs is not None
-    return recorder.specs, recorder.is_tuple
+    return [s for s in recorder.specs if s is not None], recorder.is_tuple  # each has one: no allow_none
 
 
 def _zero_expr(spec: ArgSpec) -> Any:
@@ -162,8 +163,15 @@ def probe_outputs(body: Any, in_specs: Sequence[ArgSpec], name: str) -> tuple[li
     Returns ``(specs, is_tuple, kernel)``; the kernel is returned so its
     compile is counted.
     """
+    specs, is_tuple, kernel = probe_results(body, in_specs, name)
+    return [s for s in specs if s is not None], is_tuple, kernel  # each has one: no allow_none
+
+
+def probe_results(body: Any, in_specs: Sequence[ArgSpec], name: str,
+                  allow_none: bool = False) -> tuple[list[ArgSpec | None], bool, Any]:
+    """:func:`probe_outputs`, where ``allow_none`` lets a result be ``None`` (its spec None)."""
     src = _Source([])
-    recorder = _OutputRecorder(f"`{name}`")
+    recorder = _OutputRecorder(f"`{name}`", allow_none)
     fn, record = src.bind(name, body), src.bind("record", recorder)
     params = [(src.namer.fresh(f"a{k}"), src.bind(f"T{k}", ti.types.ndarray(dtype=element_type(s), ndim=1)))
               for k, s in enumerate(in_specs)]

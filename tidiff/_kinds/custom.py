@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._cache import uses
-from .._codegen.batch import identifier, probe_outputs
-from .._codegen.bodies import BodyWriter
+from .._codegen.batch import identifier, probe_results
+from .._codegen.bodies import BodyWriter, zero
 from .._pointwise import Pointwise
 from .._rules.calls import register_jvp, register_vjp
 from .._signature import ArgSpec
@@ -84,19 +84,28 @@ class CustomFunction(Pointwise):
             raise TypeError(f"{call}: td.custom_vjp needs annotated parameters (or td.function(f, signature=...))")
         out_specs, _ = self.signature(specs)
         cts = [ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in out_specs]
-        got, is_tuple, kernel = probe_outputs(bwd, specs + cts, identifier(self.name) + "_bwd")
+        got, is_tuple, kernel = probe_results(bwd, specs + cts, identifier(self.name) + "_bwd", allow_none=True)
         self._counter.add(kernel)
         uses(kernel)
         shapes = [s.shape for s in specs]
-        if not is_tuple or [g.shape for g in got] != shapes:
-            returned = [g.shape for g in got] if is_tuple else got[0].shape
+        if not is_tuple or [s.shape if g is None else g.shape for g, s in zip(got, specs, strict=False)] != shapes:
+            returned = [None if g is None else g.shape for g in got] if is_tuple else got[0] and got[0].shape
             raise TypeError(
-                f"{call}: the rule must return a tuple with one cotangent per primal, shaped {shapes}; "
-                f"it returned {'a tuple shaped ' if is_tuple else 'a single value shaped '}{returned}"
+                f"{call}: the rule must return a tuple with one cotangent per primal (None for a zero one), "
+                f"shaped {shapes}; it returned {'a tuple shaped ' if is_tuple else 'a single value shaped '}{returned}"
             )
         self.bwd = bwd
-        register_vjp(self, bwd)
+        register_vjp(self, bwd if all(g is not None for g in got) else self._zeros_for_none(bwd, specs, cts, got))
         return bwd
+
+    def _zeros_for_none(self, bwd: Any, specs: list[ArgSpec], cts: list[ArgSpec], got: list[ArgSpec | None]) -> Any:
+        """``bwd`` with each ``None`` it returns (a zero cotangent, as in JAX) replaced by a zero of its primal's
+        shape: the rule the transforms call."""
+        w = BodyWriter(identifier(self.name) + "_bwd", [s.name for s in specs + cts])
+        r = w.let("r", w.callee(bwd, identifier(self.name) + "_bwd_rule")(*w.args()))
+        return w.compile([zero(s.shape, s.dtype) if g is None else r[k] for k, (g, s) in enumerate(zip(got, specs,
+                                                                                                      strict=True))],
+                         single=False, tag="bwd")
 
     def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
         if self.rule is None and self.bwd is None:
