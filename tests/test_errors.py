@@ -133,6 +133,18 @@ def test_a_nested_tuple_output_is_refused_by_name():
 
 
 @ti.func
+def returns_nothing(x: ti.f64):
+    y = x * 2.0  # noqa: F841  (computed, never returned)
+
+
+def test_a_function_without_a_result_is_refused_by_name():
+    """Issue 35, item 15: a TaichiCompilationError from a generated probe kernel."""
+    for call in (lambda: td.grad(returns_nothing)(2.0), lambda: td.function(returns_nothing)(2.0)):
+        with pytest.raises(TypeError, match=r"`returns_nothing` returns nothing: there is no result to differentiate"):
+            call()
+
+
+@ti.func
 def squared_pair(x: ti.f64):
     return x * x, x
 

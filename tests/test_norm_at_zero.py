@@ -75,3 +75,23 @@ def test_every_transform_through_the_norm_of_a_zero_vector_is_finite():
     _, (hx, hs) = td.hvp(at_rest, (x, s), (np.array([1.0, 2.0]), 1.0))
     np.testing.assert_array_equal(hx, [0.0, 0.0])
     assert hs == 0.0
+
+
+@ti.func
+def angle(y: ti.f64, x: ti.f64) -> ti.f64:
+    return ti.atan2(y, x)
+
+
+def test_atan2_at_the_origin_has_torch_derivatives():
+    """Issue 35, item 3: NaN at (0, 0) where torch gives 0; elsewhere unchanged, in both modes."""
+    points = np.array([[0.0, 0.0], [0.3, -1.2], [-2.0, 0.5], [1e-3, 0.0]])
+    got_rev = td.grad(angle, argnums=(0, 1))(points[:, 0], points[:, 1])
+    got_fwd = td.jacfwd(angle, argnums=(0, 1))(points[:, 0], points[:, 1])
+    for k, (y, x) in enumerate(points):
+        yt = torch.tensor(y, requires_grad=True)
+        xt = torch.tensor(x, requires_grad=True)
+        torch.atan2(yt, xt).backward()
+        want = (yt.grad.item(), xt.grad.item())
+        np.testing.assert_allclose([got_rev[0][k], got_rev[1][k]], want, rtol=1e-14)
+        np.testing.assert_allclose([got_fwd[0][k], got_fwd[1][k]], want, rtol=1e-14)
+    assert np.all(np.isfinite(td.hessian(angle, argnums=(0, 1))(0.0, 0.0)))

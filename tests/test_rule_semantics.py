@@ -146,6 +146,27 @@ def test_pow_of_a_zero_base():
         assert np.isnan(got[1])
 
 
+def test_pow_second_derivatives_at_the_edges():
+    """Issue 35, items 1 and 2 (NOTE: [Zero tangents of a power]): at y = 0 the mixed second derivative is
+    1 / x both ways (it was x one way: the Hessian was not symmetric); at a negative base d2/dx2 is finite
+    as by argnums=0 alone, the rest NaN (no y-derivative); at x = 0, y = 1.5 the limit of d/dy(d/dx) is 0.
+    Forward over reverse and reverse over reverse agree; away from the edges torch's Hessian."""
+    hessians = (td.hessian(power, argnums=(0, 1)), td.jacrev(td.grad(power, argnums=(0, 1)), argnums=(0, 1)))
+    cases = {(np.pi, 0.0): [[0.0, 1 / np.pi], [1 / np.pi, np.log(np.pi) ** 2]],
+             (-2.0, 2.0): [[2.0, np.nan], [np.nan, np.nan]],
+             (0.0, 1.5): [[np.inf, 0.0], [0.0, 0.0]],
+             (0.0, 2.0): [[2.0, 0.0], [0.0, 0.0]],
+             (2.0, 0.0): [[0.0, 0.5], [0.5, np.log(2.0) ** 2]]}  # torch: d/dy(d/dx) 0, d/dx(d/dy) 0.5
+    for point, want in cases.items():
+        for H in hessians:
+            close(np.array(H(*point), dtype=float), np.array(want))
+    assert float(td.hessian(power)(-2.0, 2.0)) == 2.0  # by x alone, as before
+    for point in ((0.7, 2.5), (1.3, -0.4), (0.2, 0.9)):
+        want = torch.autograd.functional.hessian(lambda v: v[0] ** v[1], torch.tensor(point, dtype=torch.float64))
+        for H in hessians:
+            close(np.array(H(*point), dtype=float), want.numpy())
+
+
 # -- a quotient by a large denominator ---------------------------------------------------
 
 @ti.func

@@ -90,6 +90,10 @@ class _OutputRecorder:
         self.name, self.allow_none = name, allow_none
 
     def __call__(self, result: Any) -> None:
+        if result is None:
+            raise TypeError(f"{self.name} returns nothing: there is no result to differentiate (a @ti.func "
+                            "differentiated by tidiff returns its value; one that writes to fields is a kernel "
+                            "program: td.function(program, inputs=[...], outputs=[...]))")
         self.is_tuple = isinstance(result, (tuple, list))
         values = list(result) if self.is_tuple else [result]
         nested = [i for i, v in enumerate(values) if isinstance(v, (tuple, list))]

@@ -77,11 +77,12 @@ defjvp(ast.MatMult, lambda g, x, y: g @ y, lambda g, x, y: x @ g,
        result_shape=None)
 
 
-def exponent_less_one(y: Sym) -> Sym:
-    """``y - 1``, or 1 where ``y == 0``: ``0 * x ** -1`` would be NaN at ``x = 0`` (``d x**0 = 0``)."""
+def exponent_less_one(y: Sym, x: Sym) -> Sym:
+    """``y - 1``, or 1 where ``y == 0`` and ``x == 0``: ``0 * 0 ** -1`` would be NaN (``d x**0 = 0``); at any
+    other base ``y * x ** (y - 1)`` is kept, so that its derivative by ``y`` at ``y = 0`` is ``1 / x``."""
     if _is_number(y.node):
         return y - 1
-    return T.select(y.eq(0), 1, y - 1)
+    return T.select(y.eq(0), T.select(x.eq(0), 1, y - 1), y - 1)
 
 
 def log_of_base(x: Sym) -> Sym:
@@ -96,9 +97,25 @@ def _is_number(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant))
 
 
-defjvp2([ast.Pow, pow, ti.pow],
-        lambda g, ans, x, y: y * x ** exponent_less_one(y) * g,
-        lambda g, ans, x, y: g * ans * log_of_base(x))
+# NOTE: [Zero tangents of a power] A partial of ``x ** y`` may be inf or NaN where the other is finite: by
+# ``y``, ``x ** y * log(x)`` at a negative base; by ``x``, ``y * x ** (y - 1)`` at ``x = 0``, ``y < 1``. A
+# derivative by the one argument then met the other's non-finite partial times its zero tangent: NaN
+# (``td.hessian(pow, argnums=(0, 1))`` at ``x = -2, y = 2``: d2/dx2 NaN, 2 by ``argnums=0`` alone; at
+# ``x = 0, y = 1.5`` d/dy(d/dx) NaN where the limit is 0). A zero tangent (or cotangent) gives a zero term.
+# An exponent that is a number of at least 1 has finite partials: nothing is added.
+def _unless_zero(g: Sym, term: Sym) -> Sym:
+    """``term``, or 0 where the tangent ``g`` is 0 (NOTE: [Zero tangents of a power])."""
+    return T.select(g.eq(0), 0.0, term)
+
+
+def _pow_by_base(g: Sym, ans: Sym, x: Sym, y: Sym) -> Sym:
+    term = y * x ** exponent_less_one(y, x) * g
+    value = y.node.value if isinstance(y.node, ast.Constant) else None
+    finite = isinstance(value, (int, float)) and value >= 1
+    return term if finite else _unless_zero(g, term)
+
+
+defjvp2([ast.Pow, pow, ti.pow], _pow_by_base, lambda g, ans, x, y: _unless_zero(g, g * ans * log_of_base(x)))
 defjvp(ast.Mod, lambda g, x, y: g, lambda g, x, y: -g * T.floor(x / y))
 defzero([ast.FloorDiv, ti.raw_mod])  # raw_mod is C's integer %: Taichi 1.7.4 crashes compiling it on floats
 defjvp(ast.USub, lambda g, x: -g)
@@ -110,7 +127,8 @@ defjvp(ti.cos, lambda g, x: -g * T.sin(x))
 defjvp(ti.tan, lambda g, x: g / T.cos(x) ** 2)
 defjvp(ti.asin, lambda g, x: g / T.sqrt(1 - x * x))
 defjvp(ti.acos, lambda g, x: -g / T.sqrt(1 - x * x))
-defjvp(ti.atan2, lambda g, y, x: g * x / (x * x + y * y), lambda g, y, x: -g * y / (x * x + y * y))
+defjvp(ti.atan2, lambda g, y, x: g * x * reciprocal_or_zero(x * x + y * y),  # 0 at (0, 0), as torch
+       lambda g, y, x: -g * y * reciprocal_or_zero(x * x + y * y))
 defjvp2(ti.tanh, lambda g, ans, x: g * (1 - ans ** 2))
 defjvp2(ti.exp, lambda g, ans, x: g * ans)
 defjvp(ti.log, lambda g, x: g / x)
@@ -255,9 +273,10 @@ defjvp(method("outer_product"), lambda g, x, y: g.outer_product(y), lambda g, x,
 # which spread to every derivative of a field program by forward mode, where Taichi's reverse mode left
 # it in the state's own gradient. The rules take the derivative of the norm at zero as 0, as torch does
 # (``torch.linalg.vector_norm``'s subgradient), and ``1 / |x|`` from a radicand that is 1 there, so that
-# derivatives of the rule itself (second order) are finite too.
+# derivatives of the rule itself (second order) are finite too. ``atan2(y, x)`` at ``(0, 0)`` likewise:
+# its partials ``x / (x^2 + y^2)`` and ``-y / (x^2 + y^2)`` are 0 there, as torch's are.
 def reciprocal_or_zero(norm: Sym) -> Sym:
-    """``1 / norm``, or 0 where ``norm`` (a value of a norm, in reverse rules) is 0 (NOTE: [Norm at zero])."""
+    """``1 / norm``, or 0 where ``norm`` (a norm, or a squared one) is 0 (NOTE: [Norm at zero])."""
     zero = norm.eq(0)
     return T.select(zero, 0.0, 1.0 / T.select(zero, 1.0, norm))
 
