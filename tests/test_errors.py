@@ -144,6 +144,16 @@ def test_a_function_without_a_result_is_refused_by_name():
             call()
 
 
+def test_vjp_fn_takes_one_cotangent():
+    """Issue 35, item 20 (JAX's api_test): Python's "vjp_fn() takes 1 positional argument but 2 were given"."""
+    _, vjp_fn = td.vjp(squared_pair, 2.0)
+    for args in ((1.0, 1.0), ()):
+        with pytest.raises(TypeError, match=rf"td.vjp\(squared_pair\): vjp_fn takes one cotangent, in the structure "
+                                            rf"of the outputs \(a tuple for several\), got {len(args)} arguments"):
+            vjp_fn(*args)
+    assert vjp_fn((1.0, 1.0)) == (5.0,)
+
+
 @ti.func
 def squared_pair(x: ti.f64):
     return x * x, x

@@ -80,3 +80,47 @@ def test_a_field_program_after_a_new_runtime_refuses_instead_of_crashing(tmp_pat
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+NOT_INITIALIZED = textwrap.dedent('''
+    import numpy as np, pytest, taichi as ti
+    import tidiff as td
+
+    @ti.func
+    def square(x: ti.f64) -> ti.f64:
+        return x * x
+
+    @ti.func
+    def square_bwd(x, ct):
+        return (2.0 * ct * x,)
+
+    g = td.grad(square)  # building a transform needs no runtime, as in JAX
+    custom = td.custom_vjp(square)
+    calls = {"grad(square)": lambda: g(2.0), "square": lambda: td.function(square)(2.0),
+             "td.vjp(square)": lambda: td.vjp(square, 2.0),
+             "td.jvp(square)": lambda: td.jvp(square, (2.0,), (1.0,)),
+             "td.hvp(square)": lambda: td.hvp(square, (2.0,), (1.0,)),
+             "square.defvjp": lambda: custom.defvjp(square_bwd)}
+
+    def refused():
+        for name, run in calls.items():
+            with pytest.raises(RuntimeError, match=rf"^{name.replace('(', '[(]').replace(')', '[)]')}: Taichi is not "
+                                                   r"initialized: call ti.init\\(...\\) first"):
+                run()
+
+    refused()
+    ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)
+    assert g(2.0) == 4.0
+    ti.reset()
+    refused()  # after ti.reset(): Taichi's own error was "'NoneType' object has no attribute 'config'"
+    print("ok")
+''')
+
+
+def test_calls_before_ti_init_say_so(tmp_path):
+    """Issue 35, item 12: before ti.init(), Taichi's "'PyTaichi' object has no attribute 'print_full_traceback'"."""
+    script = tmp_path / "not_initialized.py"
+    script.write_text(NOT_INITIALIZED)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")

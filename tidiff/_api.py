@@ -20,7 +20,7 @@ from ._arrays import Batch, is_tensor, owned_copy, read_args, unbroadcast
 from ._cache import Counter
 from ._derived import like
 from ._fields.values import reading, record
-from ._protocol import Function, as_function, taichi_callable
+from ._protocol import Function, as_function, require_taichi, taichi_callable
 from ._protocol import function as _function
 from ._signature import ArgSpec
 from ._transforms import non_scalar, split_aux, transform
@@ -204,6 +204,7 @@ def _primals_and_tangents(f: Any, primals: Any, tangents: Any,
     """What ``td.jvp`` and ``td.hvp`` check first: the Function, the call's name, and one tangent per primal."""
     fn = as_function(f, transform)
     call = f"{transform}({fn.name})"
+    require_taichi(call)
     primals = _as_tuple(primals, "primals", call)
     tangents = _as_tuple(tangents, "tangents", call)
     if len(tangents) != len(primals):
@@ -320,6 +321,7 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
     """
     fn = as_function(f, "td.vjp")
     call = f"td.vjp({fn.name})"
+    require_taichi(call)
     batch = fn.read(primals, call)
     out_specs, tree = fn.signature(batch.specs)
     main, aux = split_aux(tree, call) if has_aux else (tree, None)
@@ -333,7 +335,11 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
         flat = (lin or fn).evaluate(batch)
     outs, jacobians = flat[: len(out_specs)], flat[len(out_specs):]
 
-    def vjp_fn(cotangent: Any) -> tuple[Any, ...]:
+    def vjp_fn(*cotangent_args: Any) -> tuple[Any, ...]:
+        if len(cotangent_args) != 1:  # as JAX: one cotangent, in the structure of the outputs
+            raise TypeError(f"{call}: vjp_fn takes one cotangent, in the structure of the outputs (a tuple for "
+                            f"several), got {len(cotangent_args)} arguments")
+        (cotangent,) = cotangent_args
         cts: list[Any] = [None] * len(out_specs)
         for leaf, c in zip(main_leaves, flatten_like(main, cotangent, call), strict=True):
             expected = batch.shape + out_specs[leaf].shape

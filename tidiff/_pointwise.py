@@ -31,7 +31,7 @@ from ._cache import uses
 from ._codegen.batch import BatchKernel, ScalarKernel, flatten_batch, identifier
 from ._codegen.bodies import BodyWriter, cotangent_blocks, tangent_body
 from ._derived import CotangentArguments, TangentArguments
-from ._protocol import Function
+from ._protocol import Function, require_taichi
 from ._signature import ArgSpec
 from ._tree import Tree
 
@@ -79,6 +79,7 @@ class Pointwise(Function):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not kwargs and not impl.inside_kernel():
+            require_taichi(self.name)
             fast = self.memo.peek(("scalar call", tuple(map(type, args))))
             if fast is not None:  # NOTE: [Scalar calls]
                 self._counter.hit()

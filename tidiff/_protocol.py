@@ -79,6 +79,13 @@ class RuntimeMemo:
         self.get(key, lambda: value)
 
 
+def require_taichi(call: str) -> None:
+    """A call that runs Taichi code is refused by name before ``ti.init()`` (and after ``ti.reset()``), where
+    Taichi's own error names an attribute of its runtime."""
+    if impl.get_runtime().prog is None:
+        raise RuntimeError(f"{call}: Taichi is not initialized: call ti.init(...) first (again after ti.reset())")
+
+
 def spec_of_value(name: str, value: Any) -> ArgSpec:
     """The spec of one argument of an unannotated function: a Taichi expression's inside a kernel,
     else the host value's whole shape (its dtype's kind; floats keep their precision)."""
@@ -214,6 +221,7 @@ class Function:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if impl.inside_kernel():
             return self.call_in_kernel(*self.bind(args, kwargs, self.name))
+        require_taichi(self.name)
         self.check_call(args, kwargs)
         args = self.bind(args, kwargs, self.name)
         batch = self.read(args)

@@ -22,6 +22,7 @@ from .._cache import uses
 from .._codegen.batch import identifier, probe_results
 from .._codegen.bodies import BodyWriter, zero
 from .._pointwise import Pointwise
+from .._protocol import require_taichi
 from .._rules.calls import register_jvp, register_vjp
 from .._signature import ArgSpec
 from .._tree import Tree
@@ -74,6 +75,7 @@ class CustomFunction(Pointwise):
         JAX. Returns ``bwd``, so it can be used as a decorator.
         """
         call = f"{self.name}.defvjp"
+        require_taichi(call)
         if self.form != "td.custom_vjp":
             raise TypeError(f"{call}: {self.name} is a {self.form} function, whose rule is a jvp (defjvp); "
                             "a vjp rule is for td.custom_vjp functions")
