@@ -154,6 +154,19 @@ def test_vjp_fn_takes_one_cotangent():
     assert vjp_fn((1.0, 1.0)) == (5.0,)
 
 
+@ti.kernel
+def vjp_in_a_kernel(x: ti.f64) -> ti.f64:
+    y, _ = td.vjp(returns_nothing, x)
+    return y
+
+
+def test_vjp_in_a_kernel_says_what_is_offered_there():
+    """Issue 35, item 13: "argument 'x' must hold real numbers ... got Taichi Expression"."""
+    with pytest.raises(TypeError, match=r"td.vjp\(returns_nothing\): td.vjp returns a Python function, so it is not "
+                                        r"offered in Taichi scope .*there td.grad, td.value_and_grad"):
+        vjp_in_a_kernel(1.0)
+
+
 @ti.func
 def squared_pair(x: ti.f64):
     return x * x, x

@@ -321,6 +321,10 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
     """
     fn = as_function(f, "td.vjp")
     call = f"td.vjp({fn.name})"
+    if ti.lang.impl.inside_kernel():
+        raise TypeError(f"{call}: td.vjp returns a Python function, so it is not offered in Taichi scope (a kernel or "
+                        "a @ti.func); there td.grad, td.value_and_grad, td.jacrev, td.jacfwd, td.jacobian, td.hessian, "
+                        "td.jvp and td.hvp are (docs/in-kernel.md)")
     require_taichi(call)
     batch = fn.read(primals, call)
     out_specs, tree = fn.signature(batch.specs)

@@ -12,7 +12,7 @@ cotangent cannot be expressed to a linear reverse pass at all. So reverse
 mode of a program or kernel that reaches one is refused, naming the rule and
 the function calling it; forward mode (tidiff's own tangent transform) takes
 them, and so does a transform of the ``@ti.func`` called inside the kernel
-(``td.vjp(f)(...)`` in the kernel body), which is tidiff's own reverse mode.
+(``td.grad(f)(...)`` in the kernel body), which is tidiff's own reverse mode.
 
 An object carries the rule it stands for in ``RULE_ATTRIBUTE`` (a short
 description: ``"td.stop_gradient"``, ``"the td.custom_vjp function `clip`"``);
@@ -97,5 +97,5 @@ def refuse_hidden_rules(rules: list[tuple[str, str]], what: str) -> None:
         f"{what} in reverse mode: it reaches {_listed(rules)}. Reverse mode of field programs and ndarray kernels is "
         "Taichi's own, which differentiates the code as written and cannot apply these rules",
         hint="use forward mode (td.jvp, td.jacfwd), which applies them, or call a transform of the "
-             "@ti.func inside the kernel (td.vjp(f)(...) in the kernel body), which is tidiff's own reverse mode",
+             "@ti.func inside the kernel (td.grad(f)(...) in the kernel body), which is tidiff's own reverse mode",
     )
