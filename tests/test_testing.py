@@ -237,8 +237,19 @@ def test_check_grads_refuses_bad_requests():
     def single(x: ti.f32) -> ti.f32:
         return x * x
 
-    with pytest.raises(TypeError, match="float64"):
+    with pytest.raises(TypeError, match=r"single annotates 'x' with a float32 \(or float16\) scalar type, so it "
+                                        r"computes in that precision whatever the values"):
         tt.check_grads(single, (np.float32(1.0),))
+
+    @ti.func
+    def double(x: ti.f64) -> ti.f64:
+        return x * x * x
+
+    # float32 data is checked on a float64 copy, and the warning says so (issue 35, item 17: it raised)
+    with pytest.warns(UserWarning, match=r"arguments \[0\] \(argnums\) checked on float64 copies"):
+        tt.check_grads(double, (np.float32(1.5),))
+    with pytest.warns(UserWarning, match="float64 copies"):
+        tt.check_against_torch(double, lambda x: x ** 3, (torch.tensor([0.5, 2.0], dtype=torch.float32),))
 
     @ti.func
     def counting(n: ti.i32) -> ti.f64:

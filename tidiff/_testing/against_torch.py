@@ -7,7 +7,7 @@ import numpy as np
 from .. import _api as T
 from .._tree import flatten_like
 from .evidence import Comparison, Evidence, argument_namer, entry_namer
-from .problem import Problem, contract_in, sum_to
+from .problem import Problem, contract_in, in_float64, sum_to
 
 REF = "torch"
 
@@ -61,7 +61,7 @@ def check_against_torch(f: Any, torch_f: Callable[..., Any], args: Sequence[Any]
     call = f"check_against_torch({getattr(f, 'name', getattr(f, '__name__', f))})"
     if order not in (1, 2):
         raise ValueError(f"td.testing.check_against_torch: order must be 1 or 2, got {order!r}")
-    p = Problem(f, args, call)
+    p = Problem(f, in_float64(args, call), call)
     ref = _TorchReference(p, torch_f, torch)
     rng = np.random.default_rng(seed)
     evidence = Evidence()

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _api as T
 from .evidence import Comparison, Evidence, argument_namer, entry_namer
-from .problem import DEFAULT_EPS, Problem, inner
+from .problem import DEFAULT_EPS, Problem, in_float64, inner
 
 
 class Tolerance(TypedDict):
@@ -77,8 +77,9 @@ def check_grads(f: Any, args: Sequence[Any], order: int = 2, modes: str | Sequen
         >>> td.testing.check_grads(f, (np.random.rand(4, 3), 2.0), order=2)   # raises if a check fails
 
     Limitations: ``f`` must be smooth within ``h`` of ``args`` (keep kinks
-    and jumps of ``abs``, ``floor``, ``select`` away), and its float
-    arguments float64.
+    and jumps of ``abs``, ``floor``, ``select`` away). Float32 arrays and
+    tensors are checked on float64 copies, with a warning; a field
+    program's float32 fields are refused.
     """
     modes = _modes(modes, "td.testing.check_grads")
     if not isinstance(order, int) or order < 1:
@@ -86,6 +87,7 @@ def check_grads(f: Any, args: Sequence[Any], order: int = 2, modes: str | Sequen
     step = DEFAULT_EPS if eps is None else float(eps)
     rng = np.random.default_rng(seed)
     fn = f
+    args = in_float64(args, "td.testing.check_grads")
     for level in range(1, order + 1):
         call = f"check_grads(order {level}" + (f", on {_name(fn)})" if level > 1 else f", {_name(fn)})")
         problem = Problem(fn, args, call)

@@ -4,11 +4,15 @@ Nothing here uses tidiff's derivative code: central differences call the
 function itself, and sums over broadcast dims are written out again, so
 they stay an independent reference.
 """
+import inspect
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import taichi as ti
 
+from .._arrays import is_tensor, torch_module
 from .._protocol import as_function
 from .._tree import flatten_like, leaves, unflatten
 
@@ -18,6 +22,39 @@ from .._tree import flatten_like, leaves, unflatten
 # max(1, |x|) so large arguments get a step they can resolve. Both errors
 # are then near 1e-11 (|f'''| + |f|): tolerances of 1e-6 leave a wide margin.
 DEFAULT_EPS = float(np.finfo(np.float64).eps ** (1.0 / 3.0))
+
+
+def in_float64(args: Any, call: str) -> Any:
+    """``args`` with float32 (and float16) arrays and tensors as float64 copies, saying so in a warning
+    (issue 35: a check of float32 data raised): central differences resolve 1e-6 only in float64. A field
+    program's float32 fields cannot take a copy; :class:`Problem` refuses those by name."""
+    if not isinstance(args, (tuple, list)):
+        return args  # Problem names the mistake
+    out, widened = [], []
+    for k, a in enumerate(args):
+        dtype = getattr(a, "dtype", None)
+        if is_tensor(a) and a.dtype.is_floating_point and a.dtype != torch_module().float64:
+            out.append(a.detach().double())
+            widened.append(k)
+        elif isinstance(dtype, np.dtype) and dtype.kind == "f" and dtype != np.float64:
+            out.append(np.asarray(a, np.float64))
+            widened.append(k)
+        else:
+            out.append(a)
+    if widened:
+        warnings.warn(f"{call}: arguments {widened} (argnums) checked on float64 copies of their float32 values: "
+                      "central differences resolve 1e-6 only in float64", stacklevel=3)
+    return type(args)(out)
+
+
+def _narrow_scalar_annotations(fn: Any) -> list[str]:
+    """The parameters of a ``@ti.func`` annotated ``ti.f32`` or ``ti.f16``: such a scalar annotation casts inside
+    the function (NOTE: [Float precision] in ``_signature``), so a float64 value is computed in float32."""
+    tifunc = getattr(fn, "tifunc", None)
+    if tifunc is None:
+        return []
+    pyfunc = getattr(tifunc, "__wrapped__", None) or tifunc.func.func
+    return [repr(name) for name, p in inspect.signature(pyfunc).parameters.items() if p.annotation in (ti.f32, ti.f16)]
 
 
 class Problem:
@@ -35,8 +72,15 @@ class Problem:
         self.floats = tuple(k for k, s in enumerate(self.specs) if s.is_float)
         if not self.floats:
             raise TypeError(f"{call}: {fn.name} has no float arguments; there is nothing to differentiate")
+        narrow = _narrow_scalar_annotations(fn)
+        if narrow:
+            raise TypeError(
+                f"{call}: {fn.name} annotates {', '.join(narrow)} with a float32 (or float16) scalar type, so it "
+                "computes in that precision whatever the values; derivative checks need float64 code, where central "
+                "differences resolve 1e-6 (annotate ti.f64)"
+            )
         for k in self.floats:
-            if self.specs[k].dtype != np.float64:
+            if self.specs[k].dtype != np.float64:  # a field program's float32 fields: no float64 copy to make
                 raise TypeError(
                     f"{call}: argument {self.specs[k].name!r} is {self.specs[k].dtype}; derivative checks "
                     "need float64 (ti.init(default_fp=ti.f64)), where central differences resolve 1e-6"
