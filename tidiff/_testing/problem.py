@@ -13,6 +13,7 @@ import numpy as np
 import taichi as ti
 
 from .._arrays import is_tensor, torch_module
+from .._kinds.func import python_function
 from .._protocol import as_function
 from .._tree import flatten_like, leaves, unflatten
 
@@ -53,8 +54,8 @@ def _narrow_scalar_annotations(fn: Any) -> list[str]:
     tifunc = getattr(fn, "tifunc", None)
     if tifunc is None:
         return []
-    pyfunc = getattr(tifunc, "__wrapped__", None) or tifunc.func.func
-    return [repr(name) for name, p in inspect.signature(pyfunc).parameters.items() if p.annotation in (ti.f32, ti.f16)]
+    parameters = inspect.signature(python_function(tifunc)).parameters
+    return [repr(name) for name, p in parameters.items() if p.annotation in (ti.f32, ti.f16)]
 
 
 class Problem:
