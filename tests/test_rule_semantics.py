@@ -70,11 +70,15 @@ def test_eps_variants_match_taichis_reverse_mode():
         close(got, expected)
 
 
-# -- ties: the second operand, as Taichi's reverse mode -----------------------------------
+# -- ties: split evenly between equal arguments, as JAX and torch (NOTE: [Ties]) --------------------
 
 @ti.func
 def max2(x: ti.f64, y: ti.f64) -> ti.f64:
     return ti.max(x, y) + 2 * ti.min(x, y)
+
+
+def torch_max2(x, y):
+    return torch.maximum(x, y) + 2 * torch.minimum(x, y)
 
 
 @ti.func
@@ -82,9 +86,17 @@ def max3(x: ti.f64, y: ti.f64, z: ti.f64) -> ti.f64:
     return ti.max(x, y, z) + 2 * min(x, y, z)
 
 
+def torch_max3(x, y, z):  # Taichi's definition: max(a, max(b, c))
+    return torch.maximum(x, torch.maximum(y, z)) + 2 * torch.minimum(x, torch.minimum(y, z))
+
+
 @ti.func
 def clamp(x: ti.f64, lo: ti.f64, hi: ti.f64) -> ti.f64:
     return ti.math.clamp(x, lo, hi)
+
+
+def torch_clamp(x, lo, hi):  # Taichi's definition: min(hi, max(lo, x))
+    return torch.minimum(hi, torch.maximum(lo, x))
 
 
 @ti.func
@@ -93,29 +105,67 @@ def reductions(x: ti.f64, y: ti.f64, z: ti.f64) -> ti.f64:
     return v.max() + 2 * v.min() + 4 * ti.Matrix([[x, y], [z, x]]).max()
 
 
+def torch_reductions(x, y, z):
+    v = torch.stack([x, y, z])
+    return v.amax() + 2 * v.amin() + 4 * torch.stack([x, y, z, x]).amax()
+
+
+@ti.func
+def softplus(x: ti.f64) -> ti.f64:
+    return ti.max(x, 0.0) + ti.log(1.0 + ti.exp(-ti.abs(x)))
+
+
+def torch_softplus(x):
+    return torch.maximum(x, torch.zeros_like(x)) + torch.log(1.0 + torch.exp(-torch.abs(x)))
+
+
 TIES = [
-    (max2, (1.0, 1.0)),
-    (max3, (1.0, 1.0, 0.0)), (max3, (0.0, 1.0, 1.0)), (max3, (1.0, 0.0, 1.0)), (max3, (1.0, 1.0, 1.0)),
-    (max3, (0.0, 0.0, 1.0)),
-    (clamp, (0.0, 0.0, 1.0)), (clamp, (1.0, 0.0, 1.0)), (clamp, (0.5, 0.5, 0.5)), (clamp, (-1.0, 0.5, 0.5)),
-    (clamp, (2.0, 1.0, 1.0)),
-    (reductions, (1.0, 1.0, 0.0)), (reductions, (0.0, 1.0, 1.0)), (reductions, (1.0, 1.0, 1.0)),
+    (max2, torch_max2, (1.0, 1.0)),
+    (max3, torch_max3, (1.0, 1.0, 0.0)), (max3, torch_max3, (0.0, 1.0, 1.0)), (max3, torch_max3, (1.0, 0.0, 1.0)),
+    (max3, torch_max3, (1.0, 1.0, 1.0)), (max3, torch_max3, (0.0, 0.0, 1.0)),
+    (clamp, torch_clamp, (0.0, 0.0, 1.0)), (clamp, torch_clamp, (1.0, 0.0, 1.0)),
+    (clamp, torch_clamp, (0.5, 0.5, 0.5)), (clamp, torch_clamp, (-1.0, 0.5, 0.5)),
+    (clamp, torch_clamp, (2.0, 1.0, 1.0)),
+    (reductions, torch_reductions, (1.0, 1.0, 0.0)), (reductions, torch_reductions, (0.0, 1.0, 1.0)),
+    (reductions, torch_reductions, (1.0, 1.0, 1.0)), (reductions, torch_reductions, (1.0, 0.0, 1.0)),
+    (softplus, torch_softplus, (0.0,)),
 ]
 
 
-@pytest.mark.parametrize("f, point", TIES, ids=[f"{f.__name__}{p}" for f, p in TIES])
-def test_ties_go_where_taichis_reverse_mode_sends_them(f, point):
-    """NOTE: [Ties]: a tie of max(a, b) goes to b; v.max() to the last of equal entries."""
+@pytest.mark.parametrize("f, twin, point", TIES, ids=[f"{f.__name__}{p}" for f, _, p in TIES])
+def test_ties_split_evenly_as_torch(f, twin, point):
+    """Issue 35, item 4: a tie of max(a, b) went to b (Taichi's reverse mode) where JAX and torch split it;
+    the stable softplus had derivative 0 at 0. Both modes, and the Hessian (zero: the split is constant)."""
     args = tuple(np.float64(p) for p in point)
-    expected = taichi_reverse(f, args)
+    targs = tuple(torch.tensor(p, dtype=torch.float64) for p in point)
+    want = torch.autograd.functional.jacobian(twin, targs)
     for grads in both_modes(f, args):
-        close(np.array(grads, dtype=float), np.array(expected, dtype=float).ravel())
+        close(np.array(grads, dtype=float), np.array([w.item() for w in want]))
+    argnums = tuple(range(len(args)))
+    hessian = td.hessian(f, argnums=argnums)(*args)
+    close(np.array(hessian, dtype=float), np.zeros((len(args), len(args))))
 
 
-def test_a_tie_in_a_reduction_counts_once():
-    """v.max() at a tie is one entry's derivative: the sum over tied entries doubled the jvp."""
-    _, tangent = td.jvp(reductions, (1.0, 1.0, 0.0), (1.0, 1.0, 0.0))
-    close(tangent, 1.0 + 2 * 0.0 + 4 * 1.0)
+def test_softplus_at_zero_is_its_sigmoid():
+    """The derivative of softplus is sigmoid: 1/2 at 0, by jvp, vjp and grad alike."""
+    assert td.grad(softplus)(0.0) == 0.5
+    assert td.jvp(softplus, (0.0,), (1.0,))[1] == 0.5
+    assert td.vjp(softplus, 0.0)[1](1.0)[0] == 0.5
+
+
+@ti.func
+def vector_clamp(x: vec3) -> vec3:
+    return ti.math.clamp(x, 0.0, 1.0) + ti.max(x, 0.5)
+
+
+def test_a_vector_tie_splits_entry_by_entry():
+    x = np.array([0.0, 0.5, 1.0])
+    xt = torch.tensor(x, requires_grad=True)
+    want = torch.autograd.functional.jacobian(lambda t: torch_clamp(t, torch.tensor(0.0, dtype=torch.float64),
+                                                                    torch.tensor(1.0, dtype=torch.float64))
+                                              + torch.maximum(t, torch.tensor(0.5, dtype=torch.float64)), xt)
+    close(td.jacrev(vector_clamp)(x), want.numpy())
+    close(td.jacfwd(vector_clamp)(x), want.numpy())
 
 
 # -- pow at a zero base ---------------------------------------------------------------------

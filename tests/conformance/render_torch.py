@@ -23,37 +23,34 @@ def _set(t, index, value):
     return out
 
 
-# Ties follow tidiff's documented convention (docs/limits.md: Taichi's own reverse mode gives it), not
-# torch's even split: the grammar builds ties by construction (``max(x[0, 0], x[1, 1])`` of a matrix of
-# one value), where derivatives on both sides of a kink are equally right and only a convention decides.
+# Ties follow tidiff's documented convention (docs/limits.md, NOTE: [Ties]), which is torch's: a tie splits the
+# derivative evenly. The grammar builds ties by construction (``max(x[0, 0], x[1, 1])`` of a matrix of one value),
+# where the derivatives on both sides of a kink are equally right and only the convention decides.
 def _maximum(a, b):
-    """``max(a, b)``; at a tie the derivative goes to ``b``."""
-    a, b = torch.as_tensor(a, dtype=F64), torch.as_tensor(b, dtype=F64)
-    return torch.where(a > b, a, b)
+    """``max(a, b)``; a tie splits the derivative evenly."""
+    return torch.maximum(torch.as_tensor(a, dtype=F64), torch.as_tensor(b, dtype=F64))
 
 
 def _minimum(a, b):
-    """``min(a, b)``; at a tie the derivative goes to ``b``."""
-    a, b = torch.as_tensor(a, dtype=F64), torch.as_tensor(b, dtype=F64)
-    return torch.where(a < b, a, b)
+    """``min(a, b)``; a tie splits the derivative evenly."""
+    return torch.minimum(torch.as_tensor(a, dtype=F64), torch.as_tensor(b, dtype=F64))
 
 
-def _last_extreme(v, largest):
-    """``v.max()`` / ``v.min()``; at a tie the derivative goes to the last of the equal entries (row by row)."""
+def _extreme(v, largest):
+    """``v.max()`` / ``v.min()``; a tie splits the derivative evenly among the equal entries (torch.amax)."""
     flat = v.reshape(-1)
     best = flat.max() if largest else flat.min()
-    hits = torch.nonzero(flat == best)
-    if not len(hits):  # a NaN (long run, seed 9506): no entry equals it, and no derivative is defined
+    if not bool((flat == best).any()):  # a NaN (long run, seed 9506): no entry equals it, no derivative is defined
         return best
-    return flat[int(hits[-1, 0])]
+    return flat.amax() if largest else flat.amin()
 
 
 def _max_of(v):
-    return _last_extreme(v, True)
+    return _extreme(v, True)
 
 
 def _min_of(v):
-    return _last_extreme(v, False)
+    return _extreme(v, False)
 
 
 def _clamp(x, lo, hi):

@@ -75,9 +75,9 @@ def ties(x: ti.types.vector(2, ti.f64)) -> ti.f64:
 
 
 def test_twin_takes_ties_as_tidiff_documents():
-    """Found by the long run (seed 9124): the grammar builds ties by construction (a matrix of one value),
-    where torch splits a derivative evenly and tidiff gives it to one side (docs/limits.md); the twin's
-    min, max, v.max() and clamp follow tidiff's convention, so a tie is not a mismatch."""
+    """Found by the long run (seed 9124): the grammar builds ties by construction (a matrix of one value); the
+    twin's min, max, v.max() and clamp follow tidiff's convention (docs/limits.md: an even split, as torch's
+    own ops), so a tie is not a mismatch."""
     ns = namespace()
     maximum, minimum, max_of, clamp = (ns[name] for name in ("_maximum", "_minimum", "_max_of", "_clamp"))
 

@@ -40,7 +40,19 @@ from .._lang.rebinding import rebound_call
 from .._lang.sym import Sym, helpers
 from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, Callee, Sort, callable_rule, classify
 from .._rules.helpers import is_integral
-from .._rules.table import TABLE, Contributions, Rule, Shape, Vjp, copy_vjp, is_constructor, is_dtype, lookup, zero
+from .._rules.table import (
+    TABLE,
+    Contributions,
+    Rule,
+    Shape,
+    Vjp,
+    copy_vjp,
+    is_constructor,
+    is_dtype,
+    lookup,
+    pairwise,
+    zero,
+)
 from . import results
 from .control import Branch, ControlFlow, Loop, Op
 from .linearize import linearized
@@ -538,11 +550,8 @@ class Reverser(ControlFlow):
             return self.construct_rows(node, keywords)
         if is_constructor(op):
             return self.construct_typed(node, op, keywords)
-        if op in (min, max, ti.min, ti.max) and len(node.args) > 2:  # rules are binary: min(min(a, b), c)
-            folded = node.args[0]
-            for arg in node.args[1:]:
-                folded = ast.Call(func, [folded, arg], [])
-            return self.value(folded)
+        if op in (min, max, ti.min, ti.max) and len(node.args) > 2:
+            return self.value(pairwise(ast.Call(func, node.args, [])))
         rule = lookup(op)
         if rule is not None and rule.n_outputs > 1:
             raise NotReversible(f"the call `{ast.unparse(node)}` inside an expression (assign its {rule.n_outputs} "

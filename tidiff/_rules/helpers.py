@@ -196,9 +196,7 @@ def cast_adjoint(g, dtype: ti.template()):  # type: ignore[valid-type]
         return g
 
 
-# --- reductions: the entry Taichi's own reverse mode picks -------------------
-# ``v.max()`` folds ``max(max(v[0], v[1]), v[2])`` and Taichi's reverse mode gives a
-# tie of ``max(a, b)`` to ``b``: the derivative is that of the last entry equal to the max.
+# --- reductions: ``v.max()`` and ``v.min()`` split a tie evenly (NOTE: [Ties] in ``ops.py``) --------
 @ti.func
 def flat(x):
     """The entries of a vector or matrix as a vector, matrices row by row (as Taichi reduces them)."""
@@ -218,40 +216,35 @@ def unflat(v, like):
 
 
 @ti.func
-def extreme_index(x, largest: ti.template()):  # type: ignore[valid-type]
-    """The flat index of the entry ``x.max()`` (``largest``) or ``x.min()`` returns, ties to the last."""
-    xs = flat(x)
-    best = xs[0]
-    index = 0
-    for k in ti.static(range(1, xs.n)):
-        wins = xs[k] <= best
-        if ti.static(largest):
-            wins = xs[k] >= best
-        index = ti.select(wins, k, index)
-        best = ti.select(wins, xs[k], best)
-    return index
+def extreme_of(xs, largest: ti.template()):  # type: ignore[valid-type]
+    """``xs.max()`` (``largest``) or ``xs.min()`` of a flat vector, and how many entries equal it."""
+    best = xs.min()
+    if ti.static(largest):
+        best = xs.max()
+    return best, ti.select(xs == best, 1, 0).sum()
 
 
 @ti.func
 def pick_extreme(x, t, largest: ti.template()):  # type: ignore[valid-type]
-    """``t`` at the entry of ``x`` that ``x.max()`` (``largest``) or ``x.min()`` picks: their tangent."""
-    index = extreme_index(x, largest)
-    ts = flat(t)
-    picked = ts[0]
-    for k in ti.static(range(1, ts.n)):
-        picked = ti.select(index == k, ts[k], picked)
-    return picked
+    """The tangent of ``x.max()`` (``largest``) or ``x.min()``: the mean of ``t`` over the entries equal to it."""
+    xs, ts = flat(x), flat(t)
+    best, count = extreme_of(xs, largest)
+    picked = ti.select(xs[0] == best, ts[0], 0)
+    for k in ti.static(range(1, xs.n)):
+        picked += ti.select(xs[k] == best, ts[k], 0)
+    return picked / count
 
 
 @ti.func
 def extreme_adjoint(x, g, largest: ti.template()):  # type: ignore[valid-type]
-    """The cotangent of ``x`` in ``x.max()`` (``largest``) or ``x.min()``: ``g`` at the entry
-    :func:`pick_extreme` picks, zero elsewhere."""
-    index = extreme_index(x, largest)
+    """The cotangent of ``x`` in ``x.max()`` (``largest``) or ``x.min()``: ``g`` shared evenly among the
+    entries equal to it, zero elsewhere."""
     xs = flat(x)
+    best, count = extreme_of(xs, largest)
+    share = g / count
     result = ti.zero(xs)
     for k in ti.static(range(xs.n)):
-        result[k] = ti.select(index == k, g, 0.0)
+        result[k] = ti.select(xs[k] == best, share, 0)
     return unflat(result, x)
 
 

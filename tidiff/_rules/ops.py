@@ -4,14 +4,15 @@ Each rule follows Taichi's own definition of the op (``taichi/lang/ops.py``,
 ``matrix_ops.py``, ``math/mathimpl.py`` in Taichi 1.7.4), not a textbook one:
 ``v.normalized(eps)`` is ``v / (|v| + eps)``, ``v.norm(eps)`` is
 ``sqrt(|v|^2 + eps)``, ``clamp(x, lo, hi)`` is ``min(hi, max(lo, x))``. At a tie
-of ``min``/``max`` the derivative is the one Taichi's own reverse mode gives:
-that of the second operand (see NOTE: [Ties]).
+of ``min``/``max`` the derivative splits evenly between the equal operands, as
+JAX and torch (see NOTE: [Ties]).
 
 Shapes are not known in the source: where an op broadcasts (``x * y`` with a
 scalar ``x``), a reverse contribution is summed back with ``sum_to(v, x)``,
 which Taichi resolves when it compiles.
 """
 import ast
+from collections.abc import Callable
 
 import taichi as ti
 
@@ -26,6 +27,7 @@ from .table import (
     Contributions,
     Jvp,
     Rule,
+    Vjp,
     broadcast,
     defjvp,
     defjvp2,
@@ -141,31 +143,39 @@ register(float, FLOAT_CAST)
 
 
 # NOTE: [Ties]
-# At a tie, min and max have no derivative; any choice is a convention. Taichi's own
-# reverse mode (checked in tests/test_rule_semantics.py) gives the adjoint of max(a, b)
-# to a only when a > b, of min(a, b) to a only when a < b: ties go to b. The rules do
-# the same, so @ti.func transforms agree with kernel programs, which use Taichi's
-# reverse mode. What is built on min/max inherits it: ti.max(a, b, c) is
-# max(a, max(b, c)), the last of equal arguments wins (as in the left fold the
-# transforms use); clamp(x, lo, hi) = min(hi, max(lo, x)) gives a tie to x, or to lo
-# when lo == hi != x; v.max() (Taichi folds the entries left to right) to the last
-# entry equal to the max.
-@defrule([min, ti.min], lambda g, out, x, y: [_sum_to(T.select(x < y, g, _zero(g)), x),
-                                              _sum_to(T.select(x < y, _zero(g), g), y)], broadcast)
-def _min(call: Call) -> Sym | None:
-    if all(t is None for t in call.tangents):
-        return None
-    (x, y), (dx, dy) = call.args, call.zeros()
-    return T.select(x < y, dx, dy)
+# At a tie, min and max have no derivative; any choice is a convention. tidiff takes
+# JAX's and torch's: a tie splits the derivative evenly between the equal arguments,
+# so max(a, b) at a == b has derivative 1/2 by each, and the stable softplus
+# max(x, 0) + log(1 + exp(-|x|)) has derivative 1/2 at 0, as its value's sigmoid(0).
+# What Taichi builds from the binary op inherits it by Taichi's definition:
+# ti.max(a, b, c) is max(a, max(b, c)) (a three-way tie gives 1/2, 1/4, 1/4, as JAX's
+# nested maximum), clamp(x, lo, hi) is min(hi, max(lo, x)). The reductions v.max() and
+# v.min() split evenly among all entries equal to the result, as jnp.max and
+# torch.amax. Kernel programs differentiated by Taichi's own reverse mode keep its
+# convention, a tie to b (docs/limits.md). The conditions are the only place the
+# operands are read: every order of derivative is exact.
+def _split(first: Sym, second: Sym, a: Sym, b: Sym) -> Sym:
+    """``a`` where ``first``, else ``b`` where ``second``, else (a tie) their mean."""
+    return T.select(first, a, T.select(second, b, (a + b) * 0.5))
 
 
-@defrule([max, ti.max], lambda g, out, x, y: [_sum_to(T.select(x > y, g, _zero(g)), x),
-                                              _sum_to(T.select(x > y, _zero(g), g), y)], broadcast)
-def _max(call: Call) -> Sym | None:
-    if all(t is None for t in call.tangents):
-        return None
-    (x, y), (dx, dy) = call.args, call.zeros()
-    return T.select(x > y, dx, dy)
+def _binary_extreme(wins: Callable[[Sym, Sym], Sym]) -> tuple[Jvp, Vjp]:
+    """Both rules of ``max`` or ``min``, where ``wins(x, y)`` says that ``x`` alone is the result."""
+    def jvp(call: Call) -> Sym | None:
+        if all(t is None for t in call.tangents):
+            return None
+        (x, y), (dx, dy) = call.args, call.zeros()
+        return _split(wins(x, y), wins(y, x), dx, dy)
+
+    def vjp(g: Sym, out: Sym, x: Sym, y: Sym) -> Contributions:
+        return [_sum_to(_split(wins(x, y), wins(y, x), g, _zero(g)), x),
+                _sum_to(_split(wins(y, x), wins(x, y), g, _zero(g)), y)]
+
+    return jvp, vjp
+
+
+register([min, ti.min], Rule(*_binary_extreme(lambda x, y: x < y), result_shape=broadcast))
+register([max, ti.max], Rule(*_binary_extreme(lambda x, y: x > y), result_shape=broadcast))
 
 
 @defrule(ti.select, lambda g, out, c, a, b: [None, _sum_to(T.select(c, g, _zero(g)), a),
@@ -212,12 +222,11 @@ register([ti.Vector, ti.Matrix], Rule(_construct, entrywise=True))
 
 
 def _clamp_adjoint(g: Sym, out: Sym, x: Sym, lo: Sym, hi: Sym) -> Contributions:
-    """Cotangents of ``min(hi, max(lo, x))`` (Taichi's clamp), ties as in NOTE: [Ties]."""
-    upper = hi < T.max(lo, x)
-    lower = lo > x
-    return [_sum_to(T.select(upper, _zero(g), T.select(lower, _zero(g), g)), x),
-            _sum_to(T.select(upper, _zero(g), T.select(lower, g, _zero(g))), lo),
-            _sum_to(T.select(upper, g, _zero(g)), hi)]
+    """Cotangents of ``min(hi, max(lo, x))`` (Taichi's clamp), each tie split (NOTE: [Ties])."""
+    m = T.max(lo, x)
+    to_m = _split(hi > m, hi < m, g, _zero(g))
+    return [_sum_to(_split(lo < x, lo > x, to_m, _zero(g)), x), _sum_to(_split(lo > x, lo < x, to_m, _zero(g)), lo),
+            _sum_to(_split(hi < m, hi > m, g, _zero(g)), hi)]
 
 
 @defrule(ti.math.clamp, _clamp_adjoint, broadcast)
@@ -225,8 +234,8 @@ def _clamp(call: Call) -> Sym | None:
     if all(t is None for t in call.tangents):
         return None
     (x, lo, hi), (dx, dlo, dhi) = call.args, call.zeros()
-    # Taichi computes min(hi, max(lo, x)); ties as its reverse mode (NOTE: [Ties])
-    return T.select(hi < T.max(lo, x), dhi, T.select(lo > x, dlo, dx))
+    m = T.max(lo, x)
+    return _split(hi < m, hi > m, dhi, _split(lo > x, lo < x, dlo, dx))
 
 
 defjvp(ti.math.mix,

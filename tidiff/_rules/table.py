@@ -171,6 +171,14 @@ def _transposed(partials: Sequence[Callable[..., Sym] | None], with_out: bool) -
     return vjp
 
 
+def pairwise(node: ast.Call) -> ast.Call:
+    """``max(a, b, c)`` as Taichi computes it, ``max(a, max(b, c))``: the rules are binary, and a tie of three
+    splits as Taichi's nesting does (NOTE: [Ties])."""
+    if len(node.args) <= 2:
+        return node
+    return ast.Call(node.func, [node.args[0], pairwise(ast.Call(node.func, node.args[1:], []))], [])
+
+
 def without_minus(node: ast.expr) -> ast.expr | None:
     """``a * b`` for ``-a * b`` (a leading minus), else None: sums then read ``x - a * b``."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):

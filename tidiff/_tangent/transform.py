@@ -24,7 +24,7 @@ from .._lang.parse import MISSING, Parsed, positional, resolve
 from .._lang.rebinding import rename_rebindings
 from .._lang.sym import Sym, zero_like
 from .._rules.calls import Callee, Sort, callable_rule, classify
-from .._rules.table import TABLE, Call, Jvp, lookup
+from .._rules.table import TABLE, Call, Jvp, lookup, pairwise
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 
 _ATOMIC_SUMS = (ti.atomic_add, ti.atomic_sub)
@@ -635,7 +635,7 @@ class Transformer:
         rule = lookup(callee.obj)
         assert rule is not None
         if len(node.args) > 2 and (rule is TABLE[min] or rule is TABLE[max]):
-            node = self._pairwise(node)
+            node = pairwise(node)
         for keyword in node.keywords:
             if self.is_active(keyword.value):
                 raise self.error(node, f"a differentiable keyword argument `{keyword.arg}=`",
@@ -661,13 +661,6 @@ class Transformer:
             return None
         value = resolve(node, self.parsed.namespace)
         return None if value is MISSING else value
-
-    def _pairwise(self, node: ast.Call) -> ast.Call:
-        """``min(a, b, c)`` -> ``min(min(a, b), c)``: rules are binary."""
-        folded = ast.Call(node.func, node.args[:2], [])
-        for arg in node.args[2:]:
-            folded = ast.Call(node.func, [folded, arg], [])
-        return folded
 
     def _nested_callee(self, node: ast.expr) -> Any:
         """The @ti.func, helper, jvp rule or tidiff Function a call goes to when its tangent is called, else None."""
