@@ -159,6 +159,26 @@ def test_float32_in_float32_out():
     assert td.grad(energy)(X, S).dtype == np.float64  # float64 stays float64
 
 
+@ti.func
+def mixed(x, y):
+    return ti.exp(x) * y + ti.sin(x * y)
+
+
+def test_mixed_precision_computes_in_the_widest_float():
+    """Issue 35, item 5: with a float32 and a float64 argument the float64 result carried float32 error (exp(1)
+    off by 8e-8): the float32 argument was computed in float32. The widest float decides the arithmetic."""
+    x32, y = np.array([1.0, 0.3], np.float32), np.array([1.0, 2.0])
+    x = x32.astype(np.float64)
+    np.testing.assert_allclose(td.function(mixed)(x32, y), td.function(mixed)(x, y), rtol=1e-15)
+    for got, want in zip(td.jacrev(mixed, argnums=(0, 1))(x32, y), td.jacrev(mixed, argnums=(0, 1))(x, y)):
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-15)
+    _, tangent = td.jvp(mixed, (x32, y), (np.ones(2, np.float32), np.ones(2)))
+    np.testing.assert_allclose(tangent, td.jvp(mixed, (x, y), (np.ones(2), np.ones(2)))[1], rtol=1e-15)
+    want = np.exp(x) * y + np.sin(x * y)
+    np.testing.assert_allclose(td.function(mixed)(x32, y), want, rtol=1e-15)
+
+
 def test_ragged_input_names_the_argument():
     with pytest.raises(ValueError, match=r"argument 'x' is not a rectangular array of numbers"):
         td.grad(energy)([[1.0, 2.0, 3.0], [1.0]], 2.0)

@@ -34,7 +34,7 @@ from ._cache import Counter
 from ._codegen.batch import spec_of_expr
 from ._derived import Arguments
 from ._lang.parse import real_func_refusal
-from ._signature import ArgSpec, default_float, default_int
+from ._signature import ArgSpec, default_float, default_int, widest_float
 from ._tree import Tree, unflatten
 
 
@@ -185,15 +185,16 @@ class Function:
 
     # -- arguments -------------------------------------------------------------
     def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
-        """The input specs of one call: declared core shapes, each float taking its value's precision."""
+        """The input specs of one call: declared core shapes, the floats in the widest precision among their
+        values (NOTE: [Float precision] in ``_signature``)."""
         if self.arguments is not None:
             return self.arguments.specs_for(args)
         declared = self.declared_specs()
         if declared is None:
-            return [spec_of_value(n, v) for n, v in zip(self.param_names(), args, strict=False)]
+            return widest_float([spec_of_value(n, v) for n, v in zip(self.param_names(), args, strict=False)])
         if len(args) != len(declared):
             return list(declared)  # read_args names the count
-        return [adapt(s, v) for s, v in zip(declared, args, strict=True)]
+        return widest_float([adapt(s, v) for s, v in zip(declared, args, strict=True)])
 
     def bind(self, args: Sequence[Any], kwargs: dict[str, Any], call: str) -> tuple[Any, ...]:
         """Keyword arguments placed at their parameters' positions (passed through, as in JAX)."""

@@ -15,6 +15,10 @@ vector or matrix arguments to their annotation, so taking the annotation's
 precision would round float64 values to float32 without need. (A *scalar*
 annotation such as ``ti.f64`` does cast, inside the function: such a
 function computes that argument in float64, and returns the caller's dtype.)
+Where float arguments of one call differ in precision, all are read in the
+widest (:func:`widest_float`): results are in that precision, so their
+arithmetic must be too; a float32 argument computed in float32 would carry
+float32 error (1e-7) into a float64 result.
 """
 from __future__ import annotations
 
@@ -81,6 +85,15 @@ def result_float(specs: Sequence[ArgSpec]) -> np.dtype:
     """The float dtype results take: the widest float argument's, else ``default_fp``."""
     floats = [s.dtype for s in specs if s.is_float]
     return np.result_type(*floats) if floats else default_float()
+
+
+def widest_float(specs: Sequence[ArgSpec]) -> list[ArgSpec]:
+    """``specs`` with every float one in the widest float precision among them (NOTE: [Float precision])."""
+    floats = {s.dtype for s in specs if s.is_float}
+    if len(floats) < 2:
+        return list(specs)
+    wide = np.result_type(*floats)
+    return [ArgSpec(s.name, s.shape, wide) if s.is_float else s for s in specs]
 
 
 def _scalar_dtype(ann: Any) -> np.dtype:
