@@ -333,3 +333,46 @@ def test_vjp_rule_must_return_one_cotangent_per_primal():
 
     with pytest.raises(TypeError, match="annotated"):
         td.custom_vjp(unannotated).defvjp(bad_bwd)
+
+
+@td.custom_jvp
+@ti.func
+def doubled(x: ti.types.vector(2, ti.f64)) -> ti.types.vector(2, ti.f64):
+    return 2.0 * x
+
+
+@doubled.defjvp
+@ti.func
+def doubled_scalar_tangent(x, dx):
+    return 2.0 * x, 2.0 * dx[0]  # a scalar tangent for a vec2 output
+
+
+@td.custom_jvp
+@ti.func
+def halved(x):
+    return 0.5 * x
+
+
+@halved.defjvp
+@ti.func
+def halved_no_tangent(x, dx):
+    return 0.5 * x
+
+
+@ti.func
+def calls_doubled(x: ti.types.vector(2, ti.f64)) -> ti.f64:
+    return doubled(x).sum()
+
+
+def test_a_jvp_rule_of_the_wrong_shape_is_a_type_error_naming_it():
+    """Issue 35, item 6: td.jvp broadcast the scalar tangent silently, jacfwd/jacrev failed with Taichi's bare
+    AssertionError. Now every transform, and a function calling the rule's function, names the rule."""
+    x = np.array([1.0, 2.0])
+    calls = [lambda: td.jvp(doubled, (x,), (x,)), lambda: td.jacfwd(doubled)(x), lambda: td.jacrev(doubled)(x),
+             lambda: td.grad(calls_doubled)(x)]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"the jvp rule `doubled_scalar_tangent` of `doubled` returned a tangent "
+                                            r"of a scalar for an output of shape \(2,\)"):
+            call()
+    with pytest.raises(TypeError, match=r"the jvp rule `halved_no_tangent` of `halved` must return a pair"):
+        td.jvp(halved, (x,), (x,))

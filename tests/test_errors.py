@@ -168,6 +168,26 @@ def test_vjp_in_a_kernel_says_what_is_offered_there():
 
 
 @ti.func
+def updates_atomically(x: ti.f64) -> ti.f64:
+    return ti.atomic_max(x, 1.0)
+
+
+grad_updates_atomically = td.grad(updates_atomically)
+
+
+@ti.kernel
+def grad_in_a_kernel_of_what_has_no_rule(x: ti.f64) -> ti.f64:
+    return grad_updates_atomically(x)
+
+
+def test_a_transform_in_a_kernel_that_cannot_differentiate_says_why():
+    """Found while checking jvp rules (issue 35, item 6): Taichi names a callee by ``__name__`` in the error of a
+    call that raised, and a tidiff Function had none: an AttributeError hid the reason."""
+    with pytest.raises(TypeError, match=r"cannot differentiate a call to Taichi op `ti.atomic_max`"):
+        grad_in_a_kernel_of_what_has_no_rule(1.0)
+
+
+@ti.func
 def squared_pair(x: ti.f64):
     return x * x, x
 

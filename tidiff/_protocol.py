@@ -218,6 +218,10 @@ class Function:
         """Check host arguments against the specs; returns a :class:`Batch`."""
         return read_args(self.specs_for(args), args, call or self.name)
 
+    @property
+    def __name__(self) -> str:  # Taichi names a callee by it in the error of a call in a kernel
+        return self.name
+
     # -- calling -----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if impl.inside_kernel():

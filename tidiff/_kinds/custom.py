@@ -18,12 +18,16 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+import taichi as ti
+
 from .._cache import uses
 from .._codegen.batch import identifier, probe_results
 from .._codegen.bodies import BodyWriter, zero
+from .._lang.nodes import statement
 from .._pointwise import Pointwise
 from .._protocol import require_taichi
 from .._rules.calls import register_jvp, register_vjp
+from .._rules.helpers import jvp_pair_check
 from .._signature import ArgSpec
 from .._tree import Tree
 from .func import FuncFunction, python_function
@@ -64,8 +68,19 @@ class CustomFunction(Pointwise):
         if not getattr(rule, "_is_taichi_function", False):
             raise TypeError(f"{self.name}.defjvp: the rule must be a @ti.func, got {type(rule).__name__}")
         self.rule = rule
-        register_jvp(self, rule)
+        register_jvp(self, self._checked_jvp(rule))
         return rule
+
+    def _checked_jvp(self, rule: Any) -> Any:
+        """``rule`` returning its pair through a check, made as Taichi compiles each call, that it is a pair and
+        the tangent has the output's shape: Taichi would broadcast a scalar tangent of a vector output silently."""
+        names = self.param_names()
+        w = BodyWriter(identifier(self.name) + "_checked_jvp", names + [f"d{n}" for n in names])
+        pair = w.let("pair", w.callee(rule, identifier(self.name) + "_jvp_rule")(*w.args()))
+        check = w.callee(jvp_pair_check(f"the jvp rule `{getattr(rule, '__name__', rule)}` of `{self.name}`"),
+                         "check")
+        w.stmts.append(statement(w.callee(ti.static, "static")(check(pair))))
+        return w.compile([pair[0], pair[1]], single=False, tag="jvp")
 
     def defvjp(self, bwd: Any) -> Any:
         """Attach the rule: a ``@ti.func`` ``(*primals, *cotangents) -> tuple of primal cotangents``.

@@ -10,8 +10,11 @@ from typing import Any
 
 import taichi as ti
 from taichi.lang import impl, matrix_ops
+from taichi.lang.exception import TaichiCompilationError
 from taichi.lang.expr import Expr
 from taichi.types import primitive_types
+
+from .._errors import describe_shape
 
 # rules reach every helper as _tidiff_rules.<name>: the cofactors' and decompositions' too
 from .cofactors import cofactors as cofactors
@@ -58,7 +61,7 @@ def shape_of(value: Any) -> tuple[int, ...]:
     return ()
 
 
-def _compile_time(fn):
+def compile_time(fn):
     """A Python function Taichi calls while it compiles, without its warning of a non-taichi function.
 
     NOTE: [Helpers run while Taichi compiles] Taichi inlines a ``@ti.func`` by
@@ -74,13 +77,39 @@ def _compile_time(fn):
     return fn
 
 
-@_compile_time
+class RuleError(TaichiCompilationError, TypeError):
+    """A user's derivative rule returned the wrong kind of value. A ``TypeError``; being Taichi's compilation
+    error too, Taichi raises it as it is (with the place) when a helper raises it while compiling."""
+
+
+def jvp_pair_check(rule: str) -> Any:
+    """A helper Taichi calls while compiling with what the jvp rule ``rule`` (its description) returned: None,
+    or ``RuleError`` where it is no pair or the tangent's shape is not the output's (JAX: "Custom JVP rule must
+    produce primal and tangent outputs with corresponding shapes"). Called in ``ti.static(...)``, which the
+    transforms copy as written: the check holds no value to differentiate."""
+    @compile_time
+    def checked(pair):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise RuleError(f"{rule} must return a pair (out, tangent_out); it returned "
+                            f"{'a tuple of ' + str(len(pair)) if isinstance(pair, (tuple, list)) else 'one value'}")
+        out, tangent = pair
+        outs, tangents = (out, tangent) if isinstance(out, (tuple, list)) else ((out,), (tangent,))
+        if not isinstance(tangents, (tuple, list)) or len(tangents) != len(outs):
+            raise RuleError(f"{rule} returned {len(outs)} outputs and a tangent that is no tuple of as many")
+        for o, t in zip(outs, tangents, strict=True):
+            if shape_of(o) != shape_of(t):
+                raise RuleError(f"{rule} returned a tangent of {describe_shape(shape_of(t))} for an output of "
+                                f"{describe_shape(shape_of(o))}: a tangent has its output's shape")
+    return checked
+
+
+@compile_time
 def sum_to(v, like):
     """``v`` summed down to the shape of ``like``: the adjoint of broadcasting ``like`` up to ``v``."""
     return v if shape_of(v) == shape_of(like) else matrix_ops.sum(v)
 
 
-@_compile_time
+@compile_time
 def broadcast_like(v, other):
     """``v`` broadcast to the shape of ``v + other``: the tangent of a sum with one active operand."""
     return v if shape_of(v) == shape_of(other) or shape_of(other) == () else v + impl.zero(other)
@@ -291,7 +320,7 @@ def col_into(like, v, j: ti.template()):  # type: ignore[valid-type]
 # known only when Taichi compiles. What is left of the cost is Taichi's
 # store-to-load forwarding over the tape's entries, which grows with their
 # number times the reverse code's blocks (NOTE: [Reverse control flow]).
-@_compile_time
+@compile_time
 def dtype_of(x):
     """The element type of a Taichi value while a kernel compiles."""
     if isinstance(x, Expr):
@@ -302,7 +331,7 @@ def dtype_of(x):
     return ti.f64 if isinstance(x, float) else ti.i32
 
 
-@_compile_time
+@compile_time
 def rebound(value, old):
     """``old = value`` as a new variable, as Taichi would store it in ``old``: cast to ``old``'s element
     type where the two differ (NOTE: [Rebinding in straight-line code] in ``_lang/rebinding.py``)."""
@@ -310,7 +339,7 @@ def rebound(value, old):
     return value if dtype_of(value) == dtype else ti.cast(value, dtype)
 
 
-@_compile_time
+@compile_time
 def rebound_tangent(t, old):
     """The tangent of ``rebound(value, old)`` from the value's tangent ``t``: cast alike, zero where
     ``old`` is an integer (Taichi's assignment truncates: no derivative)."""
@@ -320,7 +349,7 @@ def rebound_tangent(t, old):
     return t if dtype_of(t) == dtype else ti.cast(t, dtype)
 
 
-@_compile_time
+@compile_time
 def rebound_adjoint(g, value, old):
     """The cotangent of ``value`` in ``rebound(value, old)`` from the result's cotangent ``g``."""
     dtype = dtype_of(value)
@@ -335,7 +364,7 @@ def rebound_adjoint(g, value, old):
 # td.hessian 11.5 s, the tangent of that code). The reverse transform keeps such contributions apart, entry by
 # entry, until ``ct_x`` is read, and adds them in one value built here while Taichi compiles (its shape is
 # known only then): n statements.
-@_compile_time
+@compile_time
 def scattered(like, *pairs):
     """A zero shaped like the vector ``like`` with ``pairs`` (``i0, v0, i1, v1, ...``) at its entries: the
     adjoint of reading those entries (NOTE: [Entries in one value])."""
@@ -343,7 +372,7 @@ def scattered(like, *pairs):
     return ti.Vector([at.get(k, 0.0) for k in range(shape_of(like)[0])]).cast(dtype_of(like))
 
 
-@_compile_time
+@compile_time
 def scattered2(like, *triples):
     """A zero shaped like the matrix ``like`` with ``triples`` (``i0, j0, v0, ...``) at its entries."""
     at = {(i, j): v for i, j, v in zip(triples[0::3], triples[1::3], triples[2::3], strict=True)}
@@ -351,7 +380,7 @@ def scattered2(like, *triples):
     return ti.Matrix([[at.get((i, j), 0.0) for j in range(cols)] for i in range(rows)]).cast(dtype_of(like))
 
 
-@_compile_time
+@compile_time
 def size_of(x):
     """How many entries a Taichi value has: 1 for scalars."""
     size = 1
@@ -360,7 +389,7 @@ def size_of(x):
     return size
 
 
-@_compile_time
+@compile_time
 def tape_of(x, rows):
     """A zero tape for ``x``: one local vector of ``rows`` entries per entry of ``x`` (NOTE: [Tapes])."""
     return [impl.expr_init(ti.Vector.zero(dtype_of(x), rows)) for _ in range(size_of(x))]
