@@ -179,6 +179,37 @@ def test_mixed_precision_computes_in_the_widest_float():
     np.testing.assert_allclose(td.function(mixed)(x32, y), want, rtol=1e-15)
 
 
+@ti.func
+def defaulted(x: ti.f64, y: ti.f64 = 3.0) -> ti.f64:
+    return x * x * y
+
+
+@ti.kernel
+def defaulted_in_a_kernel(x: ti.f64) -> ti.f64:
+    hv = td.hvp(defaulted, (x,), (1.0,))[1][0]
+    return defaulted(x) + td.grad(defaulted)(x) + td.jvp(defaulted, (x,), (1.0,))[1] + hv
+
+
+def test_default_parameter_values_are_honoured_as_constants():
+    """Issue 35, item 8: ``td.grad(g)(2.)`` raised "expected 2 arguments", and in a kernel "Parameter 'y'
+    missing". A left-out parameter takes its default, a constant (JAX passes defaults through undifferentiated);
+    jvp/vjp/hvp take and give one tangent or cotangent per primal given."""
+    assert td.function(defaulted)(2.0) == 12.0
+    assert td.grad(defaulted)(2.0) == 12.0 and td.grad(defaulted)(2.0, 4.0) == 16.0
+    assert td.grad(defaulted)(2.0, y=4.0) == 16.0
+    assert td.hessian(defaulted)(2.0) == 6.0
+    assert td.jvp(defaulted, (2.0,), (1.0,)) == (12.0, 12.0)
+    y, vjp_fn = td.vjp(defaulted, 2.0)
+    assert y == 12.0 and vjp_fn(1.0) == (12.0,)
+    assert td.hvp(defaulted, (2.0,), (1.0,)) == (12.0, (6.0,))
+    np.testing.assert_array_equal(td.jacfwd(defaulted)(np.array([1.0, 2.0])), [6.0, 12.0])
+    assert defaulted_in_a_kernel(2.0) == 12.0 + 12.0 + 12.0 + 6.0
+    with pytest.raises(TypeError, match=r"argnums=\(1,\) needs them among the 1 positional arguments"):
+        td.grad(defaulted, argnums=1)(2.0)
+    with pytest.raises(TypeError, match=r"expected 2 arguments"):
+        td.grad(mixed)(2.0)  # no default: the count is named
+
+
 def test_ragged_input_names_the_argument():
     with pytest.raises(ValueError, match=r"argument 'x' is not a rectangular array of numbers"):
         td.grad(energy)([[1.0, 2.0, 3.0], [1.0]], 2.0)

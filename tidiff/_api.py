@@ -209,7 +209,16 @@ def _primals_and_tangents(f: Any, primals: Any, tangents: Any,
     tangents = _as_tuple(tangents, "tangents", call)
     if len(tangents) != len(primals):
         raise TypeError(f"{call}: got {len(primals)} primals but {len(tangents)} tangents")
-    return fn, call, primals, tangents
+    return fn, call, *_with_defaults(fn, primals, tangents, call)
+
+
+def _with_defaults(fn: Function, primals: tuple[Any, ...], tangents: tuple[Any, ...],
+                   call: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The primals with the defaults of parameters left out, which take zero tangents (constants, as in JAX)."""
+    full = fn.bind(primals, {}, call)
+    extra = full[len(primals):]
+    zeros = tuple(0 * d if ti.lang.impl.inside_kernel() else None for d in extra)
+    return full, tangents + zeros
 
 
 def _with_tangents(batch: Batch, tangents: Sequence[Any], call: str, what: str = "tangents") -> tuple[Any, ...]:
@@ -326,7 +335,8 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
                         "a @ti.func); there td.grad, td.value_and_grad, td.jacrev, td.jacfwd, td.jacobian, td.hessian, "
                         "td.jvp and td.hvp are (docs/in-kernel.md)")
     require_taichi(call)
-    batch = fn.read(primals, call)
+    given = len(primals)  # vjp_fn returns their cotangents, not those of defaults filled in
+    batch = fn.read(fn.bind(primals, {}, call), call)
     out_specs, tree = fn.signature(batch.specs)
     main, aux = split_aux(tree, call) if has_aux else (tree, None)
     main_leaves = leaves(main)
@@ -353,10 +363,10 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
                 raise ValueError(f"{call}: the cotangent must have the output's shape {expected}, got {arr.shape}")
             cts[leaf] = like(c, ArgSpec(spec.name, expected, spec.dtype), batch) if holds_tensors(batch) else arr
         if not any(s.is_float for s in batch.specs):
-            return tuple(None for _ in batch.specs)
+            return tuple(None for _ in batch.specs[:given])
         with counter.tally(), reading(values):
             grads = _contract(lin, batch, jacobians, cts, out_specs) if lin is not None else fn.vjp(batch, cts)
-        return tuple(batch.wrap(g) for g in grads)
+        return tuple(batch.wrap(g) for g in grads[:given])
 
     wrapped = [batch.wrap(o) for o in outs]
     if aux is not None:
@@ -425,6 +435,7 @@ def hvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, t
         >>> value, hv_x, hv_s
         (array(6.), array([4., 0., 0.]), array(2.))
     """
+    given = len(primals) if isinstance(primals, (tuple, list)) else 1
     fn, call, primals, tangents = _primals_and_tangents(f, primals, tangents, "td.hvp")
     specs = fn.specs_for(primals)
     floats = tuple(k for k, s in enumerate(specs) if s.is_float)
@@ -438,7 +449,7 @@ def hvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, t
     vg = value_and_grad(fn, floats)
     if ti.lang.impl.inside_kernel():
         outs, touts, _ = _jvp_in_kernel(vg, primals, tangents)
-        return outs[0], by_argument(touts[1:], floats, len(specs))
+        return outs[0], by_argument(touts[1:], floats, len(specs))[:given]
     batch = vg.read(primals, call)
     T, tbatch = _tangent_batch(vg, batch, tangents, call)
     with _counter_of("hvp", fn).tally():
@@ -446,7 +457,7 @@ def hvp(f: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, t
     n = len(floats)
     value = batch.wrap(flat[0])
     hv = [batch.wrap(t) for t in flat[2 + n: 2 + 2 * n]]
-    return value, by_argument(hv, floats, len(specs))
+    return value, by_argument(hv, floats, len(specs))[:given]
 
 
 def by_argument(values: Sequence[Any], floats: Sequence[int], nargs: int) -> tuple[Any, ...]:

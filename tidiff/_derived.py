@@ -30,6 +30,7 @@ class Parent(Protocol):
     """What arguments made from a parent ask of it: the parent's part of ``_protocol.Function``."""
 
     def param_names(self) -> list[str]: ...
+    def param_defaults(self) -> dict[str, Any]: ...
     def declared_specs(self) -> list[ArgSpec] | None: ...
     def arity(self, args: Sequence[Any]) -> int: ...
     def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]: ...
@@ -46,6 +47,10 @@ class Arguments:
 
     def param_names(self) -> list[str]:
         raise NotImplementedError
+
+    def param_defaults(self) -> dict[str, Any]:
+        """Defaults of parameters a call may leave out: none, but where the arguments are the parent's."""
+        return {}
 
     def specs_of(self, primal: Sequence[ArgSpec]) -> list[ArgSpec]:
         """All input specs, from the parent's primal specs."""
@@ -85,6 +90,9 @@ class SameArguments(Arguments):
 
     def param_names(self) -> list[str]:
         return self.parent.param_names()
+
+    def param_defaults(self) -> dict[str, Any]:
+        return self.parent.param_defaults()
 
     def specs_of(self, primal: Sequence[ArgSpec]) -> list[ArgSpec]:
         return list(primal)

@@ -191,16 +191,25 @@ class Function:
             return self.arguments.specs_for(args)
         declared = self.declared_specs()
         if declared is None:
-            return widest_float([spec_of_value(n, v) for n, v in zip(self.param_names(), args, strict=False)])
+            names = self.param_names()
+            if len(args) != len(names):  # the specs would come from the arguments given
+                raise TypeError(f"{self.name}: expected {len(names)} arguments ({', '.join(names)}), got {len(args)}")
+            return widest_float([spec_of_value(n, v) for n, v in zip(names, args, strict=True)])
         if len(args) != len(declared):
             return list(declared)  # read_args names the count
         return widest_float([adapt(s, v) for s, v in zip(declared, args, strict=True)])
 
+    def param_defaults(self) -> dict[str, Any]:
+        """The default values of parameters that have one (a ``@ti.func``'s, which Taichi honours)."""
+        return {} if self.arguments is None else self.arguments.param_defaults()
+
     def bind(self, args: Sequence[Any], kwargs: dict[str, Any], call: str) -> tuple[Any, ...]:
-        """Keyword arguments placed at their parameters' positions (passed through, as in JAX)."""
-        if not kwargs:
-            return tuple(args)
+        """Keyword arguments placed at their parameters' positions (passed through, as in JAX), and the default
+        values of parameters the call leaves out (constants: never differentiated, as JAX's)."""
         names = self.param_names()
+        defaults = self.param_defaults() if len(args) < len(names) else {}
+        if not kwargs and not defaults:
+            return tuple(args)
         bound: list[Any] = list(args) + [_MISSING] * (len(names) - len(args))
         for key, value in kwargs.items():
             if key not in names:
@@ -209,10 +218,11 @@ class Function:
             if k < len(args):
                 raise TypeError(f"{call}: got multiple values for argument {key!r}")
             bound[k] = value
+        bound = [defaults.get(n, _MISSING) if v is _MISSING else v for n, v in zip(names, bound, strict=True)]
         missing = [n for n, v in zip(names, bound, strict=True) if v is _MISSING]
-        if missing:
+        if missing and kwargs:
             raise TypeError(f"{call}: missing arguments {missing}")
-        return tuple(bound)
+        return tuple(args) if missing else tuple(bound)  # too few: reading them names the count
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         """Check host arguments against the specs; returns a :class:`Batch`."""

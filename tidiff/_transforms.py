@@ -185,11 +185,12 @@ class Jacobian:
         self.memo = RuntimeMemo()
 
     def check_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        if kwargs and any(a >= len(args) or a < -len(args) for a in self.argnums):
+        left_out = kwargs or len(args) < len(self.parent.param_names())
+        if left_out and any(a >= len(args) or a < -len(args) for a in self.argnums):
             raise TypeError(
                 f"td.{self.transform}({self.parent.name}): differentiating with respect to argnums={self.argnums} "
-                f"needs them among the {len(args)} positional arguments; keyword arguments are passed "
-                "through, not differentiated"
+                f"needs them among the {len(args)} positional arguments; keyword arguments and default values are "
+                "passed through, not differentiated"
             )
 
     def layout(self, in_specs: Sequence[ArgSpec]) -> Layout:

@@ -53,6 +53,9 @@ class CustomFunction(Pointwise):
     def param_names(self) -> list[str]:
         return self.plain.param_names()
 
+    def param_defaults(self) -> dict[str, Any]:
+        return self.plain.param_defaults()
+
     def declared_specs(self) -> list[ArgSpec] | None:
         return self.plain.declared_specs()
 

@@ -7,6 +7,7 @@ the return annotation, else from compiling the body once (a probe kernel).
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,10 @@ class FuncFunction(Pointwise):
 
     def param_names(self) -> list[str]:
         return self._names
+
+    def param_defaults(self) -> dict[str, Any]:
+        return {name: p.default for name, p in inspect.signature(self._pyfunc).parameters.items()
+                if p.default is not inspect.Parameter.empty}
 
     def declared_specs(self) -> list[ArgSpec] | None:
         def read() -> list[ArgSpec] | None:  # default_fp is the current runtime's
