@@ -33,6 +33,7 @@ from ._codegen.bodies import BodyWriter, LocalBlocks, jacobian_blocks
 from ._codegen.nested import nested_blocks
 from ._composite import Call, Composite, Const, Output
 from ._derived import SameArguments
+from ._errors import NoForwardRule, TransformError
 from ._lang.compile import info, mark
 from ._protocol import Function, RuntimeMemo
 from ._signature import ArgSpec
@@ -312,6 +313,20 @@ class ComposedJacobian(_composite.Composed):
 
     def check_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         self.jacobian.check_call(args, kwargs)
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        try:
+            return super().evaluate(batch)
+        except NoForwardRule as raised:  # forward mode, taken because reverse mode is refused
+            refused = self.parent.reverse_refused()
+            if refused is None:
+                raise
+            raise TransformError(
+                f"td.{self.transform}({self.parent.name}): reverse mode is refused ({refused}), and forward mode "
+                f"reaches `{raised.function}`, a td.custom_vjp function without a jvp rule",
+                hint=f"give {raised.function} a jvp rule with {raised.function}.defjvp(...), or call the transform of "
+                     "the @ti.func in the kernel body (td.grad(f)(...)), which is tidiff's own reverse mode and "
+                     "applies the rule") from None
 
     def make_composite(self, specs: list[ArgSpec]) -> Composite:
         lay = self.layout(specs)

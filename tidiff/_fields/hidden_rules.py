@@ -96,6 +96,7 @@ def refuse_hidden_rules(rules: list[tuple[str, str]], what: str) -> None:
     raise TransformError(
         f"{what} in reverse mode: it reaches {_listed(rules)}. Reverse mode of field programs and ndarray kernels is "
         "Taichi's own, which differentiates the code as written and cannot apply these rules",
-        hint="use forward mode (td.jvp, td.jacfwd), which applies them, or call a transform of the "
-             "@ti.func inside the kernel (td.grad(f)(...) in the kernel body), which is tidiff's own reverse mode",
+        hint="use forward mode (td.jvp, td.jacfwd), which applies td.stop_gradient and jvp rules (a td.custom_vjp "
+             "function needs one too, defjvp), or call a transform of the @ti.func inside the kernel "
+             "(td.grad(f)(...) in the kernel body), which is tidiff's own reverse mode and applies them all",
     )
