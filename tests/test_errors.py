@@ -188,6 +188,22 @@ def test_a_transform_in_a_kernel_that_cannot_differentiate_says_why():
 
 
 @ti.func
+def unannotated_sin(x):
+    return ti.sin(x)
+
+
+def test_grad_of_an_unannotated_function_of_an_array_says_how_it_was_read():
+    """Issue 35, item 16: "output has core shape (5,), use td.jacobian" left out why: without annotations the
+    array is one value, not a batch of scalars."""
+    with pytest.raises(TypeError, match=r"no annotations, so each argument is one value of its whole shape: 'x' "
+                                        r"\(shape \(5,\)\) was read as one value, not as a batch of scalars; "
+                                        r"annotate the parameters"):
+        td.grad(unannotated_sin)(np.ones(5))
+    f = td.function(unannotated_sin, signature=[()])  # what the message points to
+    np.testing.assert_allclose(td.grad(f)(np.ones(5)), np.cos(np.ones(5)), rtol=1e-15)
+
+
+@ti.func
 def squared_pair(x: ti.f64):
     return x * x, x
 

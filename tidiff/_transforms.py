@@ -113,8 +113,9 @@ def jacobian_spec(out: ArgSpec, arg: ArgSpec) -> ArgSpec:
 
 
 def layout(transform: str, argnums: tuple[int, ...], tuple_argnums: bool, has_aux: bool, specs: Sequence[ArgSpec],
-           out_specs: Sequence[ArgSpec], tree: Tree, call: str) -> Layout:
-    """The :class:`Layout` of ``transform`` (``"grad"``, ...) of a function with these input and output specs."""
+           out_specs: Sequence[ArgSpec], tree: Tree, call: str, whole: bool = False) -> Layout:
+    """The :class:`Layout` of ``transform`` (``"grad"``, ...) of a function with these input and output specs;
+    ``whole``: the specs are the arguments' whole shapes (a function without annotations)."""
     argnums = check_argnums(argnums, specs, call)
     main, aux = split_aux(tree, call) if has_aux else (tree, None)
     items: list[tuple[Any, ...]] = []
@@ -146,6 +147,12 @@ def layout(transform: str, argnums: tuple[int, ...], tuple_argnums: bool, has_au
         if shape is not None:
             hint = " (for a function returning (out, aux), pass has_aux=True)" \
                 if isinstance(main, tuple) and len(main) == 2 and not has_aux else ""
+            read = [f"{s.name!r} (shape {s.shape})" for s in specs if s.shape] if whole else []
+            if read:
+                hint += (f". The function has no annotations, so each argument is one value of its whole shape: "
+                         f"{', '.join(read)} {'was' if len(read) == 1 else 'were'} read as one value, not as a batch "
+                         "of scalars; annotate the parameters (x: ti.f64) or pass td.function(f, signature=...) to "
+                         "batch over leading dims")
             raise TypeError(
                 f"{call}: grad is only defined for functions with a scalar output (per batch "
                 f"element); the output has core shape {shape}{hint}. Use td.jacobian for vector outputs."
@@ -198,7 +205,7 @@ class Jacobian:
         def make() -> Layout:
             out_specs, tree = self.parent.signature(in_specs)
             return layout(self.transform, self.argnums, self.tuple_argnums, self.has_aux, in_specs, out_specs, tree,
-                          f"td.{self.transform}({self.parent.name})")
+                          f"td.{self.transform}({self.parent.name})", self.parent.declared_specs() is None)
 
         return self.memo.get(("layout", tuple(in_specs)), make)
 
