@@ -22,6 +22,7 @@ from taichi.lang.field import Field
 from taichi.lang.kernel_impl import Kernel
 
 from .._errors import taichi_cannot_reverse
+from .harmless_warnings import quiet_first_reverse
 
 #: Taichi's helpers that overwrite a field with data from outside (a constant, an
 #: external array), by the position of the field argument. Their adjoint is
@@ -86,7 +87,8 @@ class Recorder:
 def _adjoint(kernel: Any, args: tuple[Any, ...]) -> None:
     """``kernel.grad(*args)``, with Taichi's bare "Not supported." named."""
     try:
-        kernel.grad(*args)
+        with quiet_first_reverse(kernel):  # NOTE: [Harmless warnings]
+            kernel.grad(*args)
     except RuntimeError as e:
         name = getattr(getattr(kernel, "func", None), "__name__", None) or getattr(kernel, "__name__", "a kernel")
         raise taichi_cannot_reverse(str(name), e) or e from None
