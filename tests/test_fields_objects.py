@@ -193,3 +193,54 @@ def test_a_kernel_made_while_the_program_runs_is_refused_before_it_runs():
 def test_a_class_kernel_taken_from_its_class_is_refused():
     with pytest.raises(TypeError, match=r"td.function\(compute_loss\): .*sim.run, not Sim.run"):
         td.function(Chain.compute_loss, inputs=[CHAIN.x], outputs=[CHAIN.loss])
+
+
+@ti.data_oriented
+class ImplicitFemPort:
+    """As the implicit FEM example ported to a class: kernels the program calls beside kernels it does not, one of
+    them beyond any transform (an atomic min), and a func returning a tuple."""
+
+    def __init__(self, n):
+        self.x = ti.field(ti.f64, n)
+        self.f = ti.field(ti.f64, n)
+        self.energy = ti.field(ti.f64, ())
+
+    @ti.func
+    def force_parts(self, i):
+        return 2.0 * self.x[i], self.x[i] ** 2
+
+    @ti.kernel
+    def get_force(self):
+        for i in self.x:
+            a, b = self.force_parts(i)
+            self.f[i] = a + b
+
+    @ti.kernel
+    def get_energy(self):
+        for i in self.x:
+            self.energy[None] += self.f[i] ** 2
+
+    @ti.kernel
+    def smallest(self) -> ti.f64:  # never called by the program; has no derivative rule
+        lo = 1e9
+        for i in self.x:
+            ti.atomic_min(lo, self.x[i])
+        return lo
+
+    def step(self):
+        self.get_force()
+        self.get_energy()
+
+
+def test_only_the_kernels_a_program_calls_are_transformed():
+    """Issue 35, item 11: td.function of a program over an object transformed every kernel of its class, and a
+    kernel it never calls failed the program's derivatives. Now what the code names is followed (NOTE: [Members
+    the code names]), and a func returning a tuple is taken."""
+    sim = ImplicitFemPort(4)
+    F = td.function(sim.step, inputs=[sim.x], outputs=[sim.energy])
+    x = np.linspace(0.1, 0.4, 4)
+    want = 2 * (2 * x + x**2) * (2 + 2 * x)
+    np.testing.assert_allclose(td.grad(F)(x), want, rtol=1e-14)
+    np.testing.assert_allclose(td.jacfwd(F)(x), want, rtol=1e-14)
+    hessian = np.diag(2 * (2 + 2 * x) ** 2 + 4 * (2 * x + x**2))
+    np.testing.assert_allclose(td.hessian(F)(x), hessian, rtol=1e-13)

@@ -64,13 +64,18 @@ class NoForwardRule(TransformError):
 
 
 def taichi_cannot_reverse(name: str, error: BaseException) -> "TransformError | None":
-    """Taichi's bare "Not supported." from ``kernel.grad`` as a TransformError naming the kernel; None for
-    another error. Reverse mode of field programs and ndarray kernels is Taichi's (docs/limits.md)."""
-    if "Not supported" not in str(error):
+    """Taichi's reverse-mode refusals from ``kernel.grad`` (a bare "Not supported.", or "Invalid program input for
+    autodiff") as a TransformError naming the kernel; None for another error. Reverse mode of field programs and
+    ndarray kernels is Taichi's (docs/limits.md)."""
+    first = str(error).strip().splitlines()[0].strip() if str(error).strip() else ""
+    forward = "use forward mode (td.jvp, td.jacfwd), which is tidiff's own tangent transform"
+    if "Not supported" in str(error):
+        what = (f"Taichi's reverse mode has no rule for an op in it ({first}); Taichi 1.7.4 lacks ones for ti.tan and "
+                "ti.round, among others")
+        hint = f"compute that value in a kernel the inputs do not reach, or {forward}"
+    elif "Invalid program input for autodiff" in str(error):
+        what = f"Taichi's reverse mode refuses its structure ({first.split('] ')[-1]})"
+        hint = f"split the kernel as Taichi asks (its loop and the statements outside it in two kernels), or {forward}"
+    else:
         return None
-    return TransformError(
-        f"the kernel `{name}` in reverse mode: Taichi's reverse mode has no rule for an op in it "
-        f"({str(error).splitlines()[0].strip()}); Taichi 1.7.4 lacks ones for ti.tan and "
-        "ti.round, among others",
-        hint="compute that value in a kernel the inputs do not reach, or use forward mode "
-             "(td.jvp, td.jacfwd), which is tidiff's own tangent transform")
+    return TransformError(f"the kernel `{name}` in reverse mode: {what}", hint=hint)

@@ -183,11 +183,14 @@ class CodeGraph:
         self.edges: dict[int, list[Edge]] = {}
         self.owners: dict[int, list[Any]] = {}
         self.replaced: list[types.FunctionType] = []
+        self._used: set[str] = set()  # every name the walked code uses
+        self._unused_members: list[tuple[object, str, Any]] = []
         for root in roots:
             if is_field(root):
                 self.fields.setdefault(id(root), root)
             else:
                 self._visit(root, getattr(root, "__name__", "") or "")
+        self._follow_used_members()
         self.dirty = self._find_dirty()
 
     def kernels(self) -> list[Any]:
@@ -209,21 +212,52 @@ class CodeGraph:
         if id(obj) in self.nodes:
             return
         self.nodes[id(obj)] = obj
-        edges = self.edges[id(obj)] = []
+        self.edges[id(obj)] = []
+        fn = python_function(obj)
+        if fn is not None:
+            self._used |= code_names(fn.__code__)
+        if isinstance(obj, _BoundedDifferentiableMethod):  # ``sim.step`` itself: its kernel is a member of ``sim``
+            self._used.add(obj._primal.func.__name__)
         for slot, value in self._children(obj):
-            if is_field(value):
-                self.fields.setdefault(id(value), value)
-                fn = python_function(obj)
-                name = _name_of(slot, fn, label)
-                if name:
-                    self.names.setdefault(id(value), name)
-                edges.append((slot, value))
-            elif self._walkable(value):
-                edges.append((slot, value))
-                fn = python_function(obj)
-                self._visit(value, _name_of(slot, fn, label) if slot[0] != "self" else "")
-                if slot[0] == "member" and is_class_kernel(value):
-                    self.owners.setdefault(id(value), []).append(obj)
+            if slot[0] == "member" and not is_field(value) and slot[1] not in self._used:
+                self._unused_members.append((obj, label, (slot, value)))  # NOTE: [Members the code names]
+                continue
+            self._edge(obj, label, slot, value)
+
+    def _follow_used_members(self) -> None:
+        """Walk the class members that the walked code names, until no newly walked code names another.
+
+        NOTE: [Members the code names] An object's class may hold kernels the program never calls
+        (a simulation class with a dozen), so its methods, kernels and funcs are walked only when
+        some walked code uses their name (``sim.step()``, ``self.force(i)``): rebuilding a kernel for a tangent program
+        transforms it, and one that cannot be differentiated must not fail a program that never
+        launches it. A member reached only by a name built at run time (``getattr(sim, name)``) is
+        the class's own kernel over the original fields, which the program's launch guard refuses.
+        """
+        while True:
+            used = [entry for entry in self._unused_members if entry[2][0][1] in self._used]
+            if not used:
+                return
+            self._unused_members = [entry for entry in self._unused_members if entry[2][0][1] not in self._used]
+            for obj, label, (slot, value) in used:
+                self._edge(obj, label, slot, value)
+
+    def _edge(self, obj: object, label: str, slot: Slot, value: Any) -> None:
+        """Record one child of ``obj`` and walk it."""
+        edges = self.edges[id(obj)]
+        if is_field(value):
+            self.fields.setdefault(id(value), value)
+            fn = python_function(obj)
+            name = _name_of(slot, fn, label)
+            if name:
+                self.names.setdefault(id(value), name)
+            edges.append((slot, value))
+        elif self._walkable(value):
+            edges.append((slot, value))
+            fn = python_function(obj)
+            self._visit(value, _name_of(slot, fn, label) if slot[0] != "self" else "")
+            if slot[0] == "member" and is_class_kernel(value):
+                self.owners.setdefault(id(value), []).append(obj)
 
     @staticmethod
     def _walkable(value: object) -> bool:
