@@ -14,6 +14,7 @@ from .comprehensions import unrolled
 from .naming import Namer
 from .returns import narrowing_returns_cast
 from .source import source_tree
+from .structs import scalarized_structs
 
 
 @dataclass
@@ -81,6 +82,7 @@ def parse(f: Any) -> Parsed:
             pass
     _bind_annotations(tree, fn, namespace)
     unrolled(tree, lambda node: resolve(node, namespace))  # NOTE: [Unrolled comprehensions]
+    scalarized_structs(tree, lambda node: resolve(node, namespace), namespace)  # NOTE: [Struct locals]
     narrowing_returns_cast(tree, lambda node: resolve(node, namespace), namespace)  # NOTE: [Narrowing return ...]
     return Parsed(tree, filename, first_line, namespace, form)
 
