@@ -331,8 +331,14 @@ def test_vjp_rule_must_return_one_cotangent_per_primal():
     def unannotated(x):
         return x
 
-    with pytest.raises(TypeError, match="annotated"):
-        td.custom_vjp(unannotated).defvjp(bad_bwd)
+    @ti.func
+    def untupled_bwd(x, ct):
+        return ct  # not a tuple
+
+    f = td.custom_vjp(unannotated)
+    f.defvjp(untupled_bwd)  # without annotations: checked as the call compiles
+    with pytest.raises(TypeError, match="must return a tuple with one cotangent per primal"):
+        td.grad(f)(1.0)
 
 
 @td.custom_jvp
@@ -376,3 +382,79 @@ def test_a_jvp_rule_of_the_wrong_shape_is_a_type_error_naming_it():
             call()
     with pytest.raises(TypeError, match=r"the jvp rule `halved_no_tangent` of `halved` must return a pair"):
         td.jvp(halved, (x,), (x,))
+
+
+@td.custom_vjp
+@ti.func
+def clip_gradient_unannotated(lo, hi, x):
+    return x
+
+
+@clip_gradient_unannotated.defvjp
+@ti.func
+def clip_gradient_unannotated_bwd(lo, hi, x, g):
+    return (None, None, ti.math.clamp(g, lo, hi))  # JAX's tutorial, without annotations
+
+
+@ti.func
+def ten_sines_clipped(x: ti.f64) -> ti.f64:
+    return 10.0 * clip_gradient_unannotated(-1.0, 1.0, ti.sin(x)) + x * x
+
+
+@td.custom_vjp
+@ti.func
+def square_norm(x):
+    return x.dot(x)
+
+
+@square_norm.defvjp
+@ti.func
+def square_norm_bwd(x, g):
+    return (2.0 * g * x,)
+
+
+@ti.func
+def cubic(x: ti.types.vector(3, ti.f64)) -> ti.f64:
+    return square_norm(x) * x[0]
+
+
+def test_a_vjp_rule_of_a_function_without_annotations():
+    """Issue 35, item 9: td.custom_vjp of a function without annotations was refused; its shapes come at the call,
+    as for other functions, and the rule is checked as each call compiles."""
+    assert td.grad(clip_gradient_unannotated, argnums=(0, 1, 2))(-0.5, 0.5, 3.0) == (0.0, 0.0, 0.5)
+    x = np.array([0.3, 2.0])
+    np.testing.assert_allclose(td.grad(ten_sines_clipped)(x), np.cos(x) + 2 * x, rtol=1e-15)  # 10 clipped to 1
+    v = np.array([0.3, 0.4, 0.5])
+    np.testing.assert_allclose(td.grad(cubic)(v), 2 * v * v[0] + np.eye(3)[0] * v.dot(v), rtol=1e-15)
+    hessian = 2 * v[0] * np.eye(3) + 2 * (np.outer(v, np.eye(3)[0]) + np.outer(np.eye(3)[0], v))
+    np.testing.assert_allclose(td.hessian(cubic)(v), hessian, rtol=1e-14)  # reverse of the rule's own code
+
+
+def test_a_vjp_rule_without_annotations_is_checked_as_it_compiles():
+    @td.custom_vjp
+    @ti.func
+    def norm_squared(x):
+        return x.dot(x)
+
+    @norm_squared.defvjp
+    @ti.func
+    def scalar_cotangent(x, g):
+        return (2.0 * g,)
+
+    with pytest.raises(TypeError, match=r"the bwd rule `scalar_cotangent` of `norm_squared` returned a cotangent of a "
+                                        r"scalar for primal 0, of shape \(3,\)"):
+        td.grad(norm_squared)(np.array([0.3, 0.4, 0.5]))
+
+    @td.custom_vjp
+    @ti.func
+    def pick(c, x):
+        return x
+
+    @ti.func
+    def nones_disagree(c, x, g):
+        if c > 0:
+            return (None, g)
+        return (g, g)
+
+    with pytest.raises(TypeError, match=r"returns None \(a zero cotangent\) at different positions"):
+        pick.defvjp(nones_disagree)

@@ -14,6 +14,7 @@ user's func.
 """
 from __future__ import annotations
 
+import ast
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -22,12 +23,13 @@ import taichi as ti
 
 from .._cache import uses
 from .._codegen.batch import identifier, probe_results
-from .._codegen.bodies import BodyWriter, zero
+from .._codegen.bodies import TI, BodyWriter, zero
 from .._lang.nodes import statement
+from .._lang.source import source_tree
 from .._pointwise import Pointwise
 from .._protocol import require_taichi
 from .._rules.calls import register_jvp, register_vjp
-from .._rules.helpers import jvp_pair_check
+from .._rules.helpers import bwd_check, jvp_pair_check
 from .._signature import ArgSpec
 from .._tree import Tree
 from .func import FuncFunction, python_function
@@ -100,8 +102,10 @@ class CustomFunction(Pointwise):
         if not getattr(bwd, "_is_taichi_function", False):
             raise TypeError(f"{call}: the rule must be a @ti.func, got {type(bwd).__name__}")
         specs = self.declared_specs()
-        if specs is None:
-            raise TypeError(f"{call}: td.custom_vjp needs annotated parameters (or td.function(f, signature=...))")
+        if specs is None:  # shapes are known only as Taichi compiles each call: checked then
+            self.bwd = bwd
+            register_vjp(self, self._checked_bwd(bwd, call))
+            return bwd
         out_specs, _ = self.signature(specs)
         cts = [ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in out_specs]
         got, is_tuple, kernel = probe_results(bwd, specs + cts, identifier(self.name) + "_bwd", allow_none=True)
@@ -117,6 +121,30 @@ class CustomFunction(Pointwise):
         self.bwd = bwd
         register_vjp(self, bwd if all(g is not None for g in got) else self._zeros_for_none(bwd, specs, cts, got))
         return bwd
+
+    def _checked_bwd(self, bwd: Any, call: str) -> Any:
+        """``bwd`` of a function without annotations, its result checked as Taichi compiles each call (a tuple with
+        one cotangent per primal, in its shape), each None it returns a zero shaped like its primal.
+
+        NOTE: [None cotangents without shapes] Where bwd returns None is read from its source (``return (None,
+        None, ti.math.clamp(g, lo, hi))``, JAX's tutorial): a None assigned in Taichi code becomes a value of no
+        type, which no check made while compiling can tell from a cotangent.
+        """
+        names = self.param_names()
+        parameters = inspect.signature(python_function(bwd)).parameters.values()
+        if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters) \
+                or len(parameters) <= len(names):
+            raise TypeError(f"{call}: the rule takes the {len(names)} primals, then one cotangent per output, as named "
+                            f"parameters; {getattr(bwd, '__name__', bwd)} has {len(parameters)} parameters")
+        nones = none_positions(python_function(bwd), call)
+        w = BodyWriter(identifier(self.name) + "_checked_bwd",
+                       names + [f"ct{k}" for k in range(len(parameters) - len(names))])
+        returned = w.let("returned", w.callee(bwd, identifier(self.name) + "_bwd_rule")(*w.args()))
+        check = w.callee(bwd_check(f"the bwd rule `{getattr(bwd, '__name__', bwd)}` of `{self.name}`"), "check")
+        primals = w.args(0, len(names))
+        w.stmts.append(statement(w.callee(ti.static, "static")(check(returned, tuple(sorted(nones)), *primals))))
+        return w.compile([TI.zero(p) if k in nones else returned[k] for k, p in enumerate(primals)],
+                         single=False, tag="bwd")
 
     def _zeros_for_none(self, bwd: Any, specs: list[ArgSpec], cts: list[ArgSpec], got: list[ArgSpec | None]) -> Any:
         """``bwd`` with each ``None`` it returns (a zero cotangent, as in JAX) replaced by a zero of its primal's
@@ -143,11 +171,31 @@ class CustomFunction(Pointwise):
         return f"the {'td.custom_vjp' if self.bwd is not None else 'td.custom_jvp'} function `{self.name}`"
 
 
+def none_positions(bwd: Any, call: str) -> set[int]:
+    """The positions where every ``return`` of ``bwd`` gives a literal None (NOTE: [None cotangents without
+    shapes]); a TypeError where its returns disagree."""
+    tree, _, _ = source_tree(bwd)
+    found: list[set[int]] = []
+    pending: list[ast.AST] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue  # a nested function's returns are its own
+        if isinstance(node, ast.Return):
+            elements = node.value.elts if isinstance(node.value, (ast.Tuple, ast.List)) else []
+            found.append({k for k, e in enumerate(elements) if isinstance(e, ast.Constant) and e.value is None})
+        pending.extend(ast.iter_child_nodes(node))
+    if any(f != found[0] for f in found[1:]):
+        raise TypeError(f"{call}: {bwd.__name__} returns None (a zero cotangent) at different positions in different "
+                        "returns; return zeros of the primal's shape instead (ti.zero(x))")
+    return found[0] if found else set()
+
+
 def custom_vjp(f: Any) -> CustomFunction:
     """Give a ``@ti.func`` a cotangent rule of your own (JAX's ``jax.custom_vjp``).
 
     Args:
-        f: a ``@ti.func`` with annotated parameters.
+        f: a ``@ti.func`` (annotated or not: without annotations the rule is checked as each call compiles).
 
     Returns:
         A ``td.Function`` that calls ``f``; attach the rule with ``defvjp``.

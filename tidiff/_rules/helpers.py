@@ -103,6 +103,24 @@ def jvp_pair_check(rule: str) -> Any:
     return checked
 
 
+def bwd_check(rule: str) -> Any:
+    """A helper Taichi calls while compiling with what the bwd rule ``rule`` (its description) returned, the
+    positions where it returns None (``nones``, a tuple of ints) and the primals: None, or ``RuleError`` where it is
+    no tuple with one cotangent per primal in its shape. For functions without annotations, whose shapes tidiff
+    learns only as Taichi compiles (``td.custom_vjp``)."""
+    @compile_time
+    def checked(returned, nones, *primals):
+        if not isinstance(returned, (tuple, list)) or len(returned) != len(primals):
+            got = f"a tuple of {len(returned)}" if isinstance(returned, (tuple, list)) else "one value"
+            raise RuleError(f"{rule} must return a tuple with one cotangent per primal ({len(primals)}; None for a "
+                            f"zero one); it returned {got}")
+        for k, (c, p) in enumerate(zip(returned, primals, strict=True)):
+            if k not in nones and shape_of(c) != shape_of(p) and not is_integral(dtype_of(p)):
+                raise RuleError(f"{rule} returned a cotangent of {describe_shape(shape_of(c))} for primal {k}, "
+                                f"of {describe_shape(shape_of(p))}: a cotangent has its primal's shape")
+    return checked
+
+
 @compile_time
 def sum_to(v, like):
     """``v`` summed down to the shape of ``like``: the adjoint of broadcasting ``like`` up to ``v``."""
