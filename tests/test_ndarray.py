@@ -285,3 +285,38 @@ def test_the_update_written_into_an_output_is_differentiated():
         np.testing.assert_allclose(dx, np.eye(2), rtol=1e-15)
         np.testing.assert_allclose(dv, 0.1 * np.eye(2), rtol=1e-15)
     np.testing.assert_array_equal(x, [1.0, 2.0])
+
+
+@ti.kernel
+def scale_f64(x: ti.types.ndarray(dtype=ti.f64, ndim=1), s: ti.types.ndarray(needs_grad=False),
+              out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+    for i in x:
+        out[i] = s[i] * x[i] ** 2
+
+
+def test_repeated_calls_take_the_launch_plan_and_stay_exact():
+    """Issue 40: a call of an operator with the dtypes, shapes and devices of an earlier one launches by the plan
+    that call left (NOTE: [Launch plans] in tidiff/_torch.py): values, gradients, conversions (float32 into a
+    float64 kernel), a frozen input and the cache counts are those of the full path."""
+    fresh_op = td.torch.function(make("conv_plans"))
+    for seed in range(4):  # the first call, then the reverse check, then plans
+        k, w = _rand(2, 3, 6, seed=seed), _rand(3, 1, 6, seed=seed + 10)
+        cot = _rand(2, 3, 6, seed=seed + 20, grad=False)
+        out = fresh_op(k, w)
+        torch.testing.assert_close(out, conv_torch(k, w), rtol=1e-13, atol=1e-13)
+        got = torch.autograd.grad(out, (k, w), cot)
+        want = torch.autograd.grad(conv_torch(k, w), (k, w), cot)
+        for g, h in zip(got, want):
+            torch.testing.assert_close(g, h, rtol=1e-13, atol=1e-13)
+    info = td.cache_info(fresh_op.fn)
+    assert info.calls == 8 and info.hits == 6  # a forward and a backward each time; the first ones compile
+    scaled = td.torch.function(td.function(scale_f64, inputs=["x", "s"], outputs={"out": lambda x, s: x.shape}))
+    for seed in range(3):
+        x = _rand(5, seed=seed, dtype=torch.float32)
+        s = _rand(5, seed=seed + 5, dtype=torch.float32)
+        out = scaled(x, s)
+        assert out.dtype == F64
+        torch.testing.assert_close(out, s.double() * x.double() ** 2, rtol=1e-15, atol=0)
+        gx, gs = torch.autograd.grad(out.sum(), (x, s))
+        torch.testing.assert_close(gx, (2 * s.double() * x.double()).float(), rtol=1e-6, atol=0)
+        assert not gs.any()

@@ -27,7 +27,7 @@ NOTE: [Cotangent map without a body] For ``V(x, c) = J(x)^T c`` of a function
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -268,6 +268,10 @@ class CotangentMap(Function):
         inner, cts = self.split(batch)
         grads = self.parent.vjp(inner, cts)
         return [g for g, s in zip(grads, inner.specs, strict=True) if s.is_float]
+
+    def launch_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
+        vjp_plan = getattr(self.parent, "vjp_plan", None)  # an ndarray kernel's (NOTE: [Launch plans] in _torch)
+        return None if vjp_plan is None else vjp_plan(batch)
 
     def tangent(self) -> Function:
         if "tangent" not in self.derived:

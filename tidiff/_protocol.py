@@ -183,6 +183,11 @@ class Function:
         """The ``@ti.func`` computing this function per element (flat results), or None."""
         return None
 
+    def launch_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
+        """What :meth:`evaluate` of ``batch`` did, as a call of later tensors of the same dtypes, shapes and devices
+        that only launches (NOTE: [Launch plans] in ``_torch``); None where there is none."""
+        return None
+
     # -- arguments -------------------------------------------------------------
     def specs_for(self, args: Sequence[Any]) -> list[ArgSpec]:
         """The input specs of one call: declared core shapes, the floats in the widest precision among their

@@ -63,6 +63,13 @@ def _verdict(fn: Any) -> _Verdict:
     return verdict
 
 
+def settled_right(fn: Any) -> bool:
+    """Whether ``fn``'s Taichi reverse mode was checked (or left unchecked for good) and not found wrong: its vjp
+    is Taichi's from now on, without another check."""
+    verdict = fn.memo.peek("reverse verdict")
+    return verdict is not None and verdict.trusted and verdict.wrong is None
+
+
 def wrong_reverse(fn: Any) -> str | None:
     """Why ``fn``'s Taichi reverse mode is not used (it was found wrong), or None."""
     verdict = fn.memo.peek("reverse verdict")

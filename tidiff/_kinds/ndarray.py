@@ -61,7 +61,7 @@ from .._lang.compile import info
 from .._lang.parse import kernel_function
 from .._lang.source import source_tree
 from .._protocol import Function, register_kind
-from .._reverse_check import checked_vjp, wrong_reverse
+from .._reverse_check import checked_vjp, settled_right, wrong_reverse
 from .._signature import ArgSpec
 from .._tangent import jvp_ndarray_kernel
 from .._tree import Tree, flat_tree
@@ -268,6 +268,73 @@ class NdarrayFunction(Function):
         self._launch(self.kernel, {**dict(zip(self.inputs, ins, strict=True)),
                                    **dict(zip(self.outputs, outs, strict=True))})
         return [self._result(o, as_numpy) for o in outs]
+
+    def launch_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
+        """:meth:`evaluate` of tensors like ``batch``'s, its checks and specs taken from ``batch`` (NOTE: [Launch
+        plans] in ``_torch``): fresh zeroed outputs, one launch. None for a kernel reading global fields, whose
+        values a derivative's record checks at every launch."""
+        if self.global_fields() or not all(is_tensor(a) and a.is_contiguous() for a in batch.arrays):
+            return None
+        torch = _torch()
+        out_specs, _ = self.signature(batch.specs)
+        converted = [torch_dtype(s.dtype) for s in batch.specs]  # a call's own dtype may differ: converted then
+        zero_inputs = [(s.shape, torch_dtype(s.dtype)) if z else None for s, z in zip(batch.specs, self.zeroed,
+                                                                                        strict=True)]
+        outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
+        # each kernel parameter: (position among inputs or -1, position among outputs or -1, constant)
+        order = [(self.inputs.index(p) if p in self.inputs else -1, self.outputs.index(p) if p in self.outputs else -1,
+                  self.constants.get(p)) for p in self.params]
+        kernel = self.kernel
+
+        def launch(args: Sequence[Any]) -> list[Any]:
+            device = args[0].device
+            ins = [torch.zeros(z[0], dtype=z[1], device=device) if z is not None else a.detach() if a.dtype == c else
+                   a.detach().to(c) for a, c, z in zip(args, converted, zero_inputs, strict=True)]
+            outs = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in outputs]
+            kernel(*[ins[i] if i >= 0 else outs[o] if o >= 0 else constant for i, o, constant in order])
+            return outs
+
+        return launch
+
+    def vjp_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
+        """:meth:`taichi_vjp` of tensors like ``batch``'s (primals, then one cotangent per output), as a plan
+        (NOTE: [Launch plans] in ``_torch``) returning the float inputs' cotangents. Only once Taichi's reverse
+        mode is settled right for this kernel, and not for kernels reading global fields or reaching rules."""
+        n = len(self.inputs)
+        if not settled_right(self) or self.hidden_rules() or self.global_fields() \
+                or not all(is_tensor(a) for a in batch.arrays) or not all(a.is_contiguous() for a in batch.arrays[:n]):
+            return None  # cotangents may be expanded (a sum's): the plan copies them
+        torch = _torch()
+        specs, out_specs = list(batch.specs[:n]), self.signature(batch.specs[:n])[0]
+        converted = [torch_dtype(s.dtype) for s in specs]
+        zero_inputs = [(s.shape, torch_dtype(s.dtype)) if z else None for s, z in zip(specs, self.zeroed, strict=True)]
+        differentiated = [s.is_float and not f for s, f in zip(specs, self.frozen, strict=True)]
+        floats = [(k, s.shape, torch_dtype(s.dtype)) for k, s in enumerate(specs) if s.is_float]
+        outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
+        order = [(self.inputs.index(p) if p in self.inputs else -1, self.outputs.index(p) if p in self.outputs else -1,
+                  self.constants.get(p)) for p in self.params]
+        adjoint = self.kernel.grad
+
+        def launch(args: Sequence[Any]) -> list[Any]:
+            device = args[0].device
+            ins = []
+            for a, c, z, d in zip(args[:n], converted, zero_inputs, differentiated, strict=True):
+                t = torch.zeros(z[0], dtype=z[1], device=device) if z is not None else a.detach() if a.dtype == c else \
+                    a.detach().to(c)
+                if d:  # NOTE: [Gradient aliases]: Taichi's adjoint of a tensor is its .grad
+                    t = t.detach().requires_grad_(True)
+                    t.grad = torch.zeros_like(t)
+                ins.append(t)
+            outs = []
+            for (shape, dtype), ct in zip(outputs, args[n:], strict=True):
+                out = torch.empty(shape, dtype=dtype, device=device).requires_grad_(True)
+                out.grad = ct.detach().to(dtype).clone(memory_format=torch.contiguous_format)
+                outs.append(out)
+            adjoint(*[ins[i] if i >= 0 else outs[o] if o >= 0 else constant for i, o, constant in order])
+            return [ins[k].grad if differentiated[k] else torch.zeros(shape, dtype=dtype, device=device)
+                    for k, shape, dtype in floats]
+
+        return launch
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         """Input cotangents by Taichi's ``kernel.grad`` (NOTE: [Gradient aliases]), checked against forward mode
