@@ -244,3 +244,27 @@ def test_import_tidiff_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "lazy" in out.stdout
+
+
+def test_repeated_calls_of_a_func_operator_take_the_launch_plan_and_stay_exact():
+    """Issue 40: later calls with an earlier call's dtypes, shapes and devices launch by its plan (NOTE: [Launch
+    plans] in tidiff/_torch.py): values and gradients exact for every broadcast layout and a float32 argument,
+    and the inputs untouched."""
+    fresh = td.torch.function(td.function(f, name="f_plans"))
+    layouts = [((16, 3), (16,)), ((2, 4, 3), (1, 4)), ((5, 3), ()), ((3,), (6,))]
+    for seed in range(3):
+        for x_shape, s_shape in layouts:
+            x, s = _rand(*x_shape, seed=seed), _rand(*s_shape, seed=seed + 7)
+            before = x.detach().clone()
+            out = fresh(x, s)
+            torch.testing.assert_close(out, f_torch(x, s), rtol=1e-14, atol=1e-14)
+            got = torch.autograd.grad(out.sum(), (x, s))
+            want = torch.autograd.grad(f_torch(x, s).sum(), (x, s))
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-13, atol=1e-13)
+            assert torch.equal(x.detach(), before)
+    x32 = _rand(4, 3, grad=False).float()
+    for _ in range(2):
+        out = fresh(x32, _rand(4, grad=False))
+        assert out.dtype == F64  # the widest float decides
+        torch.testing.assert_close(out, f_torch(x32.double(), _rand(4, grad=False)), rtol=1e-14, atol=1e-14)

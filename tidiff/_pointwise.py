@@ -20,15 +20,16 @@ value neither recompiles for new values nor keeps state between calls.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from taichi.lang import impl
 
 from ._arrays import Batch, unbroadcast
+from ._arrays import torch_module as _torch_module
 from ._cache import uses
-from ._codegen.batch import BatchKernel, ScalarKernel, flatten_batch, identifier
+from ._codegen.batch import BatchKernel, ScalarKernel, flatten_batch, identifier, kernel_shape
 from ._codegen.bodies import BodyWriter, cotangent_blocks, tangent_body
 from ._derived import CotangentArguments, TangentArguments
 from ._protocol import Function, require_taichi
@@ -62,6 +63,35 @@ class Pointwise(Function):
         uses(bk.kernel)
         n, inputs = flatten_batch(batch.arrays, specs, batch.shape)
         return [o.reshape(batch.shape + s.shape) for o, s in zip(bk(n, inputs), bk.out_specs, strict=True)]
+
+    def launch_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
+        """:meth:`evaluate` of CPU tensors like ``batch``'s as one batch launch (NOTE: [Launch plans] in ``_torch``):
+        their NumPy views, flattened as ``batch``'s were, fresh outputs. None for calls of scalars, which take the
+        scalar kernel, and for derived functions computing otherwise."""
+        specs = tuple(batch.specs)
+        bk = self.memo.peek(("batch kernel", specs))
+        if type(self).evaluate is not Pointwise.evaluate or bk is None or batch.device is None \
+                or batch.device.type != "cpu" or not batch.shape:
+            return None
+        shape, n = batch.shape, int(np.prod(batch.shape, dtype=np.int64))
+        inputs = []
+        for a, s in zip(batch.arrays, specs, strict=True):
+            own = tuple(a.shape[: a.ndim - len(s.shape)])
+            flat = (1,) if int(np.prod(own, dtype=np.int64)) == 1 else (n,)
+            inputs.append((s.dtype, None if own == shape or flat == (1,) else shape + s.shape,
+                           flat + kernel_shape(s)))
+        outputs = [shape + s.shape for s in bk.out_specs]
+
+        def launch(args: Sequence[Any]) -> list[Any]:
+            arrays = []
+            for t, (dtype, broadcast, flat_shape) in zip(args, inputs, strict=True):
+                a = t.detach().numpy()
+                a = a if a.dtype == dtype else a.astype(dtype)
+                a = a if broadcast is None else np.broadcast_to(a, broadcast)
+                arrays.append(np.ascontiguousarray(a).reshape(flat_shape))
+            return [_torch_module().from_numpy(o.reshape(out)) for o, out in zip(bk(n, arrays), outputs, strict=True)]
+
+        return launch
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         out_specs, _ = self.signature(batch.specs)
