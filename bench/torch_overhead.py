@@ -1,5 +1,6 @@
-"""Call overhead of a td.torch.function operator against a plain torch.autograd.Function calling the same
-Taichi kernel (issue 14, item 5).
+"""Call overhead of td.torch.function operators against plain torch.autograd.Functions (issues 14 and 40).
+
+Part 1, the RWKV kernel against a Function calling the same kernel and its kernel.grad:
 
 The kernel is the RWKV ndarray kernel of examples/rwkv_operator.py at a tiny size (1, 4, 8), so
 that a call costs little more than its launches. Rows, per call (median of rounds, round-robin):
@@ -9,6 +10,15 @@ that a call costs little more than its launches. Rows, per call (median of round
     td.torch.function, compiled   the same inside torch.compile(backend="aot_eager", fullgraph=True)
 
 for a forward under no_grad, and a forward+backward. First calls (compile) are printed apart.
+
+Part 2, the seeds' linear layer ``tanh(x @ W.T + b)`` (8 -> 4) at 16 and 100,000 rows, float64:
+
+    hand-written autograd.Function   a Taichi forward kernel and a hand-derived backward kernel, as users write it
+    td.torch.function, ndarray      the forward kernel alone (backward: Taichi's kernel.grad)
+    td.torch.function, @ti.func     one row as a @ti.func (W and b broadcast)
+
+the td operators eager and inside torch.compile(backend="aot_eager", fullgraph=True) (dynamo cannot trace the
+hand-written Function, which enters Taichi), ratios to the eager hand-written one.
 
     python bench/torch_overhead.py
 """
@@ -58,9 +68,113 @@ def rounds(cases, number, repeats):
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+IN, OUT = 8, 4
+
+
+@ti.kernel
+def linear_forward(x: ti.types.ndarray(), W: ti.types.ndarray(), b: ti.types.ndarray(), y: ti.types.ndarray()):
+    for i, j in y:
+        acc = b[j]
+        for k in range(x.shape[1]):
+            acc += x[i, k] * W[j, k]
+        y[i, j] = ti.tanh(acc)
+
+
+@ti.kernel
+def linear_backward(x: ti.types.ndarray(), W: ti.types.ndarray(), y: ti.types.ndarray(), gy: ti.types.ndarray(),
+                    gx: ti.types.ndarray(), gW: ti.types.ndarray(), gb: ti.types.ndarray()):
+    for i, k in gx:
+        acc = 0.0
+        for j in range(W.shape[0]):
+            acc += gy[i, j] * (1.0 - y[i, j] ** 2) * W[j, k]
+        gx[i, k] = acc
+    for j, k in gW:
+        acc = 0.0
+        for i in range(x.shape[0]):
+            acc += gy[i, j] * (1.0 - y[i, j] ** 2) * x[i, k]
+        gW[j, k] = acc
+    for j in gb:
+        acc = 0.0
+        for i in range(x.shape[0]):
+            acc += gy[i, j] * (1.0 - y[i, j] ** 2)
+        gb[j] = acc
+
+
+class HandLinear(torch.autograd.Function):
+    """The seeds' layer as users write it: a forward kernel and a hand-derived backward kernel."""
+
+    @staticmethod
+    def forward(ctx, x, W, b):
+        y = torch.empty(x.shape[0], W.shape[0], dtype=x.dtype)
+        linear_forward(x.detach(), W.detach(), b.detach(), y)
+        ctx.save_for_backward(x, W, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, W, y = ctx.saved_tensors
+        gx, gW, gb = torch.empty_like(x), torch.empty_like(W), torch.empty(W.shape[0], dtype=W.dtype)
+        linear_backward(x.detach(), W.detach(), y.detach(), gy.contiguous(), gx, gW, gb)
+        return gx, gW, gb
+
+
+@ti.func
+def linear_row(x: ti.types.vector(IN, ti.f64), W: ti.types.matrix(OUT, IN, ti.f64),
+               b: ti.types.vector(OUT, ti.f64)) -> ti.types.vector(OUT, ti.f64):
+    return ti.tanh(W @ x + b)
+
+
+def linear_report():
+    import tidiff as td
+
+    ndarray_op = td.torch.function(linear_forward, inputs=["x", "W", "b"],
+                                   outputs={"y": lambda x, W, b: (x.shape[0], W.shape[0])})
+    func_op = td.torch.function(linear_row)
+    eager = {"hand-written autograd.Function": HandLinear.apply, "td.torch.function, ndarray": ndarray_op,
+             "td.torch.function, @ti.func": func_op}
+    impls = dict(eager)
+    for name, f in list(eager.items())[1:]:  # the hand-written Function cannot be traced (dynamo enters Taichi)
+        impls[name + ", compiled"] = torch.compile(lambda x, W, b, f=f: f(x, W, b), backend="aot_eager",
+                                                   fullgraph=True)
+    print(f"\nthe seeds' linear layer tanh(x @ W.T + b), {IN} -> {OUT}, float64:")
+    for rows in (16, 100_000):
+        g = torch.Generator().manual_seed(rows)
+        x = torch.randn(rows, IN, dtype=torch.float64, generator=g).requires_grad_()
+        W = torch.randn(OUT, IN, dtype=torch.float64, generator=g).requires_grad_()
+        b = torch.randn(OUT, dtype=torch.float64, generator=g).requires_grad_()
+        cot = torch.randn(rows, OUT, dtype=torch.float64, generator=g)
+        want_y = torch.tanh(x @ W.T + b)
+        want = torch.autograd.grad(want_y, (x, W, b), cot)
+        for f in impls.values():  # first calls compile; every contender checked against torch
+            y = f(x, W, b)
+            torch.testing.assert_close(y, want_y, rtol=1e-12, atol=1e-12)
+            for got, ref in zip(torch.autograd.grad(y, (x, W, b), cot), want, strict=True):
+                torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+
+        def forward(f, x=x, W=W, b=b):
+            def run():
+                with torch.no_grad():
+                    f(x, W, b)
+            return run
+
+        def forward_backward(f, x=x, W=W, b=b, cot=cot):
+            def run():
+                x.grad = W.grad = b.grad = None
+                f(x, W, b).backward(cot)
+            return run
+
+        number, repeats = (50, 15) if rows < 1000 else (3, 7)
+        for label, make in (("forward (no_grad)", forward), ("forward+backward", forward_backward)):
+            times = rounds({name: make(f) for name, f in impls.items()}, number=number, repeats=repeats)
+            base = times["hand-written autograd.Function"]
+            for name, t in times.items():
+                print(f"{rows:>7} rows {label:18} {name:42} {t * 1e6:10.1f} µs   x{t / base:.2f}")
+
+
 def main():
     ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR)
     report()
+    linear_report()
 
 
 def report():
