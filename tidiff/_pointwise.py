@@ -31,6 +31,7 @@ from ._arrays import torch_module as _torch_module
 from ._cache import uses
 from ._codegen.batch import BatchKernel, ScalarKernel, flatten_batch, identifier, kernel_shape
 from ._codegen.bodies import BodyWriter, cotangent_blocks, tangent_body
+from ._codegen.launch import DirectLaunch
 from ._derived import CotangentArguments, TangentArguments
 from ._protocol import Function, require_taichi
 from ._signature import ArgSpec
@@ -81,6 +82,7 @@ class Pointwise(Function):
             inputs.append((s.dtype, None if own == shape or flat == (1,) else shape + s.shape,
                            flat + kernel_shape(s)))
         outputs = [shape + s.shape for s in bk.out_specs]
+        direct = DirectLaunch(bk.kernel)  # NOTE: [Direct launches]
 
         def launch(args: Sequence[Any]) -> list[Any]:
             arrays = []
@@ -89,7 +91,8 @@ class Pointwise(Function):
                 a = a if a.dtype == dtype else a.astype(dtype)
                 a = a if broadcast is None else np.broadcast_to(a, broadcast)
                 arrays.append(np.ascontiguousarray(a).reshape(flat_shape))
-            return [_torch_module().from_numpy(o.reshape(out)) for o, out in zip(bk(n, arrays), outputs, strict=True)]
+            return [_torch_module().from_numpy(o.reshape(out)) for o, out in zip(bk(n, arrays, direct), outputs,
+                                                                                 strict=True)]
 
         return launch
 

@@ -208,8 +208,8 @@ def _to_torch(array: Any, device: torch.device, inputs: Sequence[torch.Tensor]) 
 # a function that can then say what its call did as a plain launch (an ndarray kernel: fresh zeroed outputs and one
 # launch; its cotangent map, once Taichi's reverse mode is settled right: gradient buffers and one kernel.grad)
 # leaves a plan, keyed by those properties in the function's runtime memo, and later calls run only the plan.
-# Issue 40, RWKV kernel at (1, 4, 8): forward 1.34x -> 1.1x a hand-written autograd.Function, forward + backward
-# 1.55x -> 1.2x (bench/torch_overhead.py).
+# With its kernels launched directly (NOTE: [Direct launches]), issue 40, RWKV kernel at (1, 4, 8): forward 1.34x
+# -> 1.00-1.04x a hand-written autograd.Function, forward + backward 1.55x -> 1.10-1.21x (bench/torch_overhead.py).
 def _evaluate(fn: Function, args: Sequence[torch.Tensor], owner: Function) -> list[torch.Tensor]:
     key = ("torch launch", tuple((a.dtype, a.shape, a.device, a.is_contiguous()) for a in args))
     plan = fn.memo.peek(key)

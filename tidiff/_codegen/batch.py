@@ -214,14 +214,15 @@ class BatchKernel:
             assign(Sym(node(o))[Sym(node(i))].node, value) for o, value in zip(outs, results, strict=True)]
         self.kernel = src.compile(params, [for_range(i, [n], body_of_loop)], f"{name}__batch", "batch")
 
-    def __call__(self, n: int, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Evaluate over ``n`` elements; ``inputs`` are ``(n or 1,) + core`` arrays."""
+    def __call__(self, n: int, inputs: Sequence[np.ndarray], launch: Any = None) -> list[np.ndarray]:
+        """Evaluate over ``n`` elements; ``inputs`` are ``(n or 1,) + core`` arrays; ``launch`` calls the kernel
+        (a :class:`~.launch.DirectLaunch` of it, for a launch plan)."""
         outputs = [np.empty((n,) + kernel_shape(s), s.dtype) for s in self.out_specs]
         if n:
             args: list[Any] = [n]
             for a in inputs:
                 args += [a, 0 if a.shape[0] == 1 else 1]
-            self.kernel(*args, *outputs)
+            (launch or self.kernel)(*args, *outputs)
         return [o.reshape((n,) + s.shape) for o, s in zip(outputs, self.out_specs, strict=True)]
 
 

@@ -51,6 +51,7 @@ from taichi.types.ndarray_type import NdarrayType
 
 from .._arrays import Batch, is_tensor, numpy_dtype, to_numpy, torch_dtype
 from .._cache import uses
+from .._codegen.launch import DirectLaunch
 from .._derived import TangentArguments
 from .._errors import taichi_cannot_reverse
 from .._fields.graph import CodeGraph
@@ -284,7 +285,7 @@ class NdarrayFunction(Function):
         # each kernel parameter: (position among inputs or -1, position among outputs or -1, constant)
         order = [(self.inputs.index(p) if p in self.inputs else -1, self.outputs.index(p) if p in self.outputs else -1,
                   self.constants.get(p)) for p in self.params]
-        kernel = self.kernel
+        kernel = DirectLaunch(self.kernel)  # NOTE: [Direct launches]
 
         def launch(args: Sequence[Any]) -> list[Any]:
             device = args[0].device
@@ -313,7 +314,7 @@ class NdarrayFunction(Function):
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
         order = [(self.inputs.index(p) if p in self.inputs else -1, self.outputs.index(p) if p in self.outputs else -1,
                   self.constants.get(p)) for p in self.params]
-        adjoint = self.kernel.grad
+        adjoint = DirectLaunch(self.kernel.grad)
 
         def launch(args: Sequence[Any]) -> list[Any]:
             device = args[0].device
