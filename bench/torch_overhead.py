@@ -136,6 +136,13 @@ def linear_report():
     for name, f in list(eager.items())[1:]:  # the hand-written Function cannot be traced (dynamo enters Taichi)
         impls[name + ", compiled"] = torch.compile(lambda x, W, b, f=f: f(x, W, b), backend="aot_eager",
                                                    fullgraph=True)
+
+    def in_torch(x, W, b):
+        return torch.tanh(x @ W.T + b)
+
+    # what torch.compile costs a layer with no Taichi in it: the floor under the compiled rows
+    impls["torch alone (no Taichi)"] = in_torch
+    impls["torch alone (no Taichi), compiled"] = torch.compile(in_torch, backend="aot_eager", fullgraph=True)
     print(f"\nthe seeds' linear layer tanh(x @ W.T + b), {IN} -> {OUT}, float64:")
     for rows in (16, 100_000):
         g = torch.Generator().manual_seed(rows)
