@@ -208,10 +208,14 @@ def _to_torch(array: Any, device: torch.device, inputs: Sequence[torch.Tensor]) 
 # a function that can then say what its call did as a plain launch (an ndarray kernel: fresh zeroed outputs and one
 # launch; its cotangent map, once Taichi's reverse mode is settled right: gradient buffers and one kernel.grad)
 # leaves a plan, keyed by those properties in the function's runtime memo, and later calls run only the plan.
-# With its kernels launched directly (NOTE: [Direct launches]), issue 40, RWKV kernel at (1, 4, 8): forward 1.34x
-# -> 1.00-1.04x a hand-written autograd.Function, forward + backward 1.55x -> 1.10-1.21x (bench/torch_overhead.py).
+# With its kernels launched directly (NOTE: [Direct launches]) and without a second dispatch, issue 40, RWKV at (1, 4,
+# 8): forward 1.34x -> 0.92-0.96x a hand-written autograd.Function, forward + backward 1.55x -> 1.10-1.12x.
+def _plan_key(args: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    return "torch launch", tuple((a.dtype, a.shape, a.device, a.is_contiguous()) for a in args)
+
+
 def _evaluate(fn: Function, args: Sequence[torch.Tensor], owner: Function) -> list[torch.Tensor]:
-    key = ("torch launch", tuple((a.dtype, a.shape, a.device, a.is_contiguous()) for a in args))
+    key = _plan_key(args)
     plan = fn.memo.peek(key)
     if plan is not None:  # NOTE: [Launch plans]
         owner._counter.hit()
@@ -282,6 +286,9 @@ def _align(args: Sequence[Any], in_dims: Sequence[int | None], core_ndims: Seque
 
 
 # -- the operator -----------------------------------------------------------------------
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+"""Tensors a launch plan runs on as they are (not fake, functional or other subclasses a tracer passes)."""
+
 _numbers = itertools.count()
 _PROCESS = uuid.uuid4().hex[:8]  # NOTE: [Operator names]
 
@@ -331,6 +338,11 @@ class Operator:
         return list(self.below_autograd(args))  # autograd.Function.apply costs tens of µs per call
 
     def below_autograd(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if all(type(a) in _PLAIN_TENSORS for a in args):  # eager tensors: their plan needs no second dispatch
+            plan = self.fn.memo.peek(_plan_key(args))  # NOTE: [Launch plans]
+            if plan is not None:
+                self.owner._counter.hit()
+                return tuple(plan(args))
         with torch._C._AutoDispatchBelowAutograd():
             return tuple(self.op(list(args)))
 
