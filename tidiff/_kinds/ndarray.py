@@ -282,9 +282,7 @@ class NdarrayFunction(Function):
         zero_inputs = [(s.shape, torch_dtype(s.dtype)) if z else None for s, z in zip(batch.specs, self.zeroed,
                                                                                         strict=True)]
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
-        # each kernel parameter: (position among inputs or -1, position among outputs or -1, constant)
-        order = [(self.inputs.index(p) if p in self.inputs else -1, self.outputs.index(p) if p in self.outputs else -1,
-                  self.constants.get(p)) for p in self.params]
+        order = self._parameter_order()
         kernel = DirectLaunch(self.kernel)  # NOTE: [Direct launches]
 
         def launch(args: Sequence[Any]) -> list[Any]:
@@ -296,6 +294,11 @@ class NdarrayFunction(Function):
             return outs
 
         return launch
+
+    def _parameter_order(self) -> list[tuple[int, int, Any]]:
+        """Per kernel parameter: its position among the inputs (or -1), among the outputs (or -1), its constant."""
+        return [(self.inputs.index(p) if p in self.inputs else -1, self.outputs.index(p) if p in self.outputs else -1,
+                 self.constants.get(p)) for p in self.params]
 
     def vjp_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
         """:meth:`taichi_vjp` of tensors like ``batch``'s (primals, then one cotangent per output), as a plan
@@ -312,8 +315,7 @@ class NdarrayFunction(Function):
         differentiated = [s.is_float and not f for s, f in zip(specs, self.frozen, strict=True)]
         floats = [(k, s.shape, torch_dtype(s.dtype)) for k, s in enumerate(specs) if s.is_float]
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
-        order = [(self.inputs.index(p) if p in self.inputs else -1, self.outputs.index(p) if p in self.outputs else -1,
-                  self.constants.get(p)) for p in self.params]
+        order = self._parameter_order()
         adjoint = DirectLaunch(self.kernel.grad)
 
         def launch(args: Sequence[Any]) -> list[Any]:
