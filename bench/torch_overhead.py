@@ -17,8 +17,9 @@ Part 2, the seeds' linear layer ``tanh(x @ W.T + b)`` (8 -> 4) at 16 and 100,000
     td.torch.function, ndarray      the forward kernel alone (backward: Taichi's kernel.grad)
     td.torch.function, @ti.func     one row as a @ti.func (W and b broadcast)
 
-the td operators eager and inside torch.compile(backend="aot_eager", fullgraph=True) (dynamo cannot trace the
-hand-written Function, which enters Taichi), ratios to the eager hand-written one.
+the td operators eager and inside torch.compile(backend="aot_eager", fullgraph=True), the @ti.func one under
+inductor too (dynamo cannot trace the hand-written Function, which enters Taichi), and the layer in torch alone
+eager and compiled (what compiling costs with no Taichi in it); ratios to the eager hand-written one.
 
     python bench/torch_overhead.py
 """
@@ -143,6 +144,9 @@ def linear_report():
     # what torch.compile costs a layer with no Taichi in it: the floor under the compiled rows
     impls["torch alone (no Taichi)"] = in_torch
     impls["torch alone (no Taichi), compiled"] = torch.compile(in_torch, backend="aot_eager", fullgraph=True)
+    impls["td.torch.function, @ti.func, inductor"] = torch.compile(lambda x, W, b: func_op(x, W, b),
+                                                                   backend="inductor", fullgraph=True)
+    impls["torch alone (no Taichi), inductor"] = torch.compile(in_torch, backend="inductor", fullgraph=True)
     print(f"\nthe seeds' linear layer tanh(x @ W.T + b), {IN} -> {OUT}, float64:")
     for rows in (16, 100_000):
         g = torch.Generator().manual_seed(rows)
