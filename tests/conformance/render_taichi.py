@@ -20,6 +20,13 @@ from .ops import MATRIX_SHAPES, OPS, VECTOR_SIZES, taichi_annotation
 
 _files = itertools.count()
 
+# NOTE: [Unpacks as struct locals] Every other ``a, b = e0, e1`` of a program is rendered through a struct local,
+# ``bundle0 = Bundle0(m0=e0, m1=e1)`` then ``a, b = bundle0.m0, bundle0.m1`` (issue 35, item 10): the same
+# values, so the torch twin renders it as the plain unpack, and the transforms meet struct locals in every context
+# the grammar draws (loops, branches, helpers, nested transforms). The struct types are module-level names.
+_structs: list[str] = []
+_unpacks = itertools.count()
+
 
 def expr(e: Expr) -> str:
     """The Taichi spelling of one expression."""
@@ -55,6 +62,8 @@ def statements(block, indent):
     for s in block:
         if isinstance(s, Assign):
             lines.append(f"{pad}{s.name} = {expr(s.expr)}")
+        elif isinstance(s, Unpack) and len(s.values) == len(s.names) > 1 and next(_unpacks) % 2 == 0:
+            lines.extend(_through_struct(s, pad))
         elif isinstance(s, Unpack):
             lines.append(f"{pad}{', '.join(s.names)} = {', '.join(expr(e) for e in s.values)}")
         elif isinstance(s, AugAssign):
@@ -84,6 +93,17 @@ def statements(block, indent):
     return lines
 
 
+def _through_struct(s: Unpack, pad: str) -> list[str]:
+    """``a, b = e0, e1`` through a struct local (NOTE: [Unpacks as struct locals])."""
+    k = len(_structs)
+    members = [f"m{j}" for j in range(len(s.names))]
+    fields = ", ".join(f"{m}={taichi_annotation(v.shape)}" for m, v in zip(members, s.values, strict=True))
+    _structs.append(f"Bundle{k} = ti.types.struct({fields})")
+    built = ", ".join(f"{m}={expr(v)}" for m, v in zip(members, s.values, strict=True))
+    return [f"{pad}bundle{k} = Bundle{k}({built})",
+            f"{pad}{', '.join(s.names)} = {', '.join(f'bundle{k}.{m}' for m in members)}"]
+
+
 def func(f) -> str:
     params = ", ".join(f"{name}: {taichi_annotation(shape)}" for name, shape in f.params)
     ret = f" -> {taichi_annotation(f.out_shapes[0])}" if f.annotate_return else ""
@@ -94,8 +114,12 @@ def func(f) -> str:
 
 
 def source(program) -> str:
-    """The Taichi module of a program: its helpers, then ``f``."""
-    return "\n\n".join(func(f) for f in program.funcs)
+    """The Taichi module of a program: the struct types its functions name, its helpers, then ``f``."""
+    global _unpacks
+    _structs.clear()
+    _unpacks = itertools.count()  # the same program renders the same text each time
+    functions = "\n\n".join(func(f) for f in program.funcs)
+    return "\n".join(_structs) + ("\n\n\n" if _structs else "") + functions
 
 
 def namespace() -> dict:
