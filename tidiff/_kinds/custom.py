@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import taichi as ti
 
 from .._cache import uses
 from .._codegen.batch import identifier, probe_results
-from .._codegen.bodies import TI, BodyWriter, zero
+from .._codegen.bodies import BodyWriter, zero
 from .._lang.nodes import statement
 from .._lang.source import source_tree
+from .._lang.sym import Sym
 from .._pointwise import Pointwise
 from .._protocol import require_taichi
 from .._rules.calls import register_jvp, register_vjp
-from .._rules.helpers import bwd_check, jvp_pair_check
+from .._rules.helpers import bwd_check, jvp_pair_check, zeros_like
 from .._signature import ArgSpec
 from .._tree import Tree
 from .func import FuncFunction, python_function
@@ -119,7 +120,8 @@ class CustomFunction(Pointwise):
                 f"shaped {shapes}; it returned {'a tuple shaped ' if is_tuple else 'a single value shaped '}{returned}"
             )
         self.bwd = bwd
-        register_vjp(self, bwd if all(g is not None for g in got) else self._zeros_for_none(bwd, specs, cts, got))
+        zeros = {k: zero(s.shape, s.dtype) for k, (g, s) in enumerate(zip(got, specs, strict=True)) if g is None}
+        register_vjp(self, self._with_zeros(bwd, len(cts), zeros) if zeros else bwd)
         return bwd
 
     def _checked_bwd(self, bwd: Any, call: str) -> Any:
@@ -136,24 +138,24 @@ class CustomFunction(Pointwise):
                 or len(parameters) <= len(names):
             raise TypeError(f"{call}: the rule takes the {len(names)} primals, then one cotangent per output, as named "
                             f"parameters; {getattr(bwd, '__name__', bwd)} has {len(parameters)} parameters")
-        nones = none_positions(python_function(bwd), call)
-        w = BodyWriter(identifier(self.name) + "_checked_bwd",
-                       names + [f"ct{k}" for k in range(len(parameters) - len(names))])
-        returned = w.let("returned", w.callee(bwd, identifier(self.name) + "_bwd_rule")(*w.args()))
-        check = w.callee(bwd_check(f"the bwd rule `{getattr(bwd, '__name__', bwd)}` of `{self.name}`"), "check")
-        primals = w.args(0, len(names))
-        w.stmts.append(statement(w.callee(ti.static, "static")(check(returned, tuple(sorted(nones)), *primals))))
-        return w.compile([TI.zero(p) if k in nones else returned[k] for k, p in enumerate(primals)],
-                         single=False, tag="bwd")
+        check = bwd_check(f"the bwd rule `{getattr(bwd, '__name__', bwd)}` of `{self.name}`")
+        zero = {k: None for k in none_positions(python_function(bwd), call)}  # zeros like the primals, as compiled
+        return self._with_zeros(bwd, len(parameters) - len(names), zero, check)
 
-    def _zeros_for_none(self, bwd: Any, specs: list[ArgSpec], cts: list[ArgSpec], got: list[ArgSpec | None]) -> Any:
-        """``bwd`` with each ``None`` it returns (a zero cotangent, as in JAX) replaced by a zero of its primal's
-        shape: the rule the transforms call."""
-        w = BodyWriter(identifier(self.name) + "_bwd", [s.name for s in specs + cts])
-        r = w.let("r", w.callee(bwd, identifier(self.name) + "_bwd_rule")(*w.args()))
-        return w.compile([zero(s.shape, s.dtype) if g is None else r[k] for k, (g, s) in enumerate(zip(got, specs,
-                                                                                                      strict=True))],
-                         single=False, tag="bwd")
+    def _with_zeros(self, bwd: Any, n_cotangents: int, zero: Mapping[int, Sym | None], check: Any = None) -> Any:
+        """The rule the transforms call: ``bwd`` with its None at each position ``k`` of ``zero`` (a zero
+        cotangent, as in JAX) replaced by ``zero[k]``, or where that is None a zero made like the primal as Taichi
+        compiles; ``check`` (a helper of ``(returned, positions, *primals)``) runs then too."""
+        names = self.param_names()
+        w = BodyWriter(identifier(self.name) + "_bwd", names + [f"ct{k}" for k in range(n_cotangents)])
+        returned = w.let("returned", w.callee(bwd, identifier(self.name) + "_bwd_rule")(*w.args()))
+        primals = w.args(0, len(names))
+        if check is not None:
+            checked = w.callee(check, "check")(returned, tuple(sorted(zero)), *primals)
+            w.stmts.append(statement(w.callee(ti.static, "static")(checked)))
+        like = w.callee(zeros_like, "zeros_like")
+        return w.compile([(like(p) if zero[k] is None else zero[k]) if k in zero else returned[k]
+                          for k, p in enumerate(primals)], single=False, tag="bwd")
 
     def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
         if self.rule is None and self.bwd is None:

@@ -122,6 +122,16 @@ def bwd_check(rule: str) -> Any:
 
 
 @compile_time
+def zeros_like(x):
+    """An exact zero of ``x``'s shape and element type (``ti.zero(x)`` is ``x * 0``, NaN where ``x`` is inf): the
+    cotangent a bwd rule's None stands for."""
+    shape, dtype = shape_of(x), dtype_of(x)
+    if not shape:
+        return ti.cast(0, dtype)
+    return ti.Vector.zero(dtype, shape[0]) if len(shape) == 1 else ti.Matrix.zero(dtype, *shape)
+
+
+@compile_time
 def sum_to(v, like):
     """``v`` summed down to the shape of ``like``: the adjoint of broadcasting ``like`` up to ``v``."""
     return v if shape_of(v) == shape_of(like) else matrix_ops.sum(v)

@@ -138,7 +138,7 @@ defjvp2(ti.sqrt, lambda g, ans, x: g / (2 * ans))
 defjvp2(ti.rsqrt, lambda g, ans, x: -0.5 * g * ans / x)
 defjvp([abs, ti.abs], lambda g, x: g * T.math.sign(x))
 defzero([ti.floor, ti.ceil, ti.round, ti.math.sign, ti.math.step, ti.math.isnan,
-         ti.math.isinf, ti.zero, ti.one, int, stop_gradient] + method("any", "all"))
+         ti.math.isinf, ti.zero, ti.one, int, stop_gradient, rule_helpers.zeros_like] + method("any", "all"))
 register(float, FLOAT_CAST)
 
 
