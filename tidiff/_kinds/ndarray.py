@@ -278,27 +278,40 @@ class NdarrayFunction(Function):
             return None
         torch = _torch()
         out_specs, _ = self.signature(batch.specs)
-        converted = [torch_dtype(s.dtype) for s in batch.specs]  # a call's own dtype may differ: converted then
-        zero_inputs = [(s.shape, torch_dtype(s.dtype)) if z else None for s, z in zip(batch.specs, self.zeroed,
-                                                                                        strict=True)]
+        inputs, arguments = self._plan_inputs(batch.specs), self._plan_arguments()
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
-        order = self._parameter_order()
         kernel = DirectLaunch(self.kernel)  # NOTE: [Direct launches]
 
         def launch(args: Sequence[Any]) -> list[Any]:
             device = args[0].device
-            ins = [torch.zeros(z[0], dtype=z[1], device=device) if z is not None else a.detach() if a.dtype == c else
-                   a.detach().to(c) for a, c, z in zip(args, converted, zero_inputs, strict=True)]
             outs = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in outputs]
-            kernel(*[ins[i] if i >= 0 else outs[o] if o >= 0 else constant for i, o, constant in order])
+            kernel(*arguments(inputs(args, device), outs))
             return outs
 
         return launch
 
-    def _parameter_order(self) -> list[tuple[int, int, Any]]:
-        """Per kernel parameter: its position among the inputs (or -1), among the outputs (or -1), its constant."""
-        return [(self.inputs.index(p) if p in self.inputs else -1, self.outputs.index(p) if p in self.outputs else -1,
-                 self.constants.get(p)) for p in self.params]
+    def _plan_inputs(self, specs: Sequence[ArgSpec]) -> Callable[[Sequence[Any], Any], list[Any]]:
+        """A plan's input tensors from a call's: detached, in the specs' dtypes (a call's own may differ), zeros for
+        the zeroed ones."""
+        torch = _torch()
+        converted = [torch_dtype(s.dtype) for s in specs]
+        zeroed = [(s.shape, torch_dtype(s.dtype)) if z else None for s, z in zip(specs, self.zeroed, strict=True)]
+
+        def inputs(args: Sequence[Any], device: Any) -> list[Any]:
+            return [torch.zeros(z[0], dtype=z[1], device=device) if z is not None else a.detach() if a.dtype == c else
+                    a.detach().to(c) for a, c, z in zip(args, converted, zeroed, strict=True)]
+
+        return inputs
+
+    def _plan_arguments(self) -> Callable[[Sequence[Any], Sequence[Any]], list[Any]]:
+        """The kernel's arguments, in its parameters' order, from a plan's input and output tensors."""
+        order = [(self.inputs.index(p) if p in self.inputs else -1, self.outputs.index(p) if p in self.outputs else -1,
+                  self.constants.get(p)) for p in self.params]
+
+        def arguments(ins: Sequence[Any], outs: Sequence[Any]) -> list[Any]:
+            return [ins[i] if i >= 0 else outs[o] if o >= 0 else constant for i, o, constant in order]
+
+        return arguments
 
     def vjp_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
         """:meth:`taichi_vjp` of tensors like ``batch``'s (primals, then one cotangent per output), as a plan
@@ -310,30 +323,25 @@ class NdarrayFunction(Function):
             return None  # cotangents may be expanded (a sum's): the plan copies them
         torch = _torch()
         specs, out_specs = list(batch.specs[:n]), self.signature(batch.specs[:n])[0]
-        converted = [torch_dtype(s.dtype) for s in specs]
-        zero_inputs = [(s.shape, torch_dtype(s.dtype)) if z else None for s, z in zip(specs, self.zeroed, strict=True)]
+        inputs, arguments = self._plan_inputs(specs), self._plan_arguments()
         differentiated = [s.is_float and not f for s, f in zip(specs, self.frozen, strict=True)]
         floats = [(k, s.shape, torch_dtype(s.dtype)) for k, s in enumerate(specs) if s.is_float]
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
-        order = self._parameter_order()
         adjoint = DirectLaunch(self.kernel.grad)
 
         def launch(args: Sequence[Any]) -> list[Any]:
             device = args[0].device
-            ins = []
-            for a, c, z, d in zip(args[:n], converted, zero_inputs, differentiated, strict=True):
-                t = torch.zeros(z[0], dtype=z[1], device=device) if z is not None else a.detach() if a.dtype == c else \
-                    a.detach().to(c)
+            ins = inputs(args[:n], device)
+            for k, d in enumerate(differentiated):
                 if d:  # NOTE: [Gradient aliases]: Taichi's adjoint of a tensor is its .grad
-                    t = t.detach().requires_grad_(True)
-                    t.grad = torch.zeros_like(t)
-                ins.append(t)
+                    ins[k] = ins[k].detach().requires_grad_(True)
+                    ins[k].grad = torch.zeros_like(ins[k])
             outs = []
             for (shape, dtype), ct in zip(outputs, args[n:], strict=True):
                 out = torch.empty(shape, dtype=dtype, device=device).requires_grad_(True)
                 out.grad = ct.detach().to(dtype).clone(memory_format=torch.contiguous_format)
                 outs.append(out)
-            adjoint(*[ins[i] if i >= 0 else outs[o] if o >= 0 else constant for i, o, constant in order])
+            adjoint(*arguments(ins, outs))
             return [ins[k].grad if differentiated[k] else torch.zeros(shape, dtype=dtype, device=device)
                     for k, shape, dtype in floats]
 
