@@ -1,11 +1,14 @@
-"""Reverse mode by Taichi's own autodiff refuses code reaching rules it cannot apply (found by the net).
+"""Derivative rules in kernels: applied by tidiff's adjoints, refused where Taichi's autodiff would ignore them.
 
 NOTE: [Rules Taichi's reverse mode cannot see] in tidiff/_fields/hidden_rules.py.
 Before: td.grad of a field program and td.vjp of an ndarray kernel calling
 ``x * td.stop_gradient(x)`` or ``10 * clip_gradient(x)`` differentiated
-through both (2x and 10 where JAX gives x and 1), without an error.
-Forward mode (tidiff's tangent program) applies the rules, and so does a
-transform of the @ti.func called inside the kernel.
+through both (2x and 10 where JAX gives x and 1), without an error. Kernels
+over fields are now reversed by tidiff's own transform (NOTE: [Reverse of a
+kernel]), which applies the rules as JAX does; ndarray kernels are still
+reversed by Taichi and refuse them. Forward mode (tidiff's tangent program)
+applies the rules, and so does a transform of the @ti.func called inside the
+kernel.
 """
 import numpy as np
 import pytest
@@ -77,58 +80,60 @@ def inner_grad_of_plain(x: ti.f64) -> ti.f64:
     return td.grad(plain)(x) * x
 
 
-CASES = [  # (element function, what the refusal names, its forward derivative at A)
+CASES = [  # (element function, what the refusal names, its derivative at A, as JAX gives it)
     (detached_square, "td.stop_gradient (called in `detached_square`)", A),
-    (ten_clipped, "the td.custom_vjp function `clip_gradient` (called in `ten_clipped`)", None),
+    (ten_clipped, "the td.custom_vjp function `clip_gradient` (called in `ten_clipped`)", np.ones(N)),
     (rounded, "the td.custom_jvp function `straight_through` (called in `rounded`)", np.round(A) + A),
-    (inner_grad_of_detached, "td.stop_gradient (called in `detached_square`)", None),
+    (inner_grad_of_detached, "td.stop_gradient (called in `detached_square`)", A),
 ]
 IDS = ["stop_gradient", "custom_vjp", "custom_jvp", "transform_inside"]
 SECOND = {"detached_square": 0.0, "rounded": 1.0}  # as jax.hessian gives
 
 
 @pytest.mark.parametrize("f, names, _", CASES, ids=IDS)
-def test_vjp_is_refused_naming_the_rule(f, names, _):
-    F, x = field_program(f)
+def test_ndarray_kernel_vjp_is_refused_naming_the_rule(f, names, _):
     K = ndarray_kernel(f)
+    with pytest.raises(td.TransformError, match="cannot apply these rules") as info:
+        td.vjp(K, A)[1](np.ones(N))
+    assert names in str(info.value) and "ndarray kernel `apply`" in str(info.value)
+
+
+@pytest.mark.parametrize("f, names, reverse", CASES, ids=IDS)
+def test_field_program_reverse_mode_applies_the_rule(f, names, reverse):
+    """tidiff's adjoint of the kernel reverses the func calling the rule with the rule, as JAX does."""
+    F, x = field_program(f)
     x.from_numpy(np.full(N, 7.0))
-    for call, what in ((lambda: td.vjp(F, A)[1](np.array(1.0)), "field program `energy`"),
-                       (lambda: td.vjp(K, A)[1](np.ones(N)), "ndarray kernel `apply`")):
-        with pytest.raises(td.TransformError, match="cannot apply these rules") as info:
-            call()
-        assert names in str(info.value) and what in str(info.value)
+    np.testing.assert_allclose(td.vjp(F, A)[1](np.array(1.0))[0], reverse, rtol=1e-14)
+    np.testing.assert_allclose(td.grad(F)(A), reverse, rtol=1e-14)
     np.testing.assert_array_equal(x.to_numpy(), np.full(N, 7.0))  # the user's field is left alone
 
 
-@pytest.mark.parametrize("f, names, forward", [c for c in CASES if c[2] is not None],
-                         ids=[i for i, c in zip(IDS, CASES) if c[2] is not None])
-def test_jacobians_push_forward_and_apply_the_rules(f, names, forward):
-    """Where reverse mode is refused, gradients and Jacobians are pushed forward (one tangent run per input
-    component): the rules apply, as they do in JAX."""
+@pytest.mark.parametrize("f, names, forward", [c for c in CASES if c[0] in (detached_square, rounded)],
+                         ids=["stop_gradient", "custom_jvp"])
+def test_jacobians_apply_the_rules(f, names, forward):
+    """Gradients and Jacobians apply the rules in both modes (the ndarray kernel's pushed forward, one tangent
+    run per input component), as they do in JAX."""
     F, _ = field_program(f)
     K = ndarray_kernel(f)
     np.testing.assert_allclose(td.jvp(F, (A,), (np.ones(N),))[1], forward.sum(), rtol=1e-14)
-    np.testing.assert_allclose(td.grad(F)(A), forward, rtol=1e-14)
     np.testing.assert_allclose(td.value_and_grad(F)(A)[1], forward, rtol=1e-14)
     np.testing.assert_allclose(td.jvp(K, (A,), (np.ones(N),))[1], forward, rtol=1e-14)
     for jac in (td.jacfwd, td.jacrev, td.jacobian):
         np.testing.assert_allclose(jac(K)(A), np.diag(forward), rtol=1e-14)
-    # second order forward over forward: d2(x * stop(x)) = 0; d2(st(x) * x) = 1 (the rule's own code is
-    # differentiated at second order, as in JAX: its round(x) has derivative 0)
+    # second order: d2(x * stop(x)) = 0; d2(st(x) * x) = 1 (the rule's own code is differentiated at second
+    # order, as in JAX: its round(x) has derivative 0)
     v = np.array([1.0, -2.0, 0.5])
     np.testing.assert_allclose(td.hvp(F, (A,), (v,))[1][0], SECOND[f.__name__] * v, rtol=1e-14)
     np.testing.assert_allclose(td.hessian(F)(A), np.diag(np.full(N, SECOND[f.__name__])), rtol=1e-14)
 
 
-def test_custom_vjp_without_a_jvp_rule_is_refused_both_ways():
+def test_custom_vjp_without_a_jvp_rule_is_refused_both_ways_by_an_ndarray_kernel():
     """Issue 35, item 14: the error said forward mode failed and recommended td.grad, the call just made."""
-    F, _ = field_program(ten_clipped)
-    for call in (lambda: td.grad(F)(A), lambda: td.jacrev(ndarray_kernel(ten_clipped))(A)):
-        with pytest.raises(td.TransformError, match=r"reverse mode is refused \(Taichi's reverse mode cannot apply the "
-                                                    r"td.custom_vjp function `clip_gradient`.*and forward mode reaches "
-                                                    r"`clip_gradient`.*give clip_gradient a jvp rule") as raised:
-            call()
-        assert "use reverse mode" not in str(raised.value)
+    with pytest.raises(td.TransformError, match=r"reverse mode is refused \(Taichi's reverse mode cannot apply the "
+                                                r"td.custom_vjp function `clip_gradient`.*and forward mode reaches "
+                                                r"`clip_gradient`.*give clip_gradient a jvp rule") as raised:
+        td.jacrev(ndarray_kernel(ten_clipped))(A)
+    assert "use reverse mode" not in str(raised.value)
 
 
 def test_a_transform_inside_the_kernel_applies_the_rule():

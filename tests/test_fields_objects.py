@@ -80,7 +80,7 @@ def test_data_oriented_program_value_and_grad_equal_tape():
     value, grad = td.value_and_grad(F)(V0)
     tape_value, tape_grad, _ = tape_gradient(V0)
     assert value == tape_value
-    np.testing.assert_array_equal(grad, tape_grad)  # the same adjoint kernels, in the same order
+    np.testing.assert_allclose(grad, tape_grad, rtol=1e-12)  # tidiff's adjoint kernels, rounded their own way
     np.testing.assert_allclose(grad, central(F, V0), rtol=1e-7)
 
 

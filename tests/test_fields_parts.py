@@ -51,7 +51,7 @@ def test_first_slice_as_input_equals_tape():
     with ti.ad.Tape(loss=loss):
         run()
     assert value == loss[None]
-    np.testing.assert_array_equal(grad, v.grad.to_numpy()[0])
+    np.testing.assert_allclose(grad, v.grad.to_numpy()[0], rtol=1e-13)  # tidiff's adjoint, rounded its own way
     np.testing.assert_allclose(grad, central(F, V0), rtol=1e-7)
 
 

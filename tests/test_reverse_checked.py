@@ -1,9 +1,11 @@
-"""Taichi's reverse mode is checked against tidiff's forward mode before it is trusted.
+"""Reverse mode of field programs and ndarray kernels is checked against tidiff's forward mode before it is trusted.
 
-The reverse mode of field programs and ndarray kernels is Taichi's, and Taichi 1.7.4 gets an n-body force
-loop wrong (tests/test_taichi_pitfalls.py). tidiff checks the first vjp of each function with
-``<J^T c, t> == <c, J t>`` and, where Taichi is wrong, computes it by forward mode (NOTE: [Checking Taichi's
-reverse mode] in tidiff/_reverse_check.py). Every derivative here is compared with torch's.
+Taichi 1.7.4's reverse mode gets an n-body force loop wrong (tests/test_taichi_pitfalls.py): kernels over
+fields are now reversed by tidiff's own adjoint transform (NOTE: [Reverse of a kernel]) and are right without
+a warning; ndarray kernels are still Taichi's. A program breaking Taichi's global data access rules (a field
+read, then overwritten by a later kernel) is wrong under either adjoint. tidiff checks the first vjp of each
+function with ``<J^T c, t> == <c, J t>`` and, where reverse mode is wrong, computes it by forward mode (NOTE:
+[Checking Taichi's reverse mode] in tidiff/_reverse_check.py). Every derivative here is compared with torch's.
 """
 import warnings
 
@@ -76,18 +78,18 @@ def torch_grads(fn, *args):
     return [g.numpy() for g in torch.autograd.functional.jacobian(fn, tuple(tensor(a) for a in args))]
 
 
-def test_taichi_reverse_mode_found_wrong_is_replaced_by_forward_mode_with_a_warning():
-    """The first gradient warns once and is right; so is everything after it, with no second warning."""
-    with pytest.warns(td.TaichiReverseWarning, match="field program `step`.*central differences"):
-        value, (dx, dk) = td.value_and_grad(E, argnums=(0, 1))(START, 3.0)
-    want = torch_grads(torch_energy, START, 3.0)
-    np.testing.assert_allclose(value, torch_energy(tensor(START), tensor(3.0)).item(), rtol=1e-13)
-    np.testing.assert_allclose(dx, want[0], rtol=1e-10)
-    np.testing.assert_allclose(dk, want[1], rtol=1e-10)
+def test_a_field_program_taichi_gets_wrong_is_right_by_tidiffs_adjoints_without_a_warning():
+    """Taichi's kernel.grad of pair_forces is wrong (a vector local given a new value in each iteration of a
+    runtime loop); tidiff's adjoint kernel is right, so nothing warns and Jacobians may use reverse mode."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        value, (dx, dk) = td.value_and_grad(E, argnums=(0, 1))(START, 3.0)
+        want = torch_grads(torch_energy, START, 3.0)
+        np.testing.assert_allclose(value, torch_energy(tensor(START), tensor(3.0)).item(), rtol=1e-13)
+        np.testing.assert_allclose(dx, want[0], rtol=1e-10)
+        np.testing.assert_allclose(dk, want[1], rtol=1e-10)
         np.testing.assert_allclose(td.grad(E)(START, 3.0), want[0], rtol=1e-10)
-        assert "wrong" in E.reverse_refused()  # Jacobians now choose forward mode
+    assert E.reverse_refused() is None
 
 
 @pytest.mark.filterwarnings("ignore::tidiff.TaichiReverseWarning")  # each function's first vjp warns
@@ -112,7 +114,8 @@ def test_every_transform_of_the_n_body_program_agrees_with_torch(x, k):
 def test_a_local_copy_cubed_in_a_runtime_loop_is_right():
     """tests/test_taichi_pitfalls.py's first reverse-mode pitfall (Taichi gives 2 a**2 for d(a**3)/da)."""
     cube = td.function(cube_through_a_local_copy, inputs=[x_field], outputs=[loss_field])
-    with pytest.warns(td.TaichiReverseWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # tidiff's adjoint: right, nothing to warn of
         np.testing.assert_allclose(td.grad(cube)(np.array([0.7])), [3 * 0.7**2], rtol=1e-12)
 
 
@@ -191,15 +194,47 @@ def torch_drift(x, steps):
 
 
 def test_a_time_loop_over_a_step_taichi_gets_wrong_is_right():
-    """td.scan replays the step's adjoints itself (a field stepper): the step is checked there too."""
+    """td.scan replays the step's adjoints itself (a field stepper): tidiff's adjoint of drift is right."""
     sim = td.scan(td.function(drift, inputs=[moving], outputs=[moved]), length=5)
     c = np.cos(np.arange(2.0 * N)).reshape(N, 2)
     _, want = torch.autograd.functional.vjp(lambda x: torch_drift(x, 5), tensor(START), tensor(c))
-    with pytest.warns(td.TaichiReverseWarning, match="the step `drift`"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         _, vjp_fn = td.vjp(sim, START)
         np.testing.assert_allclose(vjp_fn(c)[0], want.numpy(), rtol=1e-12)
     jacobian = torch.autograd.functional.jacobian(lambda x: torch_drift(x, 5), tensor(START))
     np.testing.assert_allclose(td.jacrev(sim)(START), jacobian.numpy(), rtol=1e-12)
+
+
+scratch = ti.Vector.field(2, ti.f64, shape=N)  # a field each step reads, then overwrites
+scratch.from_numpy(np.ones((N, 2)))
+
+
+@ti.kernel
+def scale_by_scratch():
+    for i in moving:
+        moved[i] = moving[i] * scratch[i]
+
+
+@ti.kernel
+def overwrite_scratch():
+    for i in moving:
+        scratch[i] = moving[i] ** 2  # after scale_by_scratch read it: the replay sees this value
+
+
+def step_reading_then_overwriting():
+    scale_by_scratch()
+    overwrite_scratch()
+
+
+def test_a_time_loop_over_a_step_breaking_the_access_rules_is_checked_and_right():
+    """td.scan checks the step's reverse mode too: scratch holds ones when the step reads it (each step copies
+    the user's field), so the step is x -> x and the loop the identity; the replay sees x**2 there."""
+    sim = td.scan(td.function(step_reading_then_overwriting, inputs=[moving], outputs=[moved]), length=3)
+    c = np.cos(np.arange(2.0 * N)).reshape(N, 2)
+    with pytest.warns(td.TaichiReverseWarning, match="the step `step_reading_then_overwriting`"):
+        _, vjp_fn = td.vjp(sim, START)
+        np.testing.assert_allclose(vjp_fn(c)[0], c, rtol=1e-12)
 
 
 held = ti.field(ti.f64, shape=())
@@ -233,17 +268,25 @@ def test_a_field_read_then_overwritten_by_a_later_kernel_has_the_gradient_of_the
 
 
 single_points = ti.Vector.field(2, ti.f32, shape=N)
+single_held = ti.field(ti.f32, shape=N)
 single_loss = ti.field(ti.f32, shape=())
 
 
 @ti.kernel
-def single_pairs():
+def single_accumulate():
     for i in single_points:
-        f = 0.0
-        for j in range(N):
-            d = single_points[i] - single_points[j] + 0.3
-            f += d[0] * d[1]
-        single_loss[None] += f
+        single_loss[None] += single_points[i][0] * single_held[i]
+
+
+@ti.kernel
+def single_overwrite():
+    for i in single_points:
+        single_held[i] = single_points[i][1] ** 2  # after single_accumulate read it
+
+
+def single_read_then_overwritten():
+    single_accumulate()
+    single_overwrite()
 
 
 @ti.kernel
@@ -253,15 +296,15 @@ def single_squares():
 
 
 def test_float32_programs_are_checked_in_their_precision():
-    """A float32 program Taichi gets wrong is found and right to float32 precision; one it gets right is
-    not flagged (the check's tolerance is float32's there)."""
+    """A float32 program whose reverse mode is wrong (read, then overwritten) is found and right to float32
+    precision; one whose reverse mode is right is not flagged (the check's tolerance is float32's there)."""
     x = START.astype(np.float32)
-    d = START[:, None, :] - START[None, :, :] + 0.3
-    want = d[..., ::-1].sum(axis=1) - d[..., ::-1].sum(axis=0)
-    wrong = td.function(single_pairs, inputs=[single_points], outputs=[single_loss])
+    single_held.from_numpy(np.linspace(0.5, 2.0, N).astype(np.float32))
+    wrong = td.function(single_read_then_overwritten, inputs=[single_points], outputs=[single_loss])
     with pytest.warns(td.TaichiReverseWarning):
         got = td.grad(wrong)(x)
     assert got.dtype == np.float32
+    want = np.stack([np.linspace(0.5, 2.0, N), np.zeros(N)], axis=1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     right = td.function(single_squares, inputs=[single_points], outputs=[single_loss])
     with warnings.catch_warnings():

@@ -30,9 +30,16 @@ _registry: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _current: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("tidiff_counter", default=None)
 
 
+#: Where a kernel keeps tidiff's adjoints of it once made (``_adjoint/kernels.py``, one per object a class kernel
+#: runs on; their ``compiles()`` count).
+ADJOINT = "tidiff_adjoint"
+
+
 def kernel_compiles(kernel: Any) -> int:
-    """Compiled instances of a ``@ti.kernel`` (primal and adjoint variants)."""
-    return len(kernel._primal.compiled_kernels) + len(kernel._adjoint.compiled_kernels)
+    """Compiled instances of a ``@ti.kernel`` (primal and adjoint variants, Taichi's adjoint or tidiff's)."""
+    own = kernel.__dict__.get(ADJOINT, ())
+    return len(kernel._primal.compiled_kernels) + len(kernel._adjoint.compiled_kernels) + \
+        sum(adjoint.compiles() for adjoint in own)
 
 
 class Counter:

@@ -63,7 +63,10 @@ LANE_BUDGET = 512
 # forward pushes wherever forward mode is possible (as before reverse mode took
 # loops), and in reverse only where it must be (a custom_vjp rule without a
 # jvp rule). E.g. a 100-iteration loop of a 3-vector: 300 body runs forward,
-# about 5,000 in reverse.
+# about 5,000 in reverse. A loop whose adjoint reads no carried value (an
+# accumulation, ``s += f(x, j)``: NOTE: [Loops whose adjoint reads no carried
+# value] in ``_adjoint/control.py``) runs its body once per iteration in
+# reverse too, and does not count.
 LOOP_REASON = "reverse mode recomputes a runtime loop at every iteration (NOTE: [Loops in reverse cost their square])"
 
 

@@ -77,10 +77,18 @@ def wrong_reverse(fn: Any) -> str | None:
 
 
 def checked_vjp(fn: Any, batch: Batch, cotangents: Sequence[Any], reverse: Callable[[], list[Any]],
-                what: str) -> list[Any]:
+                what: str, exact: Callable[[], bool] | None = None) -> list[Any]:
     """``fn``'s vjp by Taichi's reverse mode (``reverse()``), checked on first use (NOTE: [Checking Taichi's
     reverse mode]); by forward pushes where it was found wrong. ``fn.taichi_vjp(batch, cotangents)`` is
-    Taichi's reverse mode at any point; ``what`` names the function in messages."""
+    Taichi's reverse mode at any point; ``what`` names the function in messages. ``exact()``, asked after
+    ``reverse()`` ran, says the pass just run needs no check (tidiff's own adjoints of launches that kept the
+    access rules: NOTE: [Launches that keep the access rules])."""
+    if exact is not None and wrong_reverse(fn) is None:
+        result = reverse()
+        if exact():
+            return result
+        wrong = verified(fn, batch, what)
+        return result if wrong is None else pushed_vjp(fn, batch, cotangents, wrong)
     wrong = verified(fn, batch, what)
     if wrong is not None:
         return pushed_vjp(fn, batch, cotangents, wrong)

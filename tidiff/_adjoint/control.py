@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._lang.activity import assignments
-from .._lang.naming import Namer
+from .._lang.naming import RULE_HELPERS, Namer
 from .._lang.nodes import assign, augment, compare, for_range, if_, name, taichi, zero_of
 from .._lang.parse import Parsed, resolve
 from .._lang.sym import Sym, helpers
@@ -67,9 +67,22 @@ class Op:
     callee: str | None = None  # for calls: the namespace name of the callee's reverse function (or custom bwd)
     positions: list[int | None] | None = None  # for calls: where each operand's cotangent stands in the result
     outputs: list[str] | None = None  # for calls with several outputs: the SSA names of the results, in order
+    effect: Callable[[ast.expr], list[ast.stmt]] | None = None  # a field read's adjoint: the statements that
+    # add the result's cotangent into the field's gradient (NOTE: [Reverse of a kernel] in ``kernels.py``)
 
     def results(self) -> list[str]:
         return self.outputs or [self.target]
+
+
+@dataclass
+class Store:
+    """``field[index] = value`` (``kind`` "set"), ``+=`` ("add") or ``-=`` ("sub") into a global field, whose
+    adjoint reads (and for "set" clears) the field's gradient there (NOTE: [Reverse of a kernel])."""
+
+    gradient: ast.expr  # the field's gradient field: a namespace name, or ``p.grad`` of a template parameter
+    index: ast.expr
+    value: ast.expr  # a Name of an SSA variable, or an inactive expression
+    kind: str
 
 
 TAPE_ROWS = 0
@@ -82,7 +95,7 @@ class Block:
     """The statements of a branch side or loop body, in the forward sweep."""
 
     forward: list[ast.stmt]
-    ops: list[Op | Branch | Loop]
+    ops: list[Op | Branch | Loop | Store]
     defined: set[str] = field(default_factory=set)  # SSA names made inside (they live only there)
 
 
@@ -113,11 +126,13 @@ class Loop:
     start: str | None = None
 
 
-def uses(ops: list[Op | Branch | Loop]) -> set[str]:
+def uses(ops: list[Op | Branch | Loop | Store]) -> set[str]:
     """Names the adjoints of ``ops`` may send cotangents to (operands, values flowing into blocks)."""
     names: set[str] = set()
     for op in ops:
-        if isinstance(op, Branch):
+        if isinstance(op, Store):
+            names |= {op.value.id} if isinstance(op.value, ast.Name) else set()
+        elif isinstance(op, Branch):
             for side, final in zip(op.sides, op.finals, strict=True):
                 names |= uses(side.ops) | set(final.values())
             names |= set(op.prevs.values())
@@ -126,6 +141,19 @@ def uses(ops: list[Op | Branch | Loop]) -> set[str]:
         else:
             names |= {a.id for a in op.args if isinstance(a, ast.Name)}
     return names
+
+
+def has_effects(ops: list[Op | Branch | Loop | Store]) -> bool:
+    """Whether the adjoints of ``ops`` touch field gradients: a block's reverse must then run even where no
+    cotangent of a local leaves it."""
+    for op in ops:
+        if isinstance(op, Store) or (isinstance(op, Op) and op.effect is not None):
+            return True
+        if isinstance(op, Branch) and any(has_effects(side.ops) for side in op.sides):
+            return True
+        if isinstance(op, Loop) and has_effects(op.body.ops):
+            return True
+    return False
 
 
 class ControlFlow:
@@ -140,7 +168,7 @@ class ControlFlow:
     temps: set[str]
     tuples: dict[str, dict[tuple[int, ...], ast.expr]]
     forward: list[ast.stmt]
-    ops: list[Op | Branch | Loop]
+    ops: list[Op | Branch | Loop | Store]
     backward: list[ast.stmt]
     cts: dict[str, str]
     in_block: int
@@ -149,7 +177,7 @@ class ControlFlow:
     rename: Callable[[ast.expr], ast.expr]
     is_active: Callable[[ast.expr], bool]
     add: Callable[[str, Sym], None]
-    sweep_ops: Callable[[list[Op | Branch | Loop]], None]
+    sweep_ops: Callable[[list[Op | Branch | Loop | Store]], None]
     not_reversible: Callable[[str], Exception]
     _is_local: Callable[[ast.expr], bool]
 
@@ -268,8 +296,6 @@ class ControlFlow:
             self.active.update(phis[v] for v in late)
         self.env = env
         tapes = {}  # none where no cotangent can leave the loop: its reverse sweep never runs
-        if not TAPE_ROWS and any(phis[v] in self.active for v in variables):
-            self.recomputes = True  # NOTE: [Loops in reverse cost their square] in tidiff/_modes.py
         if TAPE_ROWS and any(phis[v] in self.active for v in variables):
             tapes = {v: self.fresh("tape_" + v) for v in variables}
             for v in variables:
@@ -350,7 +376,7 @@ class ControlFlow:
 
     def reverse_branch(self, branch: Branch) -> None:
         flowing = self.flowing(branch.phis)
-        if not flowing:
+        if not flowing and not any(has_effects(side.ops) for side in branch.sides):
             return  # no cotangent leaves the branch
         for side, final in zip(branch.sides, branch.finals, strict=True):
             self.declare((uses(side.ops) | {final[v] for v in flowing}) - side.defined)
@@ -366,8 +392,10 @@ class ControlFlow:
         self.backward.append(ast.If(name(branch.test), code[0] or [ast.Pass()], code[1]))
 
     def reverse_loop(self, loop: Loop) -> None:
-        if not self.flowing(loop.phis):
+        if not self.flowing(loop.phis) and not has_effects(loop.body.ops):
             return  # no cotangent leaves the loop
+        if not loop.phis and loop.counter is not None:
+            return self.reverse_independent(loop)
         body = loop.body
         carried = [v for v, phi in loop.phis.items() if self.is_active(name(phi))]
         self.declare({loop.phis[v] for v in carried})
@@ -386,12 +414,27 @@ class ControlFlow:
                 self.backward.append(assign(ct[v], name(self.cts[started]) if started in self.cts
                                             else zero_of(loop.phis[v])))
 
+        code = self.emitted(adjoint)
+        if loop.counter is not None and not loop.tapes and not _reads(code, _carried_values(loop)):
+            # NOTE: [Loops whose adjoint reads no carried value] an accumulation (s += f(x, j)): the adjoint of
+            # iteration k needs the values the body makes from the counter and from outside only, so the
+            # body runs once per iteration, from whatever the carried variables hold (typed values)
+            assert loop.start is not None  # set with the counter
+            once = [assign(loop.ins[v], name(loop.phis[v])) for v in loop.phis]
+            once.append(assign(loop.counter, Sym(name(loop.start)) + Sym(name(loop.count)) - 1 - Sym(name(r))))
+            self.backward.append(for_range(r, [loop.count], once + copy.deepcopy(body.forward) + code))
+            for v in carried:
+                if self.is_active(name(loop.prevs[v])):
+                    self.add(loop.prevs[v], Sym(name(ct[v])))
+            return
+        if not loop.tapes:
+            self.recomputes = True  # NOTE: [Loops in reverse cost their square] in tidiff/_modes.py
         rerun = [assign(loop.ins[v], name(state[v])) for v in loop.phis]
         if loop.counter is not None:
             assert loop.start is not None  # set with the counter
             rerun.append(assign(loop.counter, ast.BinOp(name(loop.start), ast.Add(), name(m))))
         rerun += copy.deepcopy(body.forward)
-        rerun.append(if_(compare(m, ast.Eq(), k), self.emitted(adjoint)))
+        rerun.append(if_(compare(m, ast.Eq(), k), code))
         rerun += [assign(state[v], name(loop.finals[v])) for v in loop.phis]
         iteration: list[ast.stmt] = [assign(k, Sym(name(loop.count)) - 1 - Sym(name(r)))]
         if loop.tapes:  # from the nearest saved iteration
@@ -406,3 +449,60 @@ class ControlFlow:
             if self.is_active(name(loop.prevs[v])):
                 self.add(loop.prevs[v], Sym(name(ct[v])))
 
+    def reverse_independent(self, loop: Loop) -> None:
+        """A loop that carries no variable from one iteration to the next (it only reads and writes fields):
+        each iteration recomputed once and reversed, last first."""
+        assert loop.counter is not None and loop.start is not None  # a for loop
+        self.declare(uses(loop.body.ops) - loop.body.defined)
+        r = self.namer.fresh("r")
+        iteration = [assign(loop.counter, Sym(name(loop.start)) + Sym(name(loop.count)) - 1 - Sym(name(r)))]
+        iteration += copy.deepcopy(loop.body.forward)
+        iteration += self.emitted(lambda: self.sweep_ops(loop.body.ops))
+        self.backward.append(for_range(r, [loop.count], iteration))
+
+
+def _carried_values(loop: Loop) -> set[str]:
+    """The names a loop body computes from the values its carried variables start the iteration with."""
+    found = set(loop.ins.values())
+    statements = [stmt for top in loop.body.forward for stmt in ast.walk(top) if isinstance(stmt, ast.stmt)]
+    changed = True
+    while changed:  # to a fixpoint: nested loops feed values back
+        changed = False
+        for stmt in statements:
+            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and stmt.value is not None:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                read = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+                if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+                    read.add(stmt.target.id)
+                if read & found:
+                    for target in targets:
+                        new = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} - found
+                        if new:
+                            found |= new
+                            changed = True
+            elif isinstance(stmt, (ast.If, ast.While)):
+                if {n.id for n in ast.walk(stmt.test) if isinstance(n, ast.Name)} & found:
+                    inside = {n.id for s in stmt.body + stmt.orelse for n in ast.walk(s)
+                              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} - found
+                    if inside:  # values assigned under a condition on carried values depend on them
+                        found |= inside
+                        changed = True
+    return found
+
+
+_SHAPE_ONLY = {"sum_to": 1, "zeros_like": 0}  # rule helpers reading an argument's type only, by position
+
+
+def _reads(code: list[ast.stmt], names: set[str]) -> bool:
+    """Whether ``code`` reads the value of one of ``names`` (not just its type, as ``sum_to(v, like)`` does)."""
+    skipped: set[int] = set()
+    for node in (n for stmt in code for n in ast.walk(stmt)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SHAPE_ONLY \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == RULE_HELPERS \
+                and len(node.args) > _SHAPE_ONLY[node.func.attr]:
+            skipped.add(id(node.args[_SHAPE_ONLY[node.func.attr]]))
+    for node in (n for stmt in code for n in ast.walk(stmt)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names \
+                and id(node) not in skipped:
+            return True
+    return False

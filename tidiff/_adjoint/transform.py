@@ -22,6 +22,7 @@ function not reversible: its derivatives then come from forward pushes
 """
 import ast
 import builtins
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
@@ -54,7 +55,7 @@ from .._rules.table import (
     zero,
 )
 from . import results
-from .control import Branch, ControlFlow, Loop, Op
+from .control import Branch, ControlFlow, Loop, Op, Store
 from .linearize import linearized
 
 
@@ -101,7 +102,7 @@ class Reverser(ControlFlow):
         self.recomputes = False  # whether a runtime loop is reversed by recomputation (here or in a callee)
         self.forward: list[ast.stmt] = []  # the forward lists are the current block's
         self.backward: list[ast.stmt] = []
-        self.ops: list[Op | Branch | Loop] = []
+        self.ops: list[Op | Branch | Loop | Store] = []
         self.cts: dict[str, str] = {}  # SSA name -> the name of its cotangent, in the reverse sweep
         self.entries: dict[str, tuple[ast.expr, dict[tuple[int, ...], ast.expr]]] = {}  # SSA name -> (its
         # shape's model, {index: its cotangent's contribution}): entry contributions waiting to be added
@@ -238,9 +239,16 @@ class Reverser(ControlFlow):
         self.bind(node.target.id, self.value(node.value), annotation=self.rename(node.annotation))
 
     def stmt_Expr(self, node: ast.Expr) -> None:
-        if self.reads_active(node.value):
+        """A statement of inactive values, or a compile-time one (``ti.static(check(pair))``), as written."""
+        if self.reads_active(node.value) and not self.compile_time_statement(node):
             raise NotReversible(f"the statement `{ast.unparse(node)}`")
         self.forward.append(ast.Expr(self.rename(node.value)))
+
+    def compile_time_statement(self, node: ast.Expr) -> bool:
+        """``ti.static(...)`` as a statement: Taichi evaluates it while it compiles (a check), nothing runs."""
+        value = node.value
+        return isinstance(value, ast.Call) and not self._is_local(value.func) \
+            and resolve(value.func, self.parsed.namespace) is ti.static
 
     def stmt_Pass(self, node: ast.Pass) -> None:
         pass
@@ -848,10 +856,13 @@ class Reverser(ControlFlow):
                 self.add_now(variable, Sym(ast.Call(ast.Attribute(_name(RULE_HELPERS), spread, ast.Load()),
                                                     [like] + parts, [])))
 
-    def sweep_ops(self, ops: list[Op | Branch | Loop]) -> None:
+    def sweep_ops(self, ops: list[Op | Branch | Loop | Store]) -> None:
         """The adjoints of a block's ops, last first, into ``self.backward``."""
         cts = self.cts
         for op in reversed(ops):
+            if isinstance(op, Store):
+                self.reverse_store(op)
+                continue
             if isinstance(op, Branch):
                 self.flush()
                 self.reverse_branch(op)
@@ -862,6 +873,9 @@ class Reverser(ControlFlow):
                 continue
             self.flush(*op.results())
             if not any(r in cts for r in op.results()):
+                continue
+            if op.effect is not None:
+                self.backward.extend(op.effect(_name(cts[op.target])))
                 continue
             contributions: Contributions
             if op.callee is not None:
@@ -885,6 +899,20 @@ class Reverser(ControlFlow):
             for arg, contribution in zip(op.args, contributions, strict=False):
                 if contribution is not None and self.is_active(arg):
                     self.add(arg.id, contribution)
+
+
+    def reverse_store(self, store: Store) -> None:
+        """The adjoint of a store into a field: the stored value's cotangent is the field's gradient there
+        (negated for ``-=``); a "set" clears it, as the old value no longer matters (NOTE: [Reverse of a
+        kernel] in ``kernels.py``)."""
+        at = ast.Subscript(copy.deepcopy(store.gradient), copy.deepcopy(store.index), ast.Load())
+        read = self.namer.fresh("ct_stored")
+        self.backward.append(_assign(read, ast.UnaryOp(ast.USub(), at) if store.kind == "sub" else at))
+        if store.kind == "set":
+            cleared = ast.Subscript(copy.deepcopy(store.gradient), copy.deepcopy(store.index), ast.Store())
+            self.backward.append(ast.Assign([cleared], helpers.zeros_like(_name(read)).node))
+        if self.is_active(store.value):
+            self.add(store.value.id, Sym(_name(read)))
 
 
 _OP_HINTS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow",

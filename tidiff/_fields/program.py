@@ -9,6 +9,8 @@ import numpy as np
 from taichi.lang import impl
 from taichi.lang.field import Field
 
+from .._adjoint.kernels import KernelAdjoint, vjp_kernel
+from .._cache import kernel_compiles
 from . import checks
 from .graph import CodeGraph
 from .hidden_rules import refuse_hidden_rules, rules_reached
@@ -87,7 +89,7 @@ class FieldProgram:
         rebinder = Rebinder(graph, self._twins.as_mapping())
         self._run = rebinder.rebuild(program)
         self._kernels = [rebinder.rebuild(k) for k in graph.kernels()]
-        self._guard = LaunchGuard([k._primal for k in self._kernels], self.call)
+        self._guard = LaunchGuard(self._kernels, self.call)
         self._names = graph.names
         # a field with a part declared gets its other entries from its current values (or zeros)
         self._split: dict[int, Any] = {}
@@ -100,6 +102,8 @@ class FieldProgram:
         self._tangent: tuple[FieldProgram, TangentFields] | Exception | None = None
         self._hidden_rules: list[tuple[str, str]] | None = None
         self._generation = 0  # how many times the twins were loaded: a pullback checks it is still its run
+        self.replay_exact = False  # whether the last replay needed no check (NOTE: [Launches that keep the
+        # access rules])
         self._runtime = impl.get_runtime()  # the twins live in it: a new one (ti.init, ti.reset) freed them
 
     def _spec(self, part: Part) -> FieldSpec:
@@ -114,8 +118,8 @@ class FieldProgram:
         return self._twins[field]
 
     def compiles(self) -> int:
-        """How many Taichi kernels (primal and adjoint variants) this program compiled so far."""
-        return sum(len(k._primal.compiled_kernels) + len(k._adjoint.compiled_kernels) for k in self._kernels)
+        """How many Taichi kernels (primal and adjoint variants, Taichi's or tidiff's) this program compiled so far."""
+        return sum(kernel_compiles(k) for k in self._kernels)
 
     def primal(self, args: Iterable[object]) -> list[np.ndarray]:
         """The outputs at ``args`` (one array per input), as a list of arrays."""
@@ -126,10 +130,12 @@ class FieldProgram:
         return self._read_outputs()
 
     def hidden_rules(self) -> list[tuple[str, str]]:
-        """The derivative rules the program reaches that Taichi's reverse mode cannot apply (NOTE: [Rules
-        Taichi's reverse mode cannot see]): found once; the tangent program has its primal program's."""
-        if self._hidden_rules is None:
-            self._hidden_rules = rules_reached(self._graph)  # the program's own code graph, walked once
+        """The derivative rules the program reaches through kernels Taichi's reverse mode differentiates (NOTE:
+        [Rules Taichi's reverse mode cannot see]), which cannot apply them; tidiff's adjoints of kernels (NOTE:
+        [Reverse of a kernel]) do. Found once; the tangent program has its primal program's."""
+        if self._hidden_rules is None:  # walked once: the kernels tidiff reverses apply every rule themselves
+            taichis = [k for k in self._kernels if not isinstance(vjp_kernel(k), KernelAdjoint)]
+            self._hidden_rules = rules_reached(CodeGraph(*taichis)) if taichis else []
         return self._hidden_rules
 
     def check_reverse(self) -> None:
@@ -152,6 +158,7 @@ class FieldProgram:
         self.clear_gradients()
         self.seed(cotangents)
         tape.replay_adjoints()
+        self.replay_exact = tape.keeps_the_rules
         return outs, self.gradients()
 
     def linearize(self, args: Iterable[object]) -> tuple[list[np.ndarray], Pullback]:
@@ -176,6 +183,7 @@ class FieldProgram:
             self.clear_gradients()
             self.seed(cts)
             tape.replay_adjoints()
+            self.replay_exact = tape.keeps_the_rules
             return self.gradients()
 
         return outs, pullback
@@ -194,7 +202,10 @@ class FieldProgram:
         if self._tangent is None:
             try:
                 self._tangent = tangent_program(self)
-                self._tangent[0]._hidden_rules = self.hidden_rules()
+                tangent = self._tangent[0]  # its kernels' code calls the rules' tangent code, not the rules:
+                # where Taichi reverses one of them, every rule the program reaches is refused
+                taichis = [k for k in tangent._kernels if not isinstance(vjp_kernel(k), KernelAdjoint)]
+                tangent._hidden_rules = rules_reached(self._graph) if taichis else []
             except Exception as error:  # noqa: BLE001 -- remembered, re-raised: a retry would allocate again
                 self._tangent = error
         if isinstance(self._tangent, Exception):

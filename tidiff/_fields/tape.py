@@ -21,6 +21,8 @@ from taichi.lang import impl
 from taichi.lang.field import Field
 from taichi.lang.kernel_impl import Kernel
 
+from .._adjoint.accesses import AccessLog
+from .._adjoint.kernels import KernelAdjoint, vjp_kernel
 from .._errors import taichi_cannot_reverse
 from .harmless_warnings import quiet_first_reverse
 
@@ -29,6 +31,8 @@ from .harmless_warnings import quiet_first_reverse
 #: "the field no longer depends on anything": zero its gradient. Taichi cannot
 #: build it (``fill_field`` mixes loop and non-loop statements).
 _OVERWRITES = {"fill_field": 0, "field_fill_python_scope": 0, "ext_arr_to_tensor": 1, "ext_arr_to_matrix": 1}
+#: Taichi's helpers that copy a field out (``to_numpy``): they write no field.
+_READERS = {"tensor_to_ext_arr", "matrix_to_ext_arr"}
 
 
 def is_taichi_helper(kernel: Kernel) -> bool:
@@ -37,11 +41,26 @@ def is_taichi_helper(kernel: Kernel) -> bool:
 
 
 class LaunchGuard:
-    """Lets through only kernels tidiff owns and Taichi's own helpers."""
+    """Lets through only kernels tidiff owns and Taichi's own helpers; knows the owned kernels' adjoints.
 
-    def __init__(self, owned: Iterable[Kernel], call: str) -> None:
-        self._owned = {id(kernel) for kernel in owned}
+    Args:
+        owned: the ``@ti.kernel`` s tidiff rebuilt (their launches reach the
+            tape as their primal ``Kernel``).
+        call: how messages name the user's call.
+    """
+
+    def __init__(self, owned: Iterable[Any], call: str) -> None:
+        self._owned = {id(kernel._primal): kernel for kernel in owned}
         self._call = call
+
+    def adjoint(self, kernel: Any, args: tuple[Any, ...]) -> KernelAdjoint | None:
+        """tidiff's adjoint of a launch (NOTE: [Reverse of a kernel]), or None where the transform does not
+        take the kernel or these arguments (Taichi's ``kernel.grad`` is replayed instead)."""
+        owned = self._owned.get(id(kernel))
+        if owned is None:
+            return None
+        found = vjp_kernel(owned, args[0] if getattr(owned, "_is_classkernel", False) and args else None)
+        return found if isinstance(found, KernelAdjoint) and found.takes(args) else None
 
     def check(self, kernel: object) -> None:
         if not isinstance(kernel, Kernel) or id(kernel) in self._owned or is_taichi_helper(kernel):
@@ -62,11 +81,29 @@ class Recorder:
     def __init__(self, guard: LaunchGuard) -> None:
         self._guard = guard
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        self.log = AccessLog()  # whether the launches keep the access rules (NOTE: [Launches that keep ...])
 
     def insert(self, kernel: Any, args: tuple[Any, ...]) -> None:
         """Called by Taichi before each launch of a kernel (or a ``grad_replaced`` function) and its arguments."""
         self._guard.check(kernel)
         self.calls.append((kernel, args))
+        own = self._guard.adjoint(kernel, args)
+        if own is not None:
+            self.log.launch(own.accesses, own.params, own.arguments(args))
+        elif isinstance(kernel, Kernel) and is_taichi_helper(kernel):
+            name = kernel.func.__name__
+            if name in _OVERWRITES and isinstance(args[_OVERWRITES[name]], Field):
+                self.log.overwrite(args[_OVERWRITES[name]])
+            elif name not in _READERS:
+                self.log.unknown()
+        else:
+            self.log.unknown()
+
+    @property
+    def keeps_the_rules(self) -> bool:
+        """Whether every launch was reversed by tidiff and none wrote an entry an earlier one read (NOTE:
+        [Launches that keep the access rules]): the replay is then exact, with no check needed."""
+        return self.log.safe
 
     def replay_adjoints(self) -> None:
         """Run the adjoint of every recorded launch, last first."""
@@ -81,7 +118,11 @@ class Recorder:
                     f"the ti.ad.grad_replaced function '{kernel.__name__}' has no gradient function: "
                     f"give it one with @ti.ad.grad_for({kernel.__name__})")
             elif hasattr(kernel, "grad") and not any(_is_external_array(arg) for arg in args):
-                _adjoint(kernel, args)  # readers of external arrays (to_numpy) have no adjoint
+                own = self._guard.adjoint(kernel, args)  # readers of external arrays (to_numpy) have no adjoint
+                if own is not None:
+                    own.kernel(*own.arguments(args))
+                else:
+                    _adjoint(kernel, args)
 
 
 def _adjoint(kernel: Any, args: tuple[Any, ...]) -> None:

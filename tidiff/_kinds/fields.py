@@ -78,7 +78,7 @@ class FieldFunction(Function):
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         return checked_vjp(self, batch, cotangents, lambda: self.taichi_vjp(batch, cotangents),
-                           f"the field program `{self.name}`")
+                           f"the field program `{self.name}`", exact=lambda: self.program.replay_exact)
 
     def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         """The vjp by Taichi's reverse mode alone (replaying the recorded launches' adjoints), unchecked."""
@@ -104,7 +104,7 @@ class FieldFunction(Function):
                 for o, s in zip(self.program_outputs(), specs, strict=True)]
         return outs, lambda cotangents: checked_vjp(
             self, batch, cotangents, lambda: list(pullback(self._program_cotangents(cotangents))),
-            f"the field program `{self.name}`")
+            f"the field program `{self.name}`", exact=lambda: self.program.replay_exact)
 
     def _program_cotangents(self, cotangents: Sequence[Any]) -> list[Any]:
         """Cotangents of the program's outputs: each in its output's shape (those of zero outputs dropped)."""

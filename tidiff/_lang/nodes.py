@@ -90,3 +90,13 @@ def function(fn_name: str, params: Iterable[tuple[str, ast.expr | None]], body: 
     fn = ast.FunctionDef(fn_name, args, list(body) or [ast.Pass()], [] if decorator is None else [decorator],
                          returns)
     return ast.fix_missing_locations(fn)
+
+
+def entry_root(node: ast.expr) -> tuple[ast.expr, bool]:
+    """The value an entry or attribute chain starts from (``x`` of ``x[i].norm``), and whether the chain
+    indexes it (an element of a field is a local value, the field itself is not)."""
+    subscripted = False
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        subscripted = subscripted or isinstance(node, ast.Subscript)
+        node = node.value
+    return node, subscripted

@@ -64,7 +64,7 @@ from .._lang.callees import call_name, transformable
 from .._lang.compile import compile_source, info, mark
 from .._lang.generate import generate
 from .._lang.naming import RULE_HELPERS, helper_name
-from .._lang.nodes import Value, call, function
+from .._lang.nodes import Value, call, entry_root, function
 from .._lang.objects import Unbound, argcount, bind, fields_of, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, resolve
 from .._rules import helpers as rule_helpers
@@ -431,13 +431,10 @@ class KernelTransformer(Transformer):
 
     def _is_local(self, node: ast.expr) -> bool:
         """Local values, including elements of global fields (``x[i].norm()`` is a method on a value)."""
-        subscripted = False
-        while isinstance(node, (ast.Attribute, ast.Subscript)):
-            subscripted = subscripted or isinstance(node, ast.Subscript)
-            node = node.value
-        if not isinstance(node, ast.Name):
+        root, subscripted = entry_root(node)
+        if not isinstance(root, ast.Name):
             return True
-        return node.id in self.locals or (subscripted and node.id in self.fields)
+        return root.id in self.locals or (subscripted and root.id in self.fields)
 
     def _check_fields(self) -> None:
         """Fields are welcome here (those without a tangent field are constants); ndarrays are not."""
@@ -488,8 +485,22 @@ class KernelTransformer(Transformer):
         if self._loads(node.iter) & (self.active - self.sources - set(self.paired)):
             raise self.error(node, f"a for loop over differentiable values `{ast.unparse(node.iter)}`",
                              "loop over indices instead: for i in ti.static(range(n))")
-        self.emit(ast.For(node.target, node.iter, self.nested(node.body),
-                          self.nested(node.orelse) if node.orelse else []))
+        stopped = self._stopped(node.body) if self.is_kernel and self.depth == 0 else set()
+        self.sources -= stopped  # ti.stop_grad(x) in a kernel's loop: x is a constant in that loop, as in
+        active, self.active = self.active, self.active - stopped  # Taichi's reverse mode of it
+        try:
+            self.emit(ast.For(node.target, node.iter, self.nested(node.body),
+                              self.nested(node.orelse) if node.orelse else []))
+        finally:
+            self.sources |= stopped & set(self.fields)
+            self.active = active
+
+    def _stopped(self, body: list[ast.stmt]) -> set[str]:
+        """The float fields ``ti.stop_grad(x)`` names in a loop body (Taichi stops them in that whole loop)."""
+        return {n.value.args[0].id for stmt in body for n in ast.walk(stmt)
+                if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and len(n.value.args) == 1
+                and isinstance(n.value.args[0], ast.Name) and n.value.args[0].id in self.sources
+                and not self._is_local(n.value.func) and resolve(n.value.func, self.parsed.namespace) is ti.stop_grad}
 
     def stmt_Return(self, node: ast.Return) -> None:
         if self.is_kernel and self.arrays is not None and node.value is not None:

@@ -1,0 +1,400 @@
+"""Kernels over fields reversed by tidiff's own transform (NOTE: [Reverse of a kernel]).
+
+Every op-table row inside a kernel, against torch; kernels Taichi's reverse mode cannot take (runtime
+loops carrying a local, ``while``, ``ti.tan``, statements beside loops) against central differences and
+tidiff's forward mode; kernels it can take against ``ti.ad.Tape`` to 1e-12.
+"""
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from op_table import ROWS
+
+import tidiff as td
+from tidiff._adjoint import vjp_func
+from tidiff._adjoint.kernels import KernelAdjoint, vjp_kernel
+from tidiff._lang.compile import compile_source
+
+B = 3  # elements per field
+
+
+def _field_type(shape):
+    if shape == ():
+        return ti.f64
+    return ti.types.vector(shape[0], ti.f64) if len(shape) == 1 else ti.types.matrix(*shape, ti.f64)
+
+
+class RowKernel:
+    """A kernel applying an op-table row to each element of B-element fields, summed into a loss."""
+
+    def __init__(self, row):
+        self.row = row
+        # with gradients, so that ti.ad.Tape and vjp_kernel can run on the user's own kernel too
+        self.fields = [ti.field(_field_type(s), shape=B, needs_grad=True) for s in row.shapes]
+        self.loss = ti.field(ti.f64, shape=(), needs_grad=True)
+        names = [f"a{k}" for k in range(len(row.shapes))]
+        scalar = np.shape(td.function(row.func)(*[np.full(s, 0.5 * (row.low + row.high)) for s in row.shapes])) == ()
+        args = ", ".join(f"{n}[i]" for n in names)
+        source = (
+            "@ti.kernel\ndef row_kernel():\n"
+            f"    for i in {names[0]}:\n"
+            f"        r = body({args})\n"
+            f"        loss[None] += {'r' if scalar else 'r.sum()'}\n"
+        )
+        namespace = {"ti": ti, "body": row.func, "loss": self.loss, **dict(zip(names, self.fields))}
+        self.kernel = compile_source(source, "row_kernel", namespace, "test")
+        self.fn = td.function(self.kernel, inputs=self.fields, outputs=[self.loss])
+
+
+_ROW_KERNELS = {}
+
+
+def row_kernel(row):
+    if row.name not in _ROW_KERNELS:
+        _ROW_KERNELS[row.name] = RowKernel(row)
+    return _ROW_KERNELS[row.name]
+
+
+def torch_gradient(row, xs):
+    """d sum_i sum(row(x_i)) / d x, per argument, in float64."""
+    ts = [torch.tensor(x, requires_grad=True) for x in xs]
+    total = sum(torch.as_tensor(row.torch_fn(*[t[i] for t in ts])).sum() for i in range(B))
+    return [g.numpy() for g in torch.autograd.grad(total, ts, allow_unused=True)]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_every_row_in_a_kernel_against_torch(row):
+    rk = row_kernel(row)
+    rng = np.random.default_rng(3)
+    xs = [rng.uniform(row.low, row.high, size=(B,) + s) for s in row.shapes]
+    grads = td.grad(rk.fn, argnums=tuple(range(len(xs))))(*xs)
+    # tidiff's adjoint, not Taichi's, wherever the row's func has a reverse function (else Taichi's, for now)
+    reversible = vjp_func(row.func, (True,) * len(xs), 1) is not None
+    assert isinstance(vjp_kernel(rk.kernel), KernelAdjoint) == reversible
+    for got, want in zip(grads, torch_gradient(row, xs)):
+        np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-10)
+
+
+# --- kernels Taichi's reverse mode cannot take, and one it can -------------------------------------
+N = 6
+xa = ti.field(ti.f64, N, needs_grad=True)
+ya = ti.field(ti.f64, N, needs_grad=True)
+la = ti.field(ti.f64, (), needs_grad=True)
+va = ti.Vector.field(2, ti.f64, N, needs_grad=True)
+gather = ti.field(ti.i32, N)  # an integer field: an index, no derivative
+gather.from_numpy(np.array([3, 0, 5, 1, 1, 2], dtype=np.int32))
+
+
+@ti.kernel
+def recurrence(a: ti.f64):
+    for i in xa:  # a local carried through 40 iterations: beyond Taichi's autodiff stack
+        s = xa[i]
+        for j in range(40):
+            s = ti.sin(s) * a + xa[(i + j) % N] * 0.1
+        ya[i] = s
+
+
+@ti.kernel
+def iterate():
+    for i in xa:
+        c = xa[i]
+        k = 0
+        while c < 4.0:  # a while loop, a branch on values, ti.tan: Taichi has no reverse rule for them
+            c = c * 1.5 + 0.1
+            k += 1
+        if k % 2 == 0:
+            ya[i] = c * xa[i]
+        else:
+            ya[i] -= ti.tan(c / 8)
+    la[None] = xa[0] * xa[1]  # a statement beside a loop: Taichi refuses the mix
+
+
+@ti.kernel
+def scatter_gather():
+    for i in xa:
+        va[i] = ti.Vector([xa[i], xa[i] ** 2])
+        ya[i] = va[i][1] * 2 + va[i].norm()  # read where this iteration wrote: the value it left
+        ti.atomic_add(la[None], xa[gather[i]] * ya[i])
+        ti.atomic_sub(la[None], 0.5 * va[i][0])
+
+
+def run_recurrence():
+    recurrence(0.9)
+
+
+PROGRAMS = {
+    "recurrence": td.function(run_recurrence, inputs=[xa], outputs=[ya]),
+    "iterate": td.function(iterate, inputs=[xa], outputs=[ya, la]),
+    "scatter_gather": td.function(scatter_gather, inputs=[xa], outputs=[ya, la]),
+}
+POINTS = st.lists(st.floats(0.3, 2.0), min_size=N, max_size=N).map(np.array)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@settings(max_examples=8)
+@given(x=POINTS, t=POINTS, seed=st.integers(0, 2**16))
+def test_reverse_equals_forward_mode(name, x, t, seed):
+    """<J^T c, t> = <c, J t>: tidiff's adjoint kernels against its tangent kernels, exact to rounding."""
+    fn = PROGRAMS[name]
+    outs, vjp_fn = td.vjp(fn, x)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    rng = np.random.default_rng(seed)
+    cts = tuple(rng.standard_normal(np.shape(o)) for o in outs)
+    (grad,) = vjp_fn(cts if len(cts) > 1 else cts[0])
+    _, tangents = td.jvp(fn, (x,), (t,))
+    tangents = tangents if isinstance(tangents, tuple) else (tangents,)
+    forward = sum(float(np.sum(c * d)) for c, d in zip(cts, tangents))
+    assert float(grad @ t) == pytest.approx(forward, rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_reverse_against_central_differences(name):
+    fn = PROGRAMS[name]
+    x = np.array([0.45, 1.3, 0.8, 1.7, 0.6, 1.05])  # away from the while loop's and branch's switching points
+    outs = fn(x)
+    cts = tuple(np.linspace(0.5, 1.5, np.size(o)).reshape(np.shape(o)) for o in (outs if isinstance(outs, tuple)
+                                                                                  else (outs,)))
+
+    def pairing(z):
+        values = fn(z)
+        return sum(float(np.sum(c * v)) for c, v in zip(cts, values if isinstance(values, tuple) else (values,)))
+
+    (grad,) = td.vjp(fn, x)[1](cts if len(cts) > 1 else cts[0])
+    eps = 1e-6
+    central = [(pairing(x + eps * e) - pairing(x - eps * e)) / (2 * eps) for e in np.eye(N)]
+    np.testing.assert_allclose(grad, central, rtol=1e-7, atol=1e-8)
+
+
+def test_equals_taichi_tape_where_taichi_reverses():
+    x = np.linspace(0.3, 1.8, N)
+    cts = (np.linspace(-1, 1, N), np.array(0.7))
+    (grad,) = td.vjp(PROGRAMS["scatter_gather"], x)[1](cts)
+    xa.from_numpy(x)
+    for f in (ya, la, va):
+        f.fill(0)
+        f.grad.fill(0)
+    xa.grad.fill(0)
+    scatter_gather()
+    ya.grad.from_numpy(cts[0])
+    la.grad[None] = 0.7
+    scatter_gather.grad()
+    np.testing.assert_allclose(grad, xa.grad.to_numpy(), rtol=1e-12, atol=1e-14)
+    assert isinstance(vjp_kernel(scatter_gather), KernelAdjoint)
+
+
+@pytest.mark.parametrize("kernel", [recurrence, iterate, scatter_gather], ids=lambda k: k.__name__)
+def test_the_transform_takes_these_kernels(kernel):
+    assert isinstance(vjp_kernel(kernel), KernelAdjoint)
+
+
+# --- which tapes need no check (NOTE: [Launches that keep the access rules]) ------------------------------
+T = 4
+path = ti.field(ti.f64, (T + 1, N), needs_grad=True)
+end = ti.field(ti.f64, (), needs_grad=True)
+grown = ti.field(ti.f64, N, needs_grad=True)
+
+
+@ti.kernel
+def advance(t: ti.i32):
+    for i in range(N):
+        path[t + 1, i] = path[t, i] + 0.1 * ti.sin(path[t, (i + 1) % N])
+
+
+@ti.kernel
+def measure():
+    for i in range(N):
+        end[None] += path[T, i] ** 2
+
+
+def trajectory():
+    for t in range(T):
+        advance(t)
+    measure()
+
+
+@ti.kernel
+def double_in_place():
+    for i in grown:
+        grown[i] = grown[i] * grown[i]  # read, then written where it was read: the adjoint sees the new value
+
+
+@ti.kernel
+def total_of_grown():
+    for i in grown:
+        end[None] += grown[i]
+
+
+def square_in_place():
+    double_in_place()
+    total_of_grown()
+
+
+def torch_trajectory(x0):
+    x = x0
+    for _ in range(T):
+        x = x + 0.1 * torch.sin(torch.roll(x, -1))
+    return (x**2).sum()
+
+
+def test_a_trajectory_keeps_the_rules_and_is_not_checked():
+    """Each step reads row t and writes row t + 1: no entry read is written after, so the replay is exact and
+    the first gradient runs no check (no tangent run, no second pass)."""
+    fn = td.function(trajectory, inputs=[td.part(path, 0)], outputs=[end])
+    x0 = np.linspace(-1.0, 1.0, N)
+    grad = td.grad(fn)(x0)
+    x = torch.tensor(x0, requires_grad=True)
+    (want,) = torch.autograd.grad(torch_trajectory(x), [x])
+    np.testing.assert_allclose(grad, want.numpy(), rtol=1e-12)
+    assert fn.memo.peek("reverse verdict") is None
+
+
+def test_a_field_written_where_it_was_read_is_checked_and_right():
+    """x -> x * x in place: the adjoint of the square reads x after the write (as Taichi's would); the tape does
+    not keep the rules, so the first gradient is checked, found wrong, and computed by forward mode."""
+    fn = td.function(square_in_place, inputs=[grown], outputs=[end])
+    x = np.linspace(0.5, 2.0, N)
+    with pytest.warns(td.TaichiReverseWarning, match="square_in_place"):
+        np.testing.assert_allclose(td.grad(fn)(x), 2 * x, rtol=1e-12)
+
+
+# --- ti.stop_grad, as Taichi's own tests define it (tests/python/test_ad_basics.py: test_stop_grad, 2) ---------
+held_x = ti.field(ti.f64, N)
+held_loss = ti.field(ti.f64, ())
+
+
+@ti.kernel
+def stopped_everywhere():
+    for i in range(N):
+        ti.stop_grad(held_x)
+        a = held_x[i] * 2.0  # a local made from the stopped field: a constant too
+        held_loss[None] += held_x[i] ** 2 + a * a
+
+
+@ti.kernel
+def stopped_in_one_loop():
+    for _ in range(N):  # Taichi stops the gradient in the loop (offloaded task) ti.stop_grad stands in
+        ti.stop_grad(held_x)
+        held_loss[None] += held_x[0] ** 2
+    for _ in range(N):
+        held_loss[None] += held_x[0] ** 2
+
+
+@pytest.mark.parametrize("kernel, gradient", [
+    (stopped_everywhere, lambda x: np.zeros(N)),
+    (stopped_in_one_loop, lambda x: np.eye(N)[0] * 2 * N * x[0]),
+], ids=["stop_grad", "stop_grad2"])
+def test_stop_grad_as_taichi_defines_it_in_both_modes(kernel, gradient):
+    fn = td.function(kernel, inputs=[held_x], outputs=[held_loss])
+    x = np.linspace(0.5, 1.5, N)
+    np.testing.assert_allclose(td.grad(fn)(x), gradient(x), rtol=1e-14, atol=0)
+    np.testing.assert_allclose(td.jacfwd(fn)(x), gradient(x), rtol=1e-14, atol=0)
+
+
+# --- a simulation written as an object ---------------------------------------------------------------------
+@ti.data_oriented
+class Shaper:
+    def __init__(self):
+        self.x = ti.field(ti.f64, N)
+        self.y = ti.field(ti.f64, N)
+        self.loss = ti.field(ti.f64, ())
+
+    @ti.func
+    def shape(self, v):  # a method reading a field of the object
+        return ti.tan(v) * self.x[0]
+
+    @ti.kernel
+    def step(self, a: ti.f64):
+        for i in self.x:
+            self.y[i] = self.shape(self.x[i]) * a
+
+    @ti.kernel
+    def total(self):
+        for i in self.y:
+            self.loss[None] += self.y[i] ** 2
+
+    def run(self):
+        self.step(0.5)
+        self.total()
+
+
+def test_a_data_oriented_program_with_a_method_reading_fields():
+    """Class kernels and the methods they call are reversed by tidiff (ti.tan: Taichi's kernel.grad cannot)."""
+    shaper = Shaper()
+    fn = td.function(shaper.run, inputs=[shaper.x], outputs=[shaper.loss])
+    x = np.array([0.3, 0.5, 0.7, 0.9, 0.2, 0.4])
+    xt = torch.tensor(x, requires_grad=True)
+    ((torch.tan(xt) * xt[0] * 0.5) ** 2).sum().backward()
+    np.testing.assert_allclose(td.grad(fn)(x), xt.grad.numpy(), rtol=1e-13)
+    np.testing.assert_allclose(td.jacfwd(fn)(x), xt.grad.numpy(), rtol=1e-13)
+
+
+# --- integer fields: written without a derivative; an index overwritten after a read is checked ------------
+counter = ti.field(ti.i32, ())
+shift = ti.field(ti.i32, N)
+
+
+@ti.kernel
+def count_and_square():
+    for i in xa:
+        ti.atomic_add(counter[None], 1)  # the adjoint does not count again
+        ya[i] = xa[i] ** 2
+
+
+@ti.kernel
+def gather_shifted():
+    for i in xa:
+        ya[i] = xa[shift[i]] ** 2
+
+
+@ti.kernel
+def move_shift():
+    for i in shift:
+        shift[i] = (i + 2) % N  # after gather_shifted read it: its adjoint would gather elsewhere
+
+
+def gather_then_move():
+    gather_shifted()
+    move_shift()
+
+
+def test_integer_writes_have_no_derivative_and_keep_the_rules():
+    fn = td.function(count_and_square, inputs=[xa], outputs=[ya])
+    x = np.linspace(0.5, 1.5, N)
+    np.testing.assert_allclose(td.vjp(fn, x)[1](np.ones(N))[0], 2 * x, rtol=1e-14)
+    assert isinstance(vjp_kernel(count_and_square), KernelAdjoint)
+
+
+def test_an_index_field_overwritten_after_a_read_is_checked_and_right():
+    shift.from_numpy(np.array([1, 2, 3, 4, 5, 0], dtype=np.int32))
+    fn = td.function(gather_then_move, inputs=[xa], outputs=[ya])
+    x = np.linspace(0.5, 1.5, N)
+    want = 2 * x  # ya[i] = x[shift[i]] ** 2 over a permutation: each entry read once
+    with pytest.warns(td.TaichiReverseWarning, match="gather_then_move"):
+        np.testing.assert_allclose(td.vjp(fn, x)[1](np.ones(N))[0], want, rtol=1e-12)
+
+
+@ti.kernel
+def pair_sums(n: ti.i32):
+    for i in xa:
+        s = 0.0
+        for j in range(n):  # a runtime loop accumulating: its adjoint reads no carried value
+            s += ti.sin(xa[i] - xa[j]) * xa[j]
+        ya[i] = s * s
+
+
+def test_an_accumulating_loop_is_reversed_once_per_iteration():
+    """NOTE: [Loops whose adjoint reads no carried value]: no recomputation from the loop's start (which would
+    nest a loop over the iterations so far inside the reverse loop)."""
+    from tidiff._lang.compile import info
+
+    source = info(vjp_kernel(pair_sums).kernel).source
+    assert source.count("for ") == 3, source  # the parallel loop, the forward loop, the one reverse loop
+    fn = td.function(lambda: pair_sums(N), inputs=[xa], outputs=[ya])
+    x = np.linspace(0.2, 1.4, N)
+    xt = torch.tensor(x, requires_grad=True)
+    s = (torch.sin(xt[:, None] - xt[None, :]) * xt[None, :]).sum(1)
+    c = np.cos(np.arange(N))
+    (want,) = torch.autograd.grad((s * s * torch.tensor(c)).sum(), [xt])
+    np.testing.assert_allclose(td.vjp(fn, x)[1](c)[0], want.numpy(), rtol=1e-12)

@@ -1,0 +1,530 @@
+"""A ``@ti.kernel`` over global fields -> its adjoint kernel, written by tidiff's reverse transform.
+
+NOTE: [Reverse of a kernel] A kernel's inputs and results are global
+fields, so its adjoint reads and writes their gradient fields (``x.grad``)
+as a tape replays it: it runs after the kernel, with every field holding
+the value the kernel left, and turns the gradients of what the kernel
+wrote into gradients of what it read. Each top-level ``for`` loop is one
+parallel loop in Taichi; its adjoint is a parallel loop over the same
+indices whose body is the loop body reversed by the ``@ti.func`` transform
+(:class:`~.transform.Reverser`), with field accesses as ops:
+
+- a read ``t = x[i]`` is recomputed from the field; its adjoint adds the
+  cotangent of ``t`` into ``x.grad[i]`` (atomically: ``+=`` on a global);
+- a store ``y[i] = e`` is not done again; its adjoint reads ``y.grad[i]`` as
+  the cotangent of ``e`` and clears it (the old value no longer matters);
+  ``y[i] += e`` and ``ti.atomic_add(y[i], e)`` read it without clearing,
+  ``-=`` and ``ti.atomic_sub`` negated;
+- runtime loops, ``while``, branches, calls of ``@ti.func`` s and custom
+  rules are the function transform's (NOTE: [Reverse control flow]); a loop
+  whose iterations share no local variable is reversed once per iteration.
+
+So Taichi's global data access rules hold as for ``kernel.grad``: a value
+read from a field is the value the kernel left there. Top-level statements
+outside loops run serially in Taichi and are reversed in place between the
+loops' adjoints; a loop body reading a differentiable local computed
+outside it is not reversed here (its cotangent would be a reduction over
+the iterations).
+
+A kernel the transform does not take (``ti.template()`` or ndarray
+parameters, a returned value, calls of ``@ti.func`` s that touch fields,
+atomic min/max, ``ti.stop_grad``, ``break``/``continue``, ...) has no
+adjoint here: :func:`vjp_kernel` says why, and its caller uses Taichi's.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import taichi as ti
+from taichi.lang.field import Field
+from taichi.lang.util import to_numpy_type
+from taichi.types.annotations import Template
+
+from .._cache import ADJOINT
+from .._lang.activity import integer_locals
+from .._lang.callees import transformable
+from .._lang.compile import compile_source, mark, wrap_long_lines
+from .._lang.generate import generate, owned_cache
+from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
+from .._lang.nodes import entry_root, name
+from .._lang.objects import Unbound, bind, fields_of, is_method_func, method_parts, parsed_for
+from .._lang.parse import MISSING, Parsed, hashable, parse, resolve
+from .._rules import helpers as rule_helpers
+from . import _made
+from .accesses import Access
+from .control import Block, Branch, Loop, Store, has_effects, uses
+from .transform import NotReversible, Reverser
+
+#: A constant range of at most this many iterations inside a loop body is unrolled (the function transform
+#: unrolls every constant range; in a kernel ``range(n_springs)`` is a runtime loop, as Taichi runs it).
+MOST_UNROLLED = 16
+
+_ATOMICS = {"atomic_add": "add", "atomic_sub": "sub"}
+_INTEGER_ATOMICS = [getattr(ti, f"atomic_{op}") for op in ("add", "sub", "min", "max", "and", "or", "xor")]
+
+
+class KernelAdjoint:
+    """tidiff's adjoint of one kernel: ``kernel`` takes the kernel's arguments (NOTE: [Reverse of a kernel]).
+
+    ``fields_at`` are the positions of ``ti.template()`` parameters taken for
+    fields: the adjoint runs only where a launch passed float fields with
+    gradients there (:meth:`takes`). ``accesses`` are the kernel's field reads
+    and writes in code order, ``params`` its parameter names (NOTE: [Launches
+    that keep the access rules]).
+    """
+
+    def __init__(self, kernel: Any, fields_at: list[int], accesses: list[Access], params: list[str],
+                 bound: bool = False) -> None:
+        self.kernel, self.fields_at, self.accesses, self.params = kernel, fields_at, accesses, params
+        self.bound = bound  # a class kernel's: Taichi launches it with the object first
+
+    def arguments(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The adjoint's arguments for a launch of the kernel with ``args`` (a class kernel's without ``self``)."""
+        return args[1:] if self.bound else args
+
+    def takes(self, args: tuple[Any, ...]) -> bool:
+        """Whether the arguments of a launch are ones the adjoint was written for."""
+        args = self.arguments(args)
+        return all(isinstance(args[k], Field) and _is_float(args[k]) and args[k].grad is not None
+                   for k in self.fields_at)
+
+    def compiles(self) -> int:
+        return len(self.kernel._primal.compiled_kernels)
+
+
+class ParallelLoop:
+    """A top-level ``for`` loop of a kernel: its header, and its body transformed as a block."""
+
+    def __init__(self, node: ast.For, body: Block) -> None:
+        self.node, self.body = node, body
+
+
+def vjp_kernel(kernel: Any, owner: object = None) -> KernelAdjoint | NotReversible:
+    """The adjoint of a ``@ti.kernel`` over fields (NOTE: [Reverse of a kernel]), or the NotReversible
+    saying why the transform does not take it. Made once per kernel (and object, for a kernel of a
+    ``@ti.data_oriented`` class: ``owner``, the object it is launched on).
+
+    The adjoint takes the kernel's parameters (without ``self``); it reads
+    the fields and the gradients of the float fields the kernel reaches
+    (``field.grad``, which must exist) and writes only gradients.
+    """
+    cache = owned_cache(kernel, "_tidiff_adjoint")
+    key = id(owner)
+    if key not in cache:
+        try:
+            cache[key] = _generate(kernel, owner)
+            kernel.__dict__.setdefault(ADJOINT, []).append(cache[key])
+        except NotReversible as reason:
+            cache[key] = reason
+    return cache[key]
+
+
+def _field_made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
+    """The reverse function of a callee (or the NotReversible saying why there is none): with field accesses
+    where it reaches fields (made once, kept on ``f``), else the function transform's."""
+    fn, owner = method_parts(f)  # a func of an object (self.shape): its reverse function is made for it
+    if owner is None and not _touches_fields(f):
+        return _made(f, active, n_outputs)
+    cache = owned_cache(fn, "_tidiff_field_vjps")
+    key = (tuple(bool(a) for a in active), n_outputs, id(owner))
+    if key not in cache:
+        try:
+            make = lambda parsed, act: FieldReverser(bind(parsed, owner), act, n_outputs)  # noqa: E731
+            cache[key] = generate(fn, key[0], make, tag="vjp", namespace={RULE_HELPERS: rule_helpers})
+        except NotReversible as reason:
+            cache[key] = reason
+    return cache[key]
+
+
+def _generate(kernel: Any, owner: object) -> KernelAdjoint:
+    bound = getattr(kernel, "_is_classkernel", False)
+    if bound and owner is None:
+        raise NotReversible("a kernel of a @ti.data_oriented class, without the object it runs on")
+    parsed = bind(parse(Unbound(kernel)), owner) if bound else parse(kernel)
+    reverser = KernelReverser(parsed, kernel, bound)
+    tree = reverser.run()
+    text = wrap_long_lines(ast.unparse(ast.Module([tree], [])))
+    scope = {**parsed.namespace, **reverser.helpers, RULE_HELPERS: rule_helpers, reverser.taichi_name: ti}
+    adjoint = compile_source(text + "\n", tree.name, scope, tag="adjoint-kernel")
+    mark(adjoint, reverse=True, uses_bwd=reverser.uses_bwd, recomputes=reverser.recomputes)
+    params = [a.arg for a in parsed.tree.args.args]
+    return KernelAdjoint(adjoint, [params.index(p) for p in reverser.template_fields], reverser.accesses, params,
+                         bound)
+
+
+class FieldReverser(Reverser):
+    """The reverse transform with field reads and writes as ops (NOTE: [Reverse of a kernel]): the reverse
+    function of a ``@ti.func`` that reads fields (its reads' adjoints add into their gradients), and the base
+    of a kernel's. A func that writes fields is not taken: its forward sweep, run again in the caller's
+    adjoint, would write them again."""
+
+    stores = False  # whether field writes are taken (a kernel's are; a func's are not)
+    depth = 0  # how deep in a kernel's loops the statement being transformed stands (a func's: 0)
+
+    def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int) -> None:
+        super().__init__(parsed, active, n_outputs, _field_made)
+        self.template_fields: list[str] = []
+        self.find_fields()
+
+    def find_fields(self) -> None:
+        """The global fields the code names: float ones get their gradient field's name, integer ones are
+        constants."""
+        self.gradients: dict[str, ast.expr] = {}  # a float field's name -> its gradient field (a global's by a
+        # name of its own, a template parameter's as ``p.grad``)
+        self.constant_fields: set[str] = set()
+        self.accesses: list[Access] = []  # field reads and writes, in the order of the code
+        self.stopped: set[str] = set()  # fields under ti.stop_grad in the loop being transformed: constants
+        self.narrow: dict[str, bool] = {}  # a global float field's name -> whether it is narrower than float64
+        # (a template parameter's type is known only at launch: cast as if it were)
+        self.touching: dict[int, bool] = {}
+        local = {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for identifier in sorted({n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)} - local):
+            obj = resolve(ast.Name(identifier, ast.Load()), self.parsed.namespace)
+            if isinstance(obj, Field):
+                if _is_float(obj):
+                    if obj.grad is None:
+                        raise NotReversible(f"the float field `{identifier}` without a gradient field")
+                    gradient = self.namer.fresh(identifier + "_grad")
+                    self.helpers[gradient] = obj.grad
+                    self.gradients[identifier] = name(gradient)
+                    self.narrow[identifier] = obj.dtype != ti.f64
+                else:
+                    self.constant_fields.add(identifier)
+            elif fields_of(obj):
+                raise NotReversible(f"the fields reached through `{identifier}`")
+
+    def field_name(self, node: ast.expr) -> str | None:
+        """The global name of a float field with a gradient that ``node`` names, else None."""
+        if isinstance(node, ast.Name) and node.id in self.gradients and node.id not in self.stopped and \
+                (node.id not in self.env or node.id in self.template_fields):
+            return node.id
+        return None
+
+    def reads_active(self, node: ast.expr) -> bool:
+        """Whether ``node`` reads a differentiable local, a float field, or calls a func that reaches fields
+        (whose call the transform then refuses)."""
+        for n in ast.walk(node):
+            if isinstance(n, ast.Subscript) and self.field_name(n.value) is not None:
+                return True
+            if isinstance(n, ast.Call) and not self._is_local(n.func) and self.touches(n.func):
+                return True
+        return super().reads_active(node)
+
+    def field_index(self, node: ast.Subscript) -> ast.expr:
+        if any(isinstance(n, ast.Slice) for n in ast.walk(node.slice)) or super().reads_active(node.slice) \
+                or self.reads_active(node.slice):
+            raise NotReversible(f"the field access `{ast.unparse(node)}` at a differentiable index")
+        return self.rename(node.slice)
+
+    def expr_Subscript(self, node: ast.Subscript) -> ast.expr:
+        field = self.field_name(node.value)
+        if field is None:
+            return super().expr_Subscript(node)
+        index = self.field_index(node)
+        gradient = self.gradients[field]
+
+        def effect(ct: ast.expr) -> list[ast.stmt]:
+            at = ast.Subscript(copy.deepcopy(gradient), copy.deepcopy(index), ast.Store())
+            if self.narrow.get(field, True):  # a float32 field: the cotangent (maybe float64) in its type
+                ct = ast.Call(ast.Attribute(name(TAICHI), "cast", ast.Load()),
+                              [ct, ast.Attribute(copy.deepcopy(gradient), "dtype", ast.Load())], [])
+            return [ast.AugAssign(at, ast.Add(), ct)]
+
+        read = ast.Subscript(name(field), index, ast.Load())
+        self.accesses.append(Access("load", self.field_key(field), index, self.scalar_params()))
+        target = self.op(None, read, [], f"{field}_at")
+        self.last_op().effect = effect
+        return target
+
+    def store(self, target: ast.Subscript, value: ast.expr, kind: str) -> None:
+        field = self.field_name(target.value)
+        assert field is not None
+        if not self.stores:
+            raise NotReversible(f"the write `{ast.unparse(target)}` into a field inside a @ti.func")
+        index = self.field_index(target)
+        stored = self.operand(value)
+        self.accesses.append(Access("store", self.field_key(field), index, self.scalar_params()))
+        self.ops.append(Store(self.gradients[field], index, stored, kind))
+
+    def scalar_params(self) -> list[str]:
+        """The kernel's number parameters still holding their values (a func's: none; its calls vary them)."""
+        if not self.stores:
+            return []
+        params = [a.arg for a in self.tree.args.args]
+        return [p for p in params if p not in self.template_fields and self.env.get(p) == p]
+
+    def field_key(self, field: str) -> Field | int:
+        """What a field's name stands for: a global field, or the position of a template parameter."""
+        if field in self.template_fields:
+            return [a.arg for a in self.tree.args.args].index(field)
+        found = resolve(ast.Name(field, ast.Load()), self.parsed.namespace)
+        assert isinstance(found, Field)  # find_fields names fields only
+        return found
+
+    def stmt_Assign(self, node: ast.Assign) -> None:
+        target = node.targets[0] if len(node.targets) == 1 else None
+        if isinstance(target, ast.Subscript) and self.field_name(target.value) is not None:
+            return self.store(target, node.value, "set")
+        if self.integer_store(target):
+            return None
+        self.refuse_field_writes(node.targets)
+        super().stmt_Assign(node)
+
+    def integer_store(self, target: ast.expr | None) -> bool:
+        """A write into an integer field by a kernel: no derivative, and the adjoint must not write it again;
+        recorded (NOTE: [Launches that keep the access rules]) and left out."""
+        if not (self.stores and isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                and target.value.id in self.constant_fields and target.value.id not in self.env):
+            return False
+        self.accesses.append(Access("store", self.field_key(target.value.id), None, ()))
+        return True
+
+    def stmt_AugAssign(self, node: ast.AugAssign) -> None:
+        target = node.target
+        if self.integer_store(target):
+            return None
+        if isinstance(target, ast.Subscript) and self.field_name(target.value) is not None:
+            kinds = {ast.Add: "add", ast.Sub: "sub"}
+            if type(node.op) not in kinds:
+                raise NotReversible(f"the update `{ast.unparse(node)}` of a field (only += and -=)")
+            return self.store(target, node.value, kinds[type(node.op)])
+        self.refuse_field_writes([target])
+        super().stmt_AugAssign(node)
+
+    def stmt_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self.refuse_field_writes([node.target])
+        super().stmt_AnnAssign(node)
+
+    def refuse_field_writes(self, targets: list[ast.expr]) -> None:
+        """A write into a field other than ``x[i] = e`` (an entry ``x[i][0] = e``, an integer field): the
+        adjoint kernel must not write fields, and the transform does not follow these."""
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Name) and sub.id not in self.env and \
+                        (sub.id in self.gradients or sub.id in self.constant_fields):
+                    raise NotReversible(f"the write `{ast.unparse(target)}` into a field")
+
+    def stmt_Expr(self, node: ast.Expr) -> None:
+        value = node.value
+        if isinstance(value, ast.Call):
+            callee = resolve(value.func, self.parsed.namespace) if not self._is_local(value.func) else MISSING
+            kind = next((k for op, k in _ATOMICS.items() if callee is getattr(ti, op)), None)
+            if kind is not None and len(value.args) == 2 and not value.keywords \
+                    and isinstance(value.args[0], ast.Subscript) and self.field_name(value.args[0].value):
+                return self.store(value.args[0], value.args[1], kind)
+            if callee in _INTEGER_ATOMICS and value.args and self.integer_store(value.args[0]):
+                return None
+            if callee is ti.stop_grad and self.depth > 0:  # taken by the loop it stands in (``parallel``)
+                return None
+        if not self.compile_time_statement(node):  # any other statement may write a field
+            raise NotReversible(f"the statement `{ast.unparse(node)}`")
+        super().stmt_Expr(node)
+
+    def _is_local(self, node: ast.expr) -> bool:
+        """Local values, including elements of fields (``x[i].norm()`` is a method on a value)."""
+        root, subscripted = entry_root(node)
+        if not isinstance(root, ast.Name):
+            return True
+        return root.id in self.env or (subscripted and (root.id in self.gradients or root.id in self.constant_fields))
+
+    def touches(self, func: ast.expr) -> bool:
+        """Whether the global ``func`` names a func that reaches fields (found once per callee)."""
+        obj = resolve(func, self.parsed.namespace)
+        if id(obj) not in self.touching:
+            self.touching[id(obj)] = _touches_fields(obj)
+        return self.touching[id(obj)]
+
+    def classify(self, node: ast.Call) -> Any:
+        """What a call goes to; a call passing a field on is not taken (the callee would index it as a value)."""
+        for arg in node.args + [k.value for k in node.keywords]:
+            if isinstance(arg, ast.Name) and (self.field_name(arg) or arg.id in self.constant_fields):
+                raise NotReversible(f"the call `{ast.unparse(node)}`, passing the field `{arg.id}` on")
+        if not self._is_local(node.func) and self.touches(node.func):  # a func reading fields (it writes none)
+            self.accesses += [Access("load", f, None, ()) for f in
+                              _fields_reached(resolve(node.func, self.parsed.namespace))]
+        return super().classify(node)
+
+
+class KernelReverser(FieldReverser):
+    """The adjoint of one kernel over fields (NOTE: [Reverse of a kernel])."""
+
+    stores = True
+
+    def __init__(self, parsed: Parsed, kernel: Any, bound: bool = False) -> None:
+        self.kernel, self.bound = kernel, bound  # bound: a class kernel, its ``self`` bound by ``objects.bind``
+        super().__init__(parsed, (False,) * len(parsed.tree.args.args), 0)
+        self.depth = 0  # how deep in loops the statement being transformed stands (0: the kernel's top level)
+        self.template_fields = self._template_fields()
+        for p in self.template_fields:
+            self.gradients[p] = ast.Attribute(name(p), "grad", ast.Load())
+
+    def run(self) -> ast.FunctionDef:
+        self._check_parameters()
+        body = self.tree.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        read = sorted({n.value.id for n in ast.walk(self.tree) if isinstance(n, ast.Subscript)
+                       and isinstance(n.value, ast.Name) and n.value.id in self.constant_fields})
+        self.accesses += [Access("load", self.field_key(f), None, ()) for f in read]  # integer fields: any
+        # entry, read first (so one the kernel writes too is written where it was read)
+        for stmt in body:
+            self.statement(stmt)
+        self.straight = not _has_blocks(self.ops)
+        self.sweep_ops(self.ops)
+        self.flush()
+        fn = ast.FunctionDef(self.namer.fresh(self.tree.name + "_adjoint"), copy.deepcopy(self.tree.args),
+                             self.forward + self.backward or [ast.Pass()],
+                             [ast.Attribute(name(TAICHI), "kernel", ast.Load())], None)
+        return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
+
+    def _template_fields(self) -> list[str]:
+        """The ``ti.template()`` parameters the kernel indexes or loops over: fields, float ones with gradients
+        at launch (``template_fields``: the launch checks)."""
+        found = []
+        for p in list(inspect.signature(self.kernel.__wrapped__).parameters.values())[self.bound:]:
+            if isinstance(p.annotation, Template) or p.annotation is ti.template:
+                used = any(isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == p.name
+                           or isinstance(n, ast.For) and isinstance(n.iter, ast.Name) and n.iter.id == p.name
+                           for n in ast.walk(self.tree))
+                if not used:
+                    raise NotReversible(f"the ti.template() parameter `{p.name}`, not used as a field")
+                found.append(p.name)
+            elif not (p.annotation in (int, float) or isinstance(p.annotation, type(ti.f64))):
+                raise NotReversible(f"the parameter `{p.name}` (numbers and ti.template() fields only)")
+        return found
+
+    def _check_parameters(self) -> None:
+        if self.tree.returns is not None:
+            raise NotReversible("a kernel that returns a value")
+
+    # --- loops --------------------------------------------------------------------
+    def stmt_For(self, node: ast.For) -> None:
+        if self.depth == 0:
+            return self.parallel(node)
+        static = isinstance(node.iter, ast.Call) and resolve(node.iter.func, self.parsed.namespace) is ti.static
+        values = None if static else self.constant(node.iter, "range")
+        if static or (values is not None and len(values) <= MOST_UNROLLED):
+            return super().stmt_For(node)
+        bounds = self.runtime_range(node.iter)
+        if bounds is None or not isinstance(node.target, ast.Name) or node.orelse:
+            raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}`")
+        self.depth += 1
+        try:
+            self.loop(node, node.target.id, bounds)
+        finally:
+            self.depth -= 1
+
+    def stmt_While(self, node: ast.While) -> None:
+        self.depth += 1
+        try:
+            super().stmt_While(node)
+        finally:
+            self.depth -= 1
+
+    def parallel(self, node: ast.For) -> None:
+        """A top-level loop: its body is a block of its own, reversed as one parallel loop (NOTE above)."""
+        if node.orelse:
+            raise NotReversible("a loop with an `else` block")
+        counters = [n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)]
+        if self.reads_active(node.iter):
+            raise NotReversible(f"the loop over `{ast.unparse(node.iter)}`")
+        written = {n.id for stmt in node.body for n in ast.walk(stmt)
+                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        shared = sorted(v for v in written if v in self.env and v not in counters)
+        if shared:
+            raise NotReversible(f"the parallel loop assigning `{shared[0]}`, a variable of the kernel's top level")
+        header = ast.For(node.target, self.rename(node.iter), [], [])
+        env = dict(self.env)
+        for c in counters:
+            self.env[c] = c
+            self.defined.add(c)
+        self.integral |= integer_locals(ast.FunctionDef("body", ast.arguments([], [], None, [], [], None, []),
+                                                        node.body, [], None))
+        self.stopped = self.stopped_fields(node.body)
+        self.depth += 1
+        try:
+            block = self.nested(node.body)
+        finally:
+            self.depth -= 1
+            self.stopped = set()
+        self.env = env
+        outer = uses(block.ops) - block.defined - set(counters)
+        if any(self.is_active(name(n)) for n in outer):
+            raise NotReversible("a parallel loop reading a differentiable value computed outside it (compute it "
+                                "inside the loop)")
+        if has_effects(block.ops):
+            self.ops.append(ParallelLoop(header, block))  # type: ignore[arg-type]
+
+    def stopped_fields(self, body: list[ast.stmt]) -> set[str]:
+        """The fields ``ti.stop_grad(x)`` names in a loop body: Taichi stops their gradient in that whole loop
+        (its offloaded task), so the adjoint reads them as constants there."""
+        found = set()
+        for node in (n for stmt in body for n in ast.walk(stmt)):
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and len(node.value.args) == 1 \
+                    and not self._is_local(node.value.func) \
+                    and resolve(node.value.func, self.parsed.namespace) is ti.stop_grad:
+                arg = node.value.args[0]
+                if not (isinstance(arg, ast.Name) and arg.id in self.gradients):
+                    raise NotReversible(f"the statement `{ast.unparse(node)}` (ti.stop_grad of a float field by name)")
+                found.add(arg.id)
+        return found
+
+    def sweep_ops(self, ops: list[Any]) -> None:
+        """Top-level parallel loops reverse into loops of their own, last first; the rest as in functions."""
+        pieces: list[list[Any]] = [[]]
+        for op in ops:
+            if isinstance(op, ParallelLoop):
+                pieces += [[op], []]
+            else:
+                pieces[-1].append(op)
+        for piece in reversed(pieces):
+            if piece and isinstance(piece[0], ParallelLoop):
+                self.reverse_parallel(piece[0])
+            elif piece:
+                super().sweep_ops(piece)
+
+    def reverse_parallel(self, loop: ParallelLoop) -> None:
+        self.flush()
+        body = copy.deepcopy(loop.body.forward) + self.emitted(lambda: super(KernelReverser, self).sweep_ops(
+            loop.body.ops))
+        header = copy.deepcopy(loop.node)
+        header.body = body or [ast.Pass()]
+        self.backward.append(header)
+
+
+def _has_blocks(ops: list[Any]) -> bool:
+    """Whether a branch or runtime loop stands among ``ops`` or in a parallel loop's body."""
+    return any(isinstance(op, (Branch, Loop)) or (isinstance(op, ParallelLoop) and _has_blocks(op.body.ops))
+               for op in ops)
+
+
+def _is_float(field: Field) -> bool:
+    return np.dtype(to_numpy_type(field.dtype)).kind == "f"
+
+
+def _touches_fields(obj: object) -> bool:
+    """Whether a ``@ti.func`` (or helper) reads or writes global fields, directly or through its callees."""
+    return bool(_fields_reached(obj))
+
+
+def _fields_reached(obj: object, seen: set[int] | None = None) -> list[Field]:
+    """The global fields a ``@ti.func`` (or helper) names, directly or through its callees."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or not (is_method_func(obj) or hashable(obj) and transformable(obj)):
+        return []
+    seen.add(id(obj))
+    try:
+        parsed = parsed_for(obj)
+    except (TypeError, OSError):
+        return []
+    found: list[Field] = []
+    for identifier in sorted({n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name)}):
+        value = resolve(ast.Name(identifier, ast.Load()), parsed.namespace)
+        if value is not MISSING:
+            found += [*fields_of(value), *_fields_reached(value, seen)]
+    return found
