@@ -398,3 +398,16 @@ def test_an_accumulating_loop_is_reversed_once_per_iteration():
     c = np.cos(np.arange(N))
     (want,) = torch.autograd.grad((s * s * torch.tensor(c)).sum(), [xt])
     np.testing.assert_allclose(td.vjp(fn, x)[1](c)[0], want.numpy(), rtol=1e-12)
+
+
+def test_the_access_log_finds_a_written_entry_that_was_read_and_only_those():
+    from tidiff._adjoint.accesses import _Reads
+
+    reads = _Reads()
+    for t in range(50):
+        reads.add((t, None))  # a trajectory's steps read rows 0..49
+    assert reads.overlaps((49, None)) and reads.overlaps((0, 3)) and not reads.overlaps((50, None))
+    assert reads.overlaps((None, 2)) and reads.overlaps(None)
+    reads.add((None, 7))  # and column 7 of any row
+    assert reads.overlaps((80, 7)) and not reads.overlaps((80, 6))
+    assert not _Reads().overlaps(None)

@@ -56,7 +56,7 @@ from .._lang.objects import Unbound, bind, fields_of, is_method_func, method_par
 from .._lang.parse import MISSING, Parsed, hashable, parse, resolve
 from .._rules import helpers as rule_helpers
 from . import _made
-from .accesses import Access
+from .accesses import Access, KernelAccesses
 from .control import Block, Branch, Loop, Store, has_effects, uses
 from .transform import NotReversible, Reverser
 
@@ -80,7 +80,8 @@ class KernelAdjoint:
 
     def __init__(self, kernel: Any, fields_at: list[int], accesses: list[Access], params: list[str],
                  bound: bool = False) -> None:
-        self.kernel, self.fields_at, self.accesses, self.params = kernel, fields_at, accesses, params
+        self.kernel, self.fields_at, self.params = kernel, fields_at, params
+        self.accesses = KernelAccesses(accesses, params)
         self.bound = bound  # a class kernel's: Taichi launches it with the object first
 
     def arguments(self, args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -81,6 +81,7 @@ class Recorder:
     def __init__(self, guard: LaunchGuard) -> None:
         self._guard = guard
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        self._own: list[KernelAdjoint | None] = []  # per call, tidiff's adjoint (found once, at the launch)
         self.log = AccessLog()  # whether the launches keep the access rules (NOTE: [Launches that keep ...])
 
     def insert(self, kernel: Any, args: tuple[Any, ...]) -> None:
@@ -88,8 +89,9 @@ class Recorder:
         self._guard.check(kernel)
         self.calls.append((kernel, args))
         own = self._guard.adjoint(kernel, args)
+        self._own.append(own)
         if own is not None:
-            self.log.launch(own.accesses, own.params, own.arguments(args))
+            self.log.launch(own.accesses, own.arguments(args))
         elif isinstance(kernel, Kernel) and is_taichi_helper(kernel):
             name = kernel.func.__name__
             if name in _OVERWRITES and isinstance(args[_OVERWRITES[name]], Field):
@@ -107,7 +109,7 @@ class Recorder:
 
     def replay_adjoints(self) -> None:
         """Run the adjoint of every recorded launch, last first."""
-        for kernel, args in reversed(self.calls):
+        for (kernel, args), own in zip(reversed(self.calls), reversed(self._own), strict=True):
             name = kernel.func.__name__ if isinstance(kernel, Kernel) and is_taichi_helper(kernel) else None
             if name in _OVERWRITES:
                 written = args[_OVERWRITES[name]]
@@ -118,8 +120,7 @@ class Recorder:
                     f"the ti.ad.grad_replaced function '{kernel.__name__}' has no gradient function: "
                     f"give it one with @ti.ad.grad_for({kernel.__name__})")
             elif hasattr(kernel, "grad") and not any(_is_external_array(arg) for arg in args):
-                own = self._guard.adjoint(kernel, args)  # readers of external arrays (to_numpy) have no adjoint
-                if own is not None:
+                if own is not None:  # readers of external arrays (to_numpy) have no adjoint
                     own.kernel(*own.arguments(args))
                 else:
                     _adjoint(kernel, args)
