@@ -52,6 +52,8 @@ class LaunchGuard:
     def __init__(self, owned: Iterable[Any], call: str) -> None:
         self._owned = {id(kernel._primal): kernel for kernel in owned}
         self._call = call
+        self.ruled: set[tuple[Any, ...]] = set()  # launch sequences found to keep the access rules: a warm call
+        # repeating one is not logged again
 
     def adjoint(self, kernel: Any, args: tuple[Any, ...]) -> KernelAdjoint | None:
         """tidiff's adjoint of a launch (NOTE: [Reverse of a kernel]), or None where the transform does not
@@ -82,30 +84,44 @@ class Recorder:
         self._guard = guard
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
         self._own: list[KernelAdjoint | None] = []  # per call, tidiff's adjoint (found once, at the launch)
-        self.log = AccessLog()  # whether the launches keep the access rules (NOTE: [Launches that keep ...])
+        self._sequence: list[tuple[Any, ...]] = []  # per call, the kernel and its number arguments
+        self._ruled: bool | None = None
 
     def insert(self, kernel: Any, args: tuple[Any, ...]) -> None:
         """Called by Taichi before each launch of a kernel (or a ``grad_replaced`` function) and its arguments."""
         self._guard.check(kernel)
         self.calls.append((kernel, args))
-        own = self._guard.adjoint(kernel, args)
-        self._own.append(own)
-        if own is not None:
-            self.log.launch(own.accesses, own.arguments(args))
-        elif isinstance(kernel, Kernel) and is_taichi_helper(kernel):
-            name = kernel.func.__name__
-            if name in _OVERWRITES and isinstance(args[_OVERWRITES[name]], Field):
-                self.log.overwrite(args[_OVERWRITES[name]])
-            elif name not in _READERS:
-                self.log.unknown()
-        else:
-            self.log.unknown()
+        self._own.append(self._guard.adjoint(kernel, args))
+        self._sequence.append((id(kernel), *(a if type(a) in (int, float, bool) else id(a) for a in args)))
 
     @property
     def keeps_the_rules(self) -> bool:
         """Whether every launch was reversed by tidiff and none wrote an entry an earlier one read (NOTE:
-        [Launches that keep the access rules]): the replay is then exact, with no check needed."""
-        return self.log.safe
+        [Launches that keep the access rules]): the replay is then exact, with no check needed. Found once per
+        sequence of launches and arguments."""
+        if self._ruled is None:
+            sequence = tuple(self._sequence)
+            self._ruled = sequence in self._guard.ruled or self._log_keeps_the_rules()
+            if self._ruled:
+                self._guard.ruled.add(sequence)
+        return self._ruled
+
+    def _log_keeps_the_rules(self) -> bool:
+        log = AccessLog()
+        for (kernel, args), own in zip(self.calls, self._own, strict=True):
+            if own is not None:
+                log.launch(own.accesses, own.arguments(args))
+            elif isinstance(kernel, Kernel) and is_taichi_helper(kernel):
+                name = kernel.func.__name__
+                if name in _OVERWRITES and isinstance(args[_OVERWRITES[name]], Field):
+                    log.overwrite(args[_OVERWRITES[name]])
+                elif name not in _READERS:
+                    log.unknown()
+            else:
+                log.unknown()
+            if not log.safe:
+                return False
+        return True
 
     def replay_adjoints(self) -> None:
         """Run the adjoint of every recorded launch, last first."""
