@@ -179,9 +179,10 @@ def _check(fn: Any, batch: Batch, what: str, verdict: _Verdict) -> bool:
         differences = _differences(fn, point, cotangents, directions, single)
         if differences is None or abs(forward - differences) * 10 > abs(reverse - differences):
             return False
-        verdict.wrong = (f"Taichi's reverse mode of {what} is wrong: <J^T c, t> = {reverse:.6g} where tidiff's "
-                         f"forward mode gives <c, J t> = {forward:.6g} and central differences {differences:.6g} "
-                         "(NOTE: [Checking Taichi's reverse mode])")
+        verdict.wrong = (f"the reverse mode of {what} is wrong (Taichi's kernel.grad, or a program breaking Taichi's "
+                         f"global data access rules): <J^T c, t> = {reverse:.6g} where tidiff's forward mode gives "
+                         f"<c, J t> = {forward:.6g} and central differences {differences:.6g} (NOTE: [Checking "
+                         "Taichi's reverse mode])")
         warnings.warn(f"{verdict.wrong}; tidiff computes its reverse-mode derivatives by forward mode instead, one "
                       "tangent run per input component (docs/limits.md)", TaichiReverseWarning, stacklevel=3)
         return True

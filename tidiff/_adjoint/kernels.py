@@ -17,19 +17,27 @@ indices whose body is the loop body reversed by the ``@ti.func`` transform
   ``-=`` and ``ti.atomic_sub`` negated;
 - runtime loops, ``while``, branches, calls of ``@ti.func`` s and custom
   rules are the function transform's (NOTE: [Reverse control flow]); a loop
-  whose iterations share no local variable is reversed once per iteration.
+  whose iterations share no local variable is reversed once per iteration;
+- a ``@ti.func`` (or a method of the object) that reads fields gets a
+  reverse function whose reads add into the gradients (:class:`FieldReverser`);
+- ``ti.template()`` parameters indexed as fields use ``p.grad``; a kernel of a
+  ``@ti.data_oriented`` class is bound to the object it launches on;
+- ``ti.stop_grad(x)`` makes ``x`` a constant in the loop it stands in, as
+  Taichi defines it; integer fields carry no derivative and their writes are
+  not done again.
 
 So Taichi's global data access rules hold as for ``kernel.grad``: a value
-read from a field is the value the kernel left there. Top-level statements
-outside loops run serially in Taichi and are reversed in place between the
-loops' adjoints; a loop body reading a differentiable local computed
-outside it is not reversed here (its cotangent would be a reduction over
-the iterations).
+read from a field is the value the kernel left there (the tape tells whether
+a run kept them: NOTE: [Launches that keep the access rules]). Top-level
+statements outside loops run serially in Taichi and are reversed in place
+between the loops' adjoints; a loop body reading a differentiable local
+computed outside it is not reversed here (its cotangent would be a
+reduction over the iterations).
 
-A kernel the transform does not take (``ti.template()`` or ndarray
-parameters, a returned value, calls of ``@ti.func`` s that touch fields,
-atomic min/max, ``ti.stop_grad``, ``break``/``continue``, ...) has no
-adjoint here: :func:`vjp_kernel` says why, and its caller uses Taichi's.
+A kernel the transform does not take (ndarray parameters, a returned value,
+a ``@ti.func`` writing fields or given a field, ``ti.atomic_min``/``max``,
+``break``/``continue``, ...) has no adjoint here: :func:`vjp_kernel` says
+why, and the tape replays Taichi's ``kernel.grad`` for it.
 """
 from __future__ import annotations
 
