@@ -411,3 +411,29 @@ def test_the_access_log_finds_a_written_entry_that_was_read_and_only_those():
     reads.add((None, 7))  # and column 7 of any row
     assert reads.overlaps((80, 7)) and not reads.overlaps((80, 6))
     assert not _Reads().overlaps(None)
+
+
+@ti.kernel
+def skip_some():
+    for i in xa:
+        if xa[i] < 0.8:
+            continue  # NOTE: [Continue as a branch]: the rest of the body on the other side
+        s = 0.0
+        for j in range(N):
+            if j == i:
+                continue
+            s += ti.tan(xa[j] * 0.3) * xa[i]
+        ya[i] = s
+
+
+def test_kernels_with_continue_are_reversed_by_tidiff():
+    assert isinstance(vjp_kernel(skip_some), KernelAdjoint)
+    fn = td.function(skip_some, inputs=[xa], outputs=[ya])
+    x = np.array([0.45, 1.3, 0.8 + 1e-3, 1.7, 0.6, 1.05])
+    xt = torch.tensor(x, requires_grad=True)
+    terms = torch.tan(xt * 0.3)[None, :] * xt[:, None] * (1 - torch.eye(N, dtype=torch.float64))
+    y = torch.where(xt < 0.8, torch.zeros(N, dtype=torch.float64), terms.sum(1))
+    c = np.cos(np.arange(N))
+    (want,) = torch.autograd.grad((y * torch.tensor(c)).sum(), [xt])
+    np.testing.assert_allclose(td.vjp(fn, x)[1](c)[0], want.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(td.jvp(fn, (x,), (np.ones(N),))[1], td.jacrev(fn)(x).sum(1), rtol=1e-12)

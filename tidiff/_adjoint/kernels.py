@@ -36,7 +36,7 @@ reduction over the iterations).
 
 A kernel the transform does not take (ndarray parameters, a returned value,
 a ``@ti.func`` writing fields or given a field, ``ti.atomic_min``/``max``,
-``break``/``continue``, ...) has no adjoint here: :func:`vjp_kernel` says
+``break``, ...) has no adjoint here: :func:`vjp_kernel` says
 why, and the tape replays Taichi's ``kernel.grad`` for it.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ the ops with a reverse rule in ``_rules/ops.py``, calls of other reversible
 ``for`` loops over ranges of constants (unrolled), ``if`` on a condition of
 constants (after unrolling: ``ti.static(i == j)``), and branches on values,
 runtime ``for`` loops and ``while`` loops (``control.py``, NOTE: [Reverse
-control flow]). ``break``, ``continue`` and loops with ``else`` make a
+control flow]; ``continue`` is read as a branch: NOTE: [Continue as a branch]). ``break`` and loops with ``else`` make a
 function not reversible: its derivatives then come from forward pushes
 (``_codegen/bodies.py``), which handle everything.
 """

@@ -11,6 +11,7 @@ from typing import Any
 
 from .callees import Quiet, is_helper, is_taichi_func, signature_of, value_node
 from .comprehensions import unrolled
+from .continues import without_continue
 from .naming import Namer
 from .returns import narrowing_returns_cast
 from .source import source_tree
@@ -82,6 +83,7 @@ def parse(f: Any) -> Parsed:
             pass
     _bind_annotations(tree, fn, namespace)
     unrolled(tree, lambda node: resolve(node, namespace))  # NOTE: [Unrolled comprehensions]
+    without_continue(tree)  # NOTE: [Continue as a branch]
     scalarized_structs(tree, lambda node: resolve(node, namespace), namespace)  # NOTE: [Struct locals]
     narrowing_returns_cast(tree, lambda node: resolve(node, namespace), namespace)  # NOTE: [Narrowing return ...]
     return Parsed(tree, filename, first_line, namespace, form)
