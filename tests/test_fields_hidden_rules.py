@@ -159,3 +159,30 @@ def test_torch_backward_is_refused():
     out = op(t)
     with pytest.raises(td.TransformError, match="td.stop_gradient"):
         out.sum().backward()
+
+
+vec3d = ti.types.vector(3, ti.f64)
+
+
+@ti.func
+def detached_in_a_loop(x0: ti.f64) -> ti.f64:
+    """Conformance net, seed 34001 (field programs): a rule, and a tangent kernel tidiff's adjoint does not take."""
+    x1 = x0 * 0.5 + 0.1
+    t0 = (ti.cos(ti.Vector([x0, x0])) % 1.3).sum()
+    t1 = td.stop_gradient(ti.math.smoothstep(-0.2, 0.5, ti.Vector([x1, x1, x1])) * 0.4)
+    for _ in range(2):
+        t1[2] = ((ti.Matrix([[x1, t0, x1], [x1, t0, x0], [x0, t0, x1]]) ** 2 + 0.5) ** 0.5).determinant()
+        t1 = vec3d(x0, x1, x0)
+    return ti.math.smoothstep(0.3, 1.0, ti.log(t0 ** 2 + 1.0)) + t1.sum() * x1
+
+
+def test_hvp_of_a_program_whose_second_order_taichi_would_reverse_is_pushed_forward():
+    """The primal's reverse mode is tidiff's (the rule applied); its tangent program has a kernel Taichi would
+    reverse, which cannot apply the rule: the Hessian-vector product pushes forward there instead of refusing."""
+    F, _ = field_program(detached_in_a_loop)
+    x = np.array([0.9, 0.7, 1.1])
+    v = np.array([1.0, -0.5, 0.25])
+    _, (hx,) = td.hvp(F, (x,), (v,))
+    eps = 1e-5
+    central = (td.grad(F)(x + eps * v) - td.grad(F)(x - eps * v)) / (2 * eps)
+    np.testing.assert_allclose(hx, central, rtol=1e-6, atol=1e-9)

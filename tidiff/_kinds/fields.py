@@ -27,7 +27,7 @@ from .._errors import describe_shape
 from .._fields import FieldProgram
 from .._fields.hidden_rules import describe
 from .._protocol import Function, register_kind
-from .._reverse_check import checked_vjp, wrong_reverse
+from .._reverse_check import checked_vjp, pushed_vjp, wrong_reverse
 from .._signature import ArgSpec
 from .._tree import Tree, flat_tree
 
@@ -150,6 +150,22 @@ class FieldTangent(FieldFunction):
         m = len(self._primal_out)
         tangents = iter(outs[m:])
         return outs[:m] + [next(tangents) if s.is_float else np.zeros(s.shape, s.dtype) for s in self._primal_out]
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        """Reverse mode over the tangent program (second order); where a kernel of it is Taichi's and the
+        program reaches a rule Taichi cannot apply, pushed forward (the rules applied) instead of refused:
+        the primal's own reverse mode, tidiff's, chose this way (NOTE: [Rules Taichi's reverse mode cannot
+        see])."""
+        refused = describe(self.program.hidden_rules())
+        if refused is not None:
+            return pushed_vjp(self, batch, cotangents, refused)
+        return super().vjp(batch, cotangents)
+
+    def linearize(self, batch: Batch) -> tuple[list[Any], Any]:
+        refused = describe(self.program.hidden_rules())
+        if refused is not None:
+            return self.evaluate(batch), lambda cotangents: pushed_vjp(self, batch, cotangents, refused)
+        return super().linearize(batch)
 
     def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         """Taichi's reverse mode over the tangent program (second order), unchecked."""
