@@ -30,16 +30,16 @@ _registry: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _current: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("tidiff_counter", default=None)
 
 
-#: Where a kernel keeps tidiff's adjoints of it once made (``_adjoint/kernels.py``, one per object a class kernel
-#: runs on; their ``compiles()`` count).
-ADJOINT = "tidiff_adjoint"
+#: Where a kernel keeps what tidiff made of its adjoint (``_adjoint/kernels.py``, one per object a class kernel
+#: runs on): the adjoints' ``compiles()`` count (a kernel the transform refused has none).
+ADJOINT = "_tidiff_adjoint"
 
 
 def kernel_compiles(kernel: Any) -> int:
     """Compiled instances of a ``@ti.kernel`` (primal and adjoint variants, Taichi's adjoint or tidiff's)."""
-    own = kernel.__dict__.get(ADJOINT, ())
+    own = kernel.__dict__.get(ADJOINT, {}).values()
     return len(kernel._primal.compiled_kernels) + len(kernel._adjoint.compiled_kernels) + \
-        sum(adjoint.compiles() for adjoint in own)
+        sum(adjoint.compiles() for adjoint in own if hasattr(adjoint, "compiles"))
 
 
 class Counter:

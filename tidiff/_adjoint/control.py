@@ -394,8 +394,6 @@ class ControlFlow:
     def reverse_loop(self, loop: Loop) -> None:
         if not self.flowing(loop.phis) and not has_effects(loop.body.ops):
             return  # no cotangent leaves the loop
-        if not loop.phis and loop.counter is not None:
-            return self.reverse_independent(loop)
         body = loop.body
         carried = [v for v, phi in loop.phis.items() if self.is_active(name(phi))]
         self.declare({loop.phis[v] for v in carried})
@@ -448,17 +446,6 @@ class ControlFlow:
         for v in carried:
             if self.is_active(name(loop.prevs[v])):
                 self.add(loop.prevs[v], Sym(name(ct[v])))
-
-    def reverse_independent(self, loop: Loop) -> None:
-        """A loop that carries no variable from one iteration to the next (it only reads and writes fields):
-        each iteration recomputed once and reversed, last first."""
-        assert loop.counter is not None and loop.start is not None  # a for loop
-        self.declare(uses(loop.body.ops) - loop.body.defined)
-        r = self.namer.fresh("r")
-        iteration = [assign(loop.counter, Sym(name(loop.start)) + Sym(name(loop.count)) - 1 - Sym(name(r)))]
-        iteration += copy.deepcopy(loop.body.forward)
-        iteration += self.emitted(lambda: self.sweep_ops(loop.body.ops))
-        self.backward.append(for_range(r, [loop.count], iteration))
 
 
 def _carried_values(loop: Loop) -> set[str]:

@@ -47,20 +47,18 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import taichi as ti
 from taichi.lang.field import Field
-from taichi.lang.util import to_numpy_type
 from taichi.types.annotations import Template
 
 from .._cache import ADJOINT
-from .._lang.activity import integer_locals
+from .._lang.activity import integer_locals, stop_grad_arguments
 from .._lang.callees import transformable
 from .._lang.compile import compile_source, mark, wrap_long_lines
 from .._lang.generate import generate, owned_cache
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
 from .._lang.nodes import entry_root, name
-from .._lang.objects import Unbound, bind, fields_of, is_method_func, method_parts, parsed_for
+from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, parse, resolve
 from .._rules import helpers as rule_helpers
 from . import _made
@@ -99,7 +97,7 @@ class KernelAdjoint:
     def takes(self, args: tuple[Any, ...]) -> bool:
         """Whether the arguments of a launch are ones the adjoint was written for."""
         args = self.arguments(args)
-        return all(isinstance(args[k], Field) and _is_float(args[k]) and args[k].grad is not None
+        return all(is_float_field(args[k]) and args[k].grad is not None
                    for k in self.fields_at)
 
     def compiles(self) -> int:
@@ -122,12 +120,11 @@ def vjp_kernel(kernel: Any, owner: object = None) -> KernelAdjoint | NotReversib
     the fields and the gradients of the float fields the kernel reaches
     (``field.grad``, which must exist) and writes only gradients.
     """
-    cache = owned_cache(kernel, "_tidiff_adjoint")
+    cache = owned_cache(kernel, ADJOINT)
     key = id(owner)
     if key not in cache:
         try:
             cache[key] = _generate(kernel, owner)
-            kernel.__dict__.setdefault(ADJOINT, []).append(cache[key])
         except NotReversible as reason:
             cache[key] = reason
     return cache[key]
@@ -195,7 +192,7 @@ class FieldReverser(Reverser):
         for identifier in sorted({n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)} - local):
             obj = resolve(ast.Name(identifier, ast.Load()), self.parsed.namespace)
             if isinstance(obj, Field):
-                if _is_float(obj):
+                if is_float_field(obj):
                     if obj.grad is None:
                         raise NotReversible(f"the float field `{identifier}` without a gradient field")
                     gradient = self.namer.fresh(identifier + "_grad")
@@ -328,11 +325,14 @@ class FieldReverser(Reverser):
                 return self.store(value.args[0], value.args[1], kind)
             if callee in _INTEGER_ATOMICS and value.args and self.integer_store(value.args[0]):
                 return None
-            if callee is ti.stop_grad and self.depth > 0:  # taken by the loop it stands in (``parallel``)
+            if self.is_stop_grad(value.func) and self.depth > 0:  # taken by the loop it stands in (``parallel``)
                 return None
         if not self.compile_time_statement(node):  # any other statement may write a field
             raise NotReversible(f"the statement `{ast.unparse(node)}`")
         super().stmt_Expr(node)
+
+    def is_stop_grad(self, func: ast.expr) -> bool:
+        return not self._is_local(func) and resolve(func, self.parsed.namespace) is ti.stop_grad
 
     def _is_local(self, node: ast.expr) -> bool:
         """Local values, including elements of fields (``x[i].norm()`` is a method on a value)."""
@@ -473,14 +473,10 @@ class KernelReverser(FieldReverser):
         """The fields ``ti.stop_grad(x)`` names in a loop body: Taichi stops their gradient in that whole loop
         (its offloaded task), so the adjoint reads them as constants there."""
         found = set()
-        for node in (n for stmt in body for n in ast.walk(stmt)):
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and len(node.value.args) == 1 \
-                    and not self._is_local(node.value.func) \
-                    and resolve(node.value.func, self.parsed.namespace) is ti.stop_grad:
-                arg = node.value.args[0]
-                if not (isinstance(arg, ast.Name) and arg.id in self.gradients):
-                    raise NotReversible(f"the statement `{ast.unparse(node)}` (ti.stop_grad of a float field by name)")
-                found.add(arg.id)
+        for arg in stop_grad_arguments(body, self.is_stop_grad):
+            if not (isinstance(arg, ast.Name) and arg.id in self.gradients):
+                raise NotReversible(f"ti.stop_grad of `{ast.unparse(arg)}` (a float field by name only)")
+            found.add(arg.id)
         return found
 
     def sweep_ops(self, ops: list[Any]) -> None:
@@ -510,10 +506,6 @@ def _has_blocks(ops: list[Any]) -> bool:
     """Whether a branch or runtime loop stands among ``ops`` or in a parallel loop's body."""
     return any(isinstance(op, (Branch, Loop)) or (isinstance(op, ParallelLoop) and _has_blocks(op.body.ops))
                for op in ops)
-
-
-def _is_float(field: Field) -> bool:
-    return np.dtype(to_numpy_type(field.dtype)).kind == "f"
 
 
 def _touches_fields(obj: object) -> bool:

@@ -1,6 +1,6 @@
 """Which local variables can carry a nonzero tangent (a forward activity analysis)."""
 import ast
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 
 def root_names(target: ast.AST) -> list[str]:
@@ -91,3 +91,12 @@ def active_variables(tree: ast.FunctionDef, active_params: Iterable[str]) -> set
                         active.add(name)
                         changed = True
     return active
+
+
+def stop_grad_arguments(body: list[ast.stmt], is_stop_grad: Callable[[ast.expr], bool]) -> list[ast.expr]:
+    """The arguments of the ``ti.stop_grad(x)`` statements in a kernel's loop body, nested ones too: Taichi stops
+    the gradient of ``x`` in that whole loop (its offloaded task). ``is_stop_grad`` says whether a call's
+    function is ``ti.stop_grad``."""
+    return [n.value.args[0] for stmt in body for n in ast.walk(stmt)
+            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and len(n.value.args) == 1
+            and is_stop_grad(n.value.func)]

@@ -22,8 +22,10 @@ import types
 from collections.abc import Container
 from typing import Any, TypeGuard
 
+import numpy as np
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.field import Field
+from taichi.lang.util import to_numpy_type
 
 from .naming import names_in
 from .parse import MISSING, Parsed, entry, parse, python_function, resolve
@@ -48,6 +50,11 @@ def fields_of(value: object) -> tuple[Field, ...]:
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, Field) for v in value):
         return tuple(value)
     return ()
+
+
+def is_float_field(value: object) -> bool:
+    """Whether ``value`` is a field of floats (one that can carry gradients and tangents)."""
+    return isinstance(value, Field) and np.dtype(to_numpy_type(value.dtype)).kind == "f"
 
 
 def is_method_func(value: object) -> TypeGuard[types.MethodType]:

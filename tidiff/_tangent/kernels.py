@@ -50,22 +50,20 @@ import inspect
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
 import taichi as ti
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.field import Field
 from taichi.lang.matrix import MatrixType
-from taichi.lang.util import to_numpy_type
 from taichi.types.annotations import Template
 from taichi.types.ndarray_type import NdarrayType
 
-from .._lang.activity import assignments, root_names
+from .._lang.activity import assignments, root_names, stop_grad_arguments
 from .._lang.callees import call_name, transformable
 from .._lang.compile import compile_source, info, mark
 from .._lang.generate import generate
 from .._lang.naming import RULE_HELPERS, helper_name
 from .._lang.nodes import Value, call, entry_root, function
-from .._lang.objects import Unbound, argcount, bind, fields_of, method_parts, parsed_for
+from .._lang.objects import Unbound, argcount, bind, fields_of, is_float_field, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, resolve
 from .._rules import helpers as rule_helpers
 from .._rules.calls import callable_rule
@@ -75,10 +73,6 @@ from .transform import Transformer, _name
 _RULES = {RULE_HELPERS: rule_helpers}
 
 _GRADIENT_ATTRIBUTES = {"grad", "dual"}
-
-
-def _is_float_field(obj: object) -> bool:
-    return isinstance(obj, Field) and np.dtype(to_numpy_type(obj.dtype)).kind == "f"
 
 
 class FieldTangents:
@@ -127,7 +121,7 @@ class FieldTangents:
             return 0
         tangent = self[value]
         if tangent is None:
-            kind = "float field without a tangent field" if _is_float_field(value) else "integer field"
+            kind = "float field without a tangent field" if is_float_field(value) else "integer field"
             raise TypeError(
                 f"a tangent kernel got a {kind} as a ti.template() argument; only float fields "
                 "paired with a tangent field (the fields the program reaches by name) can be passed"
@@ -497,10 +491,11 @@ class KernelTransformer(Transformer):
 
     def _stopped(self, body: list[ast.stmt]) -> set[str]:
         """The float fields ``ti.stop_grad(x)`` names in a loop body (Taichi stops them in that whole loop)."""
-        return {n.value.args[0].id for stmt in body for n in ast.walk(stmt)
-                if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and len(n.value.args) == 1
-                and isinstance(n.value.args[0], ast.Name) and n.value.args[0].id in self.sources
-                and not self._is_local(n.value.func) and resolve(n.value.func, self.parsed.namespace) is ti.stop_grad}
+        return {a.id for a in stop_grad_arguments(body, self._is_stop_grad)
+                if isinstance(a, ast.Name) and a.id in self.sources}
+
+    def _is_stop_grad(self, func: ast.expr) -> bool:
+        return not self._is_local(func) and resolve(func, self.parsed.namespace) is ti.stop_grad
 
     def stmt_Return(self, node: ast.Return) -> None:
         if self.is_kernel and self.arrays is not None and node.value is not None:
