@@ -1,4 +1,4 @@
-"""Field programs, time loops and the examples on a CUDA GPU (issue 13, item 7).
+"""Field programs, time loops, the examples and CUDA tensors in place on a CUDA GPU (issue 13, item 7; issue 38).
 
 Taichi's ``ti.init`` follows the ``TI_ARCH`` environment variable, so the same
 test files and examples run on the GPU in a process of their own with
@@ -61,3 +61,12 @@ def test_examples_on_cuda(name):
                             timeout=600, env=_env())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "arch=cuda" in result.stdout + result.stderr
+
+
+@needs_cuda
+def test_cuda_tensors_in_place_through_every_kind():
+    """tests/cuda_in_place.py: every transform, the torch operator and ndarray kernels on CUDA tensors, no host copy
+    once warm (NOTE: [Tensors in place] in tidiff/_arrays.py)."""
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_in_place.py")], capture_output=True, text=True,
+                            timeout=900, env=_env(), cwd=ROOT)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stdout[-3000:] + result.stderr[-5000:]

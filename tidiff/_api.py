@@ -16,7 +16,7 @@ import numpy as np
 import taichi as ti
 
 from . import _modes
-from ._arrays import Batch, is_tensor, owned_copy, read_args, unbroadcast
+from ._arrays import Batch, is_tensor, owned_copy, read_args, tensor_device, unbroadcast, zeros
 from ._cache import Counter
 from ._derived import like
 from ._fields.values import reading, record
@@ -231,8 +231,8 @@ def _with_tangents(batch: Batch, tangents: Sequence[Any], call: str, what: str =
         if t is None:
             out.append(like(None, ArgSpec(spec.name, shape, spec.dtype), batch))
             continue
-        arr = read_args([ArgSpec(f"{what}[{k}]", spec.shape, spec.dtype)], [t], call).arrays[0]
-        if arr.shape != shape:
+        arr = read_args([ArgSpec(f"{what}[{k}]", spec.shape, spec.dtype)], [t], call, holds_tensors(batch)).arrays[0]
+        if tuple(arr.shape) != shape:
             raise ValueError(f"{call}: {what}[{k}] must have the shape of primals[{k}] ({spec.name!r}), "
                              f"{shape}; got {arr.shape}")
         out.append(like(t, ArgSpec(spec.name, shape, spec.dtype), batch) if holds_tensors(batch) else arr)
@@ -358,8 +358,8 @@ def vjp(f: Any, *primals: Any, has_aux: bool = False) -> Any:
         for leaf, c in zip(main_leaves, flatten_like(main, cotangent, call), strict=True):
             expected = batch.shape + out_specs[leaf].shape
             spec = ArgSpec("cotangent", out_specs[leaf].shape, out_specs[leaf].dtype)
-            arr = read_args([spec], [c], call).arrays[0]
-            if arr.shape != expected:
+            arr = read_args([spec], [c], call, holds_tensors(batch)).arrays[0]
+            if tuple(arr.shape) != expected:
                 raise ValueError(f"{call}: the cotangent must have the output's shape {expected}, got {arr.shape}")
             cts[leaf] = like(c, ArgSpec(spec.name, expected, spec.dtype), batch) if holds_tensors(batch) else arr
         if not any(s.is_float for s in batch.specs):
@@ -414,8 +414,9 @@ def _contract(lin: Any, batch: Batch, jacobians: Sequence[Any], cotangents: Sequ
             term = term.sum(axis=tuple(range(nb, nb + len(out.shape))))
         grads[a] = term if grads[a] is None else grads[a] + term
     for a in lay.argnums:
-        shape = np.shape(batch.arrays[a])
-        grads[a] = np.zeros(shape, batch.specs[a].dtype) if grads[a] is None else unbroadcast(grads[a], shape)
+        shape = tuple(np.shape(batch.arrays[a]))
+        grads[a] = zeros(shape, batch.specs[a].dtype, tensor_device(batch.arrays)) if grads[a] is None \
+            else unbroadcast(grads[a], shape)
     return grads
 
 

@@ -4,6 +4,16 @@ Every host call goes through :func:`read_args`: it checks each argument's
 trailing dims against its core shape and its dtype against the spec, and
 finds the broadcast batch shape, so that a bad argument is refused before
 anything runs. The result is a :class:`Batch`.
+
+NOTE: [Tensors in place] Taichi launches a kernel on a torch tensor's memory
+through its data pointer. A tensor on the device Taichi computes on (a CUDA
+tensor on a CUDA runtime: :data:`IN_PLACE`) is therefore given to the kernels
+of a pointwise function as it is, and its results are tensors made there:
+no copy to the host and back. A tensor elsewhere (a CUDA tensor on Taichi's
+CPU runtime, a CPU tensor on its CUDA runtime) is copied where Taichi
+computes and its results back, once per call; on the CPU a tensor's NumPy
+view is in place already, and NumPy is what the rest of tidiff computes with.
+The array helpers below take NumPy arrays and tensors alike.
 """
 from __future__ import annotations
 
@@ -13,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from taichi.lang import impl
 from taichi.lang.util import to_numpy_type, to_pytorch_type, to_taichi_type
 
 from ._signature import ArgSpec, default_float
@@ -54,12 +65,28 @@ def is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+#: Taichi's arch -> the torch device type whose tensors the pointwise kinds compute on in place
+#: (NOTE: [Tensors in place]).
+IN_PLACE: dict[str, str] = {"cuda": "cuda"}
+
+
+def runs_in_place(device: Any) -> bool:
+    """Whether tensors on ``device`` are computed on where they are (NOTE: [Tensors in place])."""
+    return device is not None and device.type in IN_PLACE.values() and \
+        IN_PLACE.get(impl.current_cfg().arch.name) == device.type
+
+
+def tensor_device(arrays: Sequence[Any]) -> Any:
+    """The device of the first tensor among ``arrays`` (engines given tensors in place), or None (NumPy)."""
+    return next((a.device for a in arrays if is_tensor(a)), None)
+
+
 @dataclasses.dataclass(frozen=True)
 class Batch:
     """Checked arguments of one host call.
 
     ``arrays`` are NumPy arrays, or torch tensors for kinds that take them as
-    they are (``Function.native_tensors``); ``shape`` is the broadcast batch
+    they are (``Function.native_tensors``, NOTE: [Tensors in place]); ``shape`` is the broadcast batch
     shape (``()`` for kinds that take no batch dims); ``device`` is the torch
     device results go to, when the caller gave tensors.
     """
@@ -138,22 +165,42 @@ def cast_to_spec(array: np.ndarray, spec: ArgSpec, name: str, call: str) -> np.n
     return array.astype(spec.dtype)
 
 
-def read_args(specs: Sequence[ArgSpec], args: Sequence[Any], call: str) -> Batch:
+def on_device(value: Any, spec: ArgSpec, device: Any, call: str) -> Any:
+    """``value`` as a tensor of the spec's dtype on ``device`` (NOTE: [Tensors in place]); a tensor there already
+    is not copied."""
+    torch = torch_module()
+    if not is_tensor(value):
+        return torch.as_tensor(cast_to_spec(to_numpy(value, spec.name, call), spec, spec.name, call), device=device)
+    tensor = value.detach()
+    if tensor.is_complex():
+        raise TypeError(f"{call}: argument {spec.name!r} is complex; tidiff differentiates real values")
+    if not spec.is_float and tensor.dtype.is_floating_point:
+        raise TypeError(f"{call}: argument {spec.name!r} expects integer values ({spec.dtype}), got "
+                        f"{numpy_dtype(tensor.dtype)}")
+    dtype = torch_dtype(spec.dtype)
+    return tensor.to(device=device, dtype=dtype) if tensor.dtype != dtype or tensor.device != device else tensor
+
+
+def read_args(specs: Sequence[ArgSpec], args: Sequence[Any], call: str, in_place: bool = False) -> Batch:
     """Check and convert the arguments of a host call against their specs.
 
-    Returns a :class:`Batch`. Raises ``TypeError`` for a wrong count or
-    dtype and ``ValueError`` for a wrong core shape or batch dims that do not
-    broadcast, naming the argument.
+    Returns a :class:`Batch`: NumPy arrays, or with ``in_place`` (a pointwise
+    function) tensors on the device Taichi computes on where the first tensor
+    is there (NOTE: [Tensors in place]). Raises ``TypeError`` for a wrong count
+    or dtype and ``ValueError`` for a wrong core shape or batch dims that do
+    not broadcast, naming the argument.
     """
     if len(args) != len(specs):
         names = ", ".join(s.name for s in specs)
         raise TypeError(f"{call}: expected {len(specs)} arguments ({names}), got {len(args)}")
     device = next((value.device for value in args if is_tensor(value)), None)
+    in_place = in_place and runs_in_place(device)
     arrays = []
     for spec, value in zip(specs, args, strict=True):
-        array = cast_to_spec(to_numpy(value, spec.name, call), spec, spec.name, call)
+        array = on_device(value, spec, device, call) if in_place else \
+            cast_to_spec(to_numpy(value, spec.name, call), spec, spec.name, call)
         core = array.shape[array.ndim - len(spec.shape):] if spec.shape else ()
-        if array.ndim < len(spec.shape) or core != spec.shape:
+        if array.ndim < len(spec.shape) or tuple(core) != spec.shape:
             raise ValueError(
                 f"{call}: argument {spec.name!r} must have core shape {spec.shape}"
                 f"{' (a scalar)' if not spec.shape else ''} in its trailing dims, got an array of shape {array.shape}"
@@ -168,16 +215,50 @@ def read_args(specs: Sequence[ArgSpec], args: Sequence[Any], call: str) -> Batch
     return Batch(tuple(arrays), tuple(specs), tuple(batch_shape), device)
 
 
-def unbroadcast(array: Any, shape: Sequence[int]) -> np.ndarray:
-    """Sum a batch-shaped cotangent back onto an argument of ``shape`` (NumPy broadcasting reversed)."""
-    array = np.asarray(array)
+def unbroadcast(array: Any, shape: Sequence[int]) -> Any:
+    """Sum a batch-shaped cotangent back onto an argument of ``shape`` (NumPy broadcasting reversed); a tensor
+    stays a tensor, differentiable."""
+    array = array if is_tensor(array) else np.asarray(array)
     shape = tuple(shape)
-    if array.shape == shape:
+    if tuple(array.shape) == shape:
         return array
     lead = array.ndim - len(shape)
     array = array.sum(axis=tuple(range(lead))) if lead else array
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and array.shape[i] != 1)
-    return np.asarray(array.sum(axis=axes, keepdims=True)) if axes else np.asarray(array)
+    array = array.sum(axis=axes, keepdims=True) if axes else array
+    return array if is_tensor(array) else np.asarray(array)
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype, device: Any = None) -> Any:
+    """An uninitialised array: NumPy, or a tensor on ``device`` (NOTE: [Tensors in place])."""
+    if device is None:
+        return np.empty(shape, dtype)
+    return torch_module().empty(shape, dtype=torch_dtype(dtype), device=device)
+
+
+def zeros(shape: tuple[int, ...], dtype: np.dtype, device: Any = None) -> Any:
+    """Zeros: NumPy, or a tensor on ``device``."""
+    if device is None:
+        return np.zeros(shape, dtype)
+    return torch_module().zeros(shape, dtype=torch_dtype(dtype), device=device)
+
+
+def of_dtype(array: Any, dtype: np.dtype, device: Any = None) -> Any:
+    """``array`` in ``dtype``: NumPy, or a tensor on ``device`` (not copied where it is one already)."""
+    if device is None:
+        return np.asarray(array, dtype)
+    torch = torch_module()
+    wanted = torch_dtype(dtype)
+    tensor = array if is_tensor(array) else torch.as_tensor(np.asarray(array))
+    return tensor if tensor.dtype == wanted and tensor.device == device else tensor.to(device=device, dtype=wanted)
+
+
+def broadcast_to(array: Any, shape: tuple[int, ...]) -> Any:
+    return array.expand(shape) if is_tensor(array) else np.broadcast_to(array, shape)
+
+
+def contiguous(array: Any) -> Any:
+    return array.contiguous() if is_tensor(array) else np.ascontiguousarray(array)
 
 
 def owned_copy(array: Any) -> Any:

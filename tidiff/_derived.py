@@ -140,13 +140,15 @@ class CotangentArguments(Arguments):
 
 def like(value: Any, spec: ArgSpec, inner: Batch) -> Any:
     """An extra argument (tangent, cotangent) as the parent's arrays are: a tensor beside tensors."""
-    if value is None:
-        value = np.zeros(spec.shape, spec.dtype)
     if any(is_tensor(a) for a in inner.arrays):
         torch = torch_module()
-        t = value if is_tensor(value) else torch.as_tensor(np.asarray(value))
         device = next(a.device for a in inner.arrays if is_tensor(a))
+        if value is None:
+            return torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+        t = value if is_tensor(value) else torch.as_tensor(np.asarray(value))
         return t.detach().to(device=device, dtype=torch_dtype(spec.dtype)).expand(spec.shape)
+    if value is None:
+        value = np.zeros(spec.shape, spec.dtype)
     if is_tensor(value):
         value = value.detach().cpu().numpy()
     return np.broadcast_to(np.asarray(value, spec.dtype), spec.shape)

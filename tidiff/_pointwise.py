@@ -26,7 +26,17 @@ from typing import Any
 import numpy as np
 from taichi.lang import impl
 
-from ._arrays import Batch, unbroadcast
+from ._arrays import (
+    Batch,
+    broadcast_to,
+    contiguous,
+    of_dtype,
+    read_args,
+    tensor_device,
+    torch_dtype,
+    unbroadcast,
+    zeros,
+)
 from ._arrays import torch_module as _torch_module
 from ._cache import uses
 from ._codegen.batch import BatchKernel, ScalarKernel, flatten_batch, identifier, kernel_shape
@@ -51,10 +61,15 @@ class Pointwise(Function):
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
         raise NotImplementedError
 
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        """Check host arguments; tensors on Taichi's device stay there (NOTE: [Tensors in place] in ``_arrays``)."""
+        return read_args(self.specs_for(args), args, call or self.name, in_place=True)
+
     def evaluate(self, batch: Batch) -> list[Any]:
         specs = list(batch.specs)
         out_specs, tree = self.signature(specs)
-        if batch.shape == () and ScalarKernel.fits(specs, out_specs, isinstance(tree, tuple)):
+        device = tensor_device(batch.arrays)
+        if batch.shape == () and device is None and ScalarKernel.fits(specs, out_specs, isinstance(tree, tuple)):
             sk = self.memo.get(("scalar kernel", tuple(specs)), lambda: ScalarKernel(
                 self.body_for(specs), specs, out_specs[0], identifier(self.name)))
             uses(sk.kernel)
@@ -63,42 +78,46 @@ class Pointwise(Function):
             self.body_for(specs), specs, out_specs, isinstance(tree, tuple), identifier(self.name)))
         uses(bk.kernel)
         n, inputs = flatten_batch(batch.arrays, specs, batch.shape)
-        return [o.reshape(batch.shape + s.shape) for o, s in zip(bk(n, inputs), bk.out_specs, strict=True)]
+        return [o.reshape(batch.shape + s.shape) for o, s in zip(bk(n, inputs, device=device), bk.out_specs,
+                                                                 strict=True)]
 
     def launch_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
-        """:meth:`evaluate` of CPU tensors like ``batch``'s as one batch launch (NOTE: [Launch plans] in ``_torch``):
-        their NumPy views, flattened as ``batch``'s were, fresh outputs. None for calls of scalars, which take the
-        scalar kernel, and for derived functions computing otherwise."""
+        """:meth:`evaluate` of tensors like ``batch``'s as one batch launch (NOTE: [Launch plans] in ``_torch``):
+        CPU tensors as their NumPy views, tensors in place as they are (NOTE: [Tensors in place] in ``_arrays``),
+        flattened as ``batch``'s were, fresh outputs. None for calls of scalars, which take the scalar kernel, and
+        for derived functions computing otherwise."""
         specs = tuple(batch.specs)
         bk = self.memo.peek(("batch kernel", specs))
+        device = tensor_device(batch.arrays)
         if type(self).evaluate is not Pointwise.evaluate or bk is None or batch.device is None \
-                or batch.device.type != "cpu" or not batch.shape:
+                or (device is None and batch.device.type != "cpu") or not batch.shape:
             return None
         shape, n = batch.shape, int(np.prod(batch.shape, dtype=np.int64))
         inputs = []
         for a, s in zip(batch.arrays, specs, strict=True):
             own = tuple(a.shape[: a.ndim - len(s.shape)])
             flat = (1,) if int(np.prod(own, dtype=np.int64)) == 1 else (n,)
-            inputs.append((s.dtype, None if own == shape or flat == (1,) else shape + s.shape,
-                           flat + kernel_shape(s)))
+            inputs.append((s.dtype if device is None else torch_dtype(s.dtype),
+                           None if own == shape or flat == (1,) else shape + s.shape, flat + kernel_shape(s)))
         outputs = [shape + s.shape for s in bk.out_specs]
         direct = DirectLaunch(bk.kernel)  # NOTE: [Direct launches]
 
         def launch(args: Sequence[Any]) -> list[Any]:
             arrays = []
             for t, (dtype, broadcast, flat_shape) in zip(args, inputs, strict=True):
-                a = t.detach().numpy()
-                a = a if a.dtype == dtype else a.astype(dtype)
-                a = a if broadcast is None else np.broadcast_to(a, broadcast)
-                arrays.append(np.ascontiguousarray(a).reshape(flat_shape))
-            return [_torch_module().from_numpy(o.reshape(out)) for o, out in zip(bk(n, arrays, direct), outputs,
-                                                                                 strict=True)]
+                a = t.detach() if device is not None else t.detach().numpy()
+                a = a if a.dtype == dtype else (a.to(dtype) if device is not None else a.astype(dtype))
+                a = a if broadcast is None else broadcast_to(a, broadcast)
+                arrays.append(contiguous(a).reshape(flat_shape))
+            results = [o.reshape(out) for o, out in zip(bk(n, arrays, direct, device), outputs, strict=True)]
+            return results if device is not None else [_torch_module().from_numpy(o) for o in results]
 
         return launch
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         out_specs, _ = self.signature(batch.specs)
-        cts = [np.zeros(s.shape, s.dtype) if c is None else np.asarray(c, s.dtype)
+        device = tensor_device(batch.arrays)
+        cts = [zeros(s.shape, s.dtype, device) if c is None else of_dtype(c, s.dtype, device)
                for c, s in zip(cotangents, out_specs, strict=True)]
         V = cotangent_map(self)
         per_element = iter(V.evaluate(batch.but(list(batch.arrays) + cts, V.arguments.specs_of(batch.specs))))

@@ -80,7 +80,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._arrays import torch_dtype
+from ._arrays import torch_dtype, unbroadcast
 from ._composite import cotangent_map_of
 from ._fields.values import reading, record
 from ._protocol import Function, as_function
@@ -259,18 +259,6 @@ class _Concrete:
         self.dtype = t.dtype
 
 
-def _sum_to(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """Sum a per-element result onto an argument's shape (broadcasting reversed); differentiable."""
-    shape = tuple(shape)
-    if tuple(t.shape) == shape:
-        return t
-    lead = t.ndim - len(shape)
-    if lead:
-        t = t.sum(dim=tuple(range(lead)))
-    dims = tuple(i for i, n in enumerate(shape) if n == 1 and t.shape[i] != 1)
-    return t.sum(dim=dims, keepdim=True) if dims else t
-
-
 def _align(args: Sequence[Any], in_dims: Sequence[int | None], core_ndims: Sequence[int]) -> list[Any]:
     """Mapped dim to the front, batch dims right-aligned so every argument broadcasts (NOTE: [vmap rules])."""
     logical = [(a.ndim - (d is not None) - c) for a, d, c in zip(args, in_dims, core_ndims, strict=True)]
@@ -374,7 +362,7 @@ class Operator:
         cts = [torch.zeros(tuple(shape), dtype=dtype, device=device) if g is None else g
                for g, dtype, shape in zip(grads, out_dtypes, out_shapes, strict=True)]
         per_element = iter(operator_of(cotangent_map_of(self.fn), self.owner)(*primals, *cts))
-        return tuple(_sum_to(next(per_element), p.shape) if is_float else None
+        return tuple(unbroadcast(next(per_element), p.shape) if is_float else None
                      for p, is_float in zip(primals, floats, strict=True))
 
     def jvp(self, primals: Sequence[torch.Tensor], tangents: Sequence[Any]) -> tuple[torch.Tensor, ...]:

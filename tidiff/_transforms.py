@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _composite, _modes, _pointwise
-from ._arrays import Batch
+from ._arrays import Batch, tensor_device
 from ._cache import uses
 from ._codegen.batch import flatten_batch, identifier
 from ._codegen.blocks import BlocksKernel
@@ -269,7 +269,7 @@ class PointwiseJacobian(_pointwise.Pointwise):
         kernel = self.memo.get(("blocks kernel", tuple(specs)), lambda: self._blocks_kernel(specs, nested))
         uses(kernel.kernel)
         n, inputs = flatten_batch(batch.arrays, specs, batch.shape)
-        return [o.reshape(batch.shape + o.shape[1:]) for o in kernel(n, inputs)]
+        return [o.reshape(batch.shape + tuple(o.shape[1:])) for o in kernel(n, inputs, tensor_device(batch.arrays))]
 
     def _blocks_kernel(self, specs: list[ArgSpec], write: Any = None) -> BlocksKernel:
         lay = self.layout(specs)

@@ -35,6 +35,7 @@ import taichi as ti
 from taichi.lang.matrix import make_matrix
 from taichi.lang.util import to_numpy_type, to_taichi_type
 
+from .._arrays import broadcast_to, contiguous, empty
 from .._lang.compile import compile_source
 from .._lang.naming import Namer, spell_taichi
 from .._lang.nodes import assign, call, for_range, function, taichi
@@ -214,10 +215,11 @@ class BatchKernel:
             assign(Sym(node(o))[Sym(node(i))].node, value) for o, value in zip(outs, results, strict=True)]
         self.kernel = src.compile(params, [for_range(i, [n], body_of_loop)], f"{name}__batch", "batch")
 
-    def __call__(self, n: int, inputs: Sequence[np.ndarray], launch: Any = None) -> list[np.ndarray]:
+    def __call__(self, n: int, inputs: Sequence[Any], launch: Any = None, device: Any = None) -> list[Any]:
         """Evaluate over ``n`` elements; ``inputs`` are ``(n or 1,) + core`` arrays; ``launch`` calls the kernel
-        (a :class:`~.launch.DirectLaunch` of it, for a launch plan)."""
-        outputs = [np.empty((n,) + kernel_shape(s), s.dtype) for s in self.out_specs]
+        (a :class:`~.launch.DirectLaunch` of it, for a launch plan); outputs are tensors on ``device`` where one
+        is given (NOTE: [Tensors in place] in ``_arrays``), else NumPy."""
+        outputs = [empty((n,) + kernel_shape(s), s.dtype, device) for s in self.out_specs]
         if n:
             args: list[Any] = [n]
             for a in inputs:
@@ -253,9 +255,10 @@ class ScalarKernel:
         return [np.asarray(self.kernel(*[a.item() for a in inputs]), self.out_spec.dtype)]
 
 
-def flatten_batch(arrays: Sequence[np.ndarray], specs: Sequence[ArgSpec],
-                  batch_shape: tuple[int, ...]) -> tuple[int, list[np.ndarray]]:
-    """Arrays of shape ``(n_k,) + core`` for a kernel: batch dims flattened, broadcast kept cheap.
+def flatten_batch(arrays: Sequence[Any], specs: Sequence[ArgSpec],
+                  batch_shape: tuple[int, ...]) -> tuple[int, list[Any]]:
+    """Arrays (NumPy or tensors) of shape ``(n_k,) + core`` for a kernel: batch dims flattened, broadcast kept
+    cheap.
 
     An argument whose batch dims are all 1 (or absent) is passed as one
     element; one partly broadcast is expanded to the full batch.
@@ -263,12 +266,12 @@ def flatten_batch(arrays: Sequence[np.ndarray], specs: Sequence[ArgSpec],
     n = int(np.prod(batch_shape, dtype=np.int64))
     flat = []
     for a, s in zip(arrays, specs, strict=True):
-        batch = a.shape[: a.ndim - len(s.shape)]
+        batch = tuple(a.shape[: a.ndim - len(s.shape)])
         if int(np.prod(batch, dtype=np.int64)) == 1:
             a = a.reshape((1,) + s.shape)
         elif batch != batch_shape:
-            a = np.broadcast_to(a, batch_shape + s.shape).reshape((n,) + s.shape)
+            a = broadcast_to(a, batch_shape + s.shape).reshape((n,) + s.shape)
         else:
             a = a.reshape((n,) + s.shape)
-        flat.append(np.ascontiguousarray(a).reshape((a.shape[0],) + kernel_shape(s)))
+        flat.append(contiguous(a).reshape((a.shape[0],) + kernel_shape(s)))
     return n, flat

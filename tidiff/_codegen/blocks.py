@@ -11,10 +11,10 @@ import ast
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import taichi as ti
 from taichi.lang.util import to_taichi_type
 
+from .._arrays import empty
 from .._lang.compile import compile_source
 from .._lang.sym import Sym
 from .._signature import ArgSpec
@@ -108,9 +108,10 @@ class BlocksKernel:
         self.kernel = w.compile_kernel(tag)
         self.targets = targets
 
-    def __call__(self, n: int, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Evaluate over ``n`` elements; ``inputs`` are ``(n or 1,) + core`` arrays; outputs ``(n,) + shape``."""
-        outputs = [np.empty((n,) + (spec.shape if block else kernel_shape(spec)), spec.dtype)
+    def __call__(self, n: int, inputs: Sequence[Any], device: Any = None) -> list[Any]:
+        """Evaluate over ``n`` elements; ``inputs`` are ``(n or 1,) + core`` arrays; outputs ``(n,) + shape``, tensors
+        on ``device`` where one is given (NOTE: [Tensors in place] in ``_arrays``)."""
+        outputs = [empty((n,) + (spec.shape if block else kernel_shape(spec)), spec.dtype, device)
                    for _, spec, block in self.targets]
         if n:
             args: list[Any] = [n]

@@ -1,0 +1,160 @@
+"""Tensors computed on where they are (issue 38, item 1; NOTE: [Tensors in place] in tidiff/_arrays.py).
+
+On a CUDA runtime the pointwise kinds give CUDA tensors to their kernels as
+they are. The same code runs here on CPU tensors by naming the CPU as a device
+whose tensors stay in place (``IN_PLACE``), and the tensors are of a subclass
+that fails on every read from the host, as reading a CUDA tensor there would
+copy it: a transform that passes here makes no host copy on the GPU either.
+Results are compared with the same calls on NumPy arrays (the path that has
+always run) and with closed forms in torch.
+"""
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+
+import tidiff as td
+from tidiff import _arrays
+
+
+class DeviceOnly(torch.Tensor):
+    """A CPU tensor that refuses to be read on the host (``.numpy()``, ``.cpu()``, ``.item()``, NumPy)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("numpy", "cpu", "item", "tolist", "__array__"):
+            raise AssertionError(f"a tensor in place was read on the host: Tensor.{name}")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def device_only(t: torch.Tensor) -> torch.Tensor:
+    return t.as_subclass(DeviceOnly)
+
+
+def plain(t):
+    return t.as_subclass(torch.Tensor).detach().numpy() if isinstance(t, torch.Tensor) else t
+
+
+@pytest.fixture(autouse=True)
+def cpu_tensors_in_place(monkeypatch):
+    monkeypatch.setattr(_arrays, "IN_PLACE", {ti.lang.impl.current_cfg().arch.name: "cpu"})
+
+
+@ti.func
+def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
+    return s * x.dot(x) + ti.sin(x[0])
+
+
+@ti.func
+def g(x: ti.math.vec3) -> ti.math.vec2:
+    return ti.Vector([x[0] * x[1], ti.exp(x[2])])
+
+
+@ti.func
+def energy(F: ti.math.mat3) -> ti.f64:
+    """Neo-Hookean: its Hessian's pushes run in a loop, so its blocks are written into the outputs by a kernel."""
+    J = F.determinant()
+    return 0.5 * ((F.transpose() @ F).trace() - 3.0) - ti.log(J) + 0.25 * ti.log(J) ** 2
+
+
+def data(batch=(4, 5)):
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(*batch, 3, dtype=torch.float64, generator=gen), torch.tensor(0.7, dtype=torch.float64)
+
+
+def assert_same(ours, reference):
+    assert isinstance(ours, torch.Tensor), type(ours)
+    np.testing.assert_allclose(plain(ours), reference, rtol=1e-12, atol=1e-14)
+
+
+def test_the_switch_keeps_tensors_and_numpy_is_unchanged():
+    x, s = data()
+    batch = td.function(f).read([device_only(x), device_only(s)])
+    assert all(isinstance(a, DeviceOnly) for a in batch.arrays)
+    assert batch.shape == (4, 5)
+    assert all(isinstance(a, np.ndarray) for a in td.function(f).read([x.numpy(), 0.7]).arrays)
+
+
+@pytest.mark.parametrize("transform", ["jacfwd", "jacrev", "hessian"])
+def test_jacobians_and_hessians(transform):
+    x, s = data()
+    ours = getattr(td, transform)(f, argnums=(0, 1))(device_only(x), device_only(s))
+    reference = getattr(td, transform)(f, argnums=(0, 1))(x.numpy(), 0.7)
+    for o, r in zip(ours if transform != "hessian" else [v for row in ours for v in row],
+                    reference if transform != "hessian" else [v for row in reference for v in row], strict=True):
+        assert_same(o, r)
+
+
+def test_hessian_written_by_a_blocks_kernel():
+    F = torch.eye(3, dtype=torch.float64) + 0.1 * torch.randn(6, 3, 3, dtype=torch.float64,
+                                                              generator=torch.Generator().manual_seed(1))
+    H = td.hessian(energy)(device_only(F))
+    assert H.shape == (6, 3, 3, 3, 3)
+    assert_same(H, td.hessian(energy)(F.numpy()))
+    value, grads = td.value_and_grad(energy)(device_only(F))
+    assert_same(grads, td.grad(energy)(F.numpy()))
+
+
+def test_grad_value_and_grad_against_torch():
+    x, s = data()
+    dx, ds = td.grad(f, argnums=(0, 1))(device_only(x), device_only(s))
+    ref_dx = 2 * 0.7 * x + torch.nn.functional.pad(torch.cos(x[..., :1]), (0, 2))
+    assert_same(dx, ref_dx.numpy())
+    assert_same(ds, (x * x).sum(-1).numpy())  # s is broadcast: its gradient per element, as td.grad gives
+    value, grads = td.value_and_grad(f)(device_only(x), device_only(s))
+    assert_same(value, (0.7 * (x * x).sum(-1) + torch.sin(x[..., 0])).numpy())
+    assert_same(grads, ref_dx.numpy())
+
+
+def test_jvp_vjp_hvp_with_broadcast_arguments():
+    x, s = data()
+    tx, ts = torch.randn_like(x), torch.tensor(0.3, dtype=torch.float64)
+    y, ty = td.jvp(f, (device_only(x), device_only(s)), (device_only(tx), device_only(ts)))
+    ry, rty = td.jvp(f, (x.numpy(), 0.7), (tx.numpy(), 0.3))
+    assert_same(y, ry)
+    assert_same(ty, rty)
+    out, vjp_fn = td.vjp(g, device_only(x))
+    c = torch.randn(4, 5, 2, dtype=torch.float64)
+    (ct,) = vjp_fn(device_only(c))
+    rout, rvjp = td.vjp(g, x.numpy())
+    assert_same(out, rout)
+    assert_same(ct, rvjp(c.numpy())[0])
+    y, vjp_f = td.vjp(f, device_only(x), device_only(s))  # a linearized vjp (NOTE: [Linearized vjp])
+    dx, ds = vjp_f(device_only(torch.ones(4, 5, dtype=torch.float64)))
+    assert_same(ds, (x * x).sum().reshape(()).numpy())  # summed onto the broadcast scalar
+    value, (hx, hs) = td.hvp(f, (device_only(x), device_only(s)), (device_only(tx), device_only(ts)))
+    rvalue, (rhx, rhs) = td.hvp(f, (x.numpy(), 0.7), (tx.numpy(), 0.3))
+    for o, r in ((value, rvalue), (hx, rhx), (hs, rhs)):
+        assert_same(o, r)
+
+
+def test_calls_without_batch_dims_and_float32():
+    x = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float32)
+    dx = td.grad(f)(device_only(x), device_only(torch.tensor(2.0, dtype=torch.float32)))
+    assert dx.dtype == torch.float32 and dx.shape == (3,)
+    assert_same(dx, (4 * x + torch.tensor([np.cos(0.5), 0.0, 0.0])).numpy().astype(np.float32))
+
+
+def test_torch_operator_forward_backward_jvp_and_double_backward():
+    x, s = data()
+    op = td.torch.function(f)
+    xr, sr = device_only(x).requires_grad_(), device_only(s).requires_grad_()
+    for _ in range(2):  # the second call runs the launch plan (NOTE: [Launch plans] in tidiff/_torch.py)
+        y = op(xr, sr)
+        assert_same(y.detach(), (0.7 * (x * x).sum(-1) + torch.sin(x[..., 0])).numpy())
+        gx, gs = torch.autograd.grad(y.sum(), (xr, sr), create_graph=True)
+        assert_same(gx.detach(), (1.4 * x + torch.nn.functional.pad(torch.cos(x[..., :1]), (0, 2))).numpy())
+        assert_same(gs.detach(), (x * x).sum().reshape(()).numpy())
+    (gxx,) = torch.autograd.grad(gx.sum(), xr)  # double backward: d/dx of sum(2 s x + cos(x0) e0)
+    assert_same(gxx, (1.4 - torch.nn.functional.pad(torch.sin(x[..., :1]), (0, 2))).numpy())
+    tx = torch.randn_like(x)
+    _, ty = torch.func.jvp(lambda x: op(x, s), (x,), (tx,))
+    np.testing.assert_allclose(plain(ty), td.jvp(f, (x.numpy(), 0.7), (tx.numpy(), 0.0))[1], rtol=1e-12)
+
+
+def test_gradcheck_of_the_operator_in_place():
+    op = td.torch.function(g)
+    x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: op(x), (x,))
+    assert torch.autograd.gradgradcheck(lambda x: op(x), (x,))
