@@ -28,6 +28,12 @@ def g(x: ti.math.vec3) -> ti.math.vec2:
     return ti.Vector([x[0] * x[1], ti.exp(x[2])])
 
 
+@ti.func
+def energy(F: ti.math.mat3) -> ti.f64:
+    J = F.determinant()
+    return 0.5 * ((F.transpose() @ F).trace() - 3.0) - ti.log(J) + 0.25 * ti.log(J) ** 2
+
+
 dfdx = td.grad(f)
 
 
@@ -75,6 +81,10 @@ close(td.jacrev(f, argnums=(0, 1))(x, s)[1], (x * x).sum(-1))
 hess = no_copies("td.hessian", lambda: td.hessian(f)(x, s))
 close(hess, 1.4 * torch.eye(3, dtype=torch.float64, device=cuda).expand(1000, 3, 3)
       - torch.diag_embed(torch.nn.functional.pad(torch.sin(x[:, :1]), (0, 2))))
+F = torch.eye(3, dtype=torch.float64, device=cuda) + 0.1 * torch.randn(1000, 3, 3, dtype=torch.float64, device=cuda,
+                                                                     generator=gen)
+H = no_copies("td.hessian written by a blocks kernel", lambda: td.hessian(energy)(F))
+close(H, torch.as_tensor(td.hessian(energy)(F.cpu().numpy()), device=cuda))
 tx = torch.randn(1000, 3, dtype=torch.float64, device=cuda, generator=gen)
 y, ty = no_copies("td.jvp", lambda: td.jvp(f, (x, s), (tx, torch.zeros_like(s))))
 close(ty, (ref_dx * tx).sum(-1))
