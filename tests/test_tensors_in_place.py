@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import taichi as ti
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tidiff as td
 from tidiff import _arrays
@@ -158,3 +160,39 @@ def test_gradcheck_of_the_operator_in_place():
     x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: op(x), (x,))
     assert torch.autograd.gradgradcheck(lambda x: op(x), (x,))
+
+
+@st.composite
+def broadcasting(draw):
+    """Batch shapes of x and s that broadcast: s's dims each 1 or x's, right-aligned, possibly fewer."""
+    batch = draw(st.lists(st.integers(1, 3), max_size=3))
+    keep = draw(st.integers(0, len(batch)))
+    s_batch = [draw(st.sampled_from([1, n])) for n in batch[len(batch) - keep:]]
+    return tuple(batch), tuple(s_batch)
+
+
+@given(broadcasting(), st.sampled_from(["jacrev", "jvp", "vjp", "hvp"]))
+def test_broadcast_shapes_against_the_numpy_path(shapes, transform):
+    x_batch, s_batch = shapes
+    gen = torch.Generator().manual_seed(len(x_batch) * 10 + len(s_batch))
+    x = torch.randn(x_batch + (3,), dtype=torch.float64, generator=gen)
+    s = torch.rand(s_batch, dtype=torch.float64, generator=gen) + 0.5
+    tx, ts = torch.randn_like(x), torch.randn_like(s)
+    if transform == "jacrev":
+        ours, reference = td.jacrev(f, argnums=(0, 1))(device_only(x), device_only(s)), \
+            td.jacrev(f, argnums=(0, 1))(x.numpy(), s.numpy())
+    elif transform == "jvp":
+        ours, reference = td.jvp(f, (device_only(x), device_only(s)), (device_only(tx), device_only(ts))), \
+            td.jvp(f, (x.numpy(), s.numpy()), (tx.numpy(), ts.numpy()))
+    elif transform == "vjp":
+        y, vjp_fn = td.vjp(f, device_only(x), device_only(s))
+        c = torch.randn(y.shape, dtype=torch.float64, generator=gen)
+        ry, rvjp = td.vjp(f, x.numpy(), s.numpy())
+        ours, reference = (y, *vjp_fn(device_only(c))), (ry, *rvjp(c.numpy()))
+    else:
+        value, hv = td.hvp(f, (device_only(x), device_only(s)), (device_only(tx), device_only(ts)))
+        rvalue, rhv = td.hvp(f, (x.numpy(), s.numpy()), (tx.numpy(), ts.numpy()))
+        ours, reference = (value, *hv), (rvalue, *rhv)
+    for o, r in zip(ours, reference, strict=True):
+        assert tuple(o.shape) == np.shape(r)
+        assert_same(o, r)
