@@ -9,6 +9,7 @@ through the host (docs/limits.md), and this prints how many.
 import numpy as np
 import taichi as ti
 import torch
+from in_place_functions import energy, f, g
 
 import tidiff as td
 from tidiff._testing.host_copies import HostCopies
@@ -16,22 +17,6 @@ from tidiff._testing.host_copies import HostCopies
 ti.init(arch=ti.cuda, default_fp=ti.f64, log_level=ti.WARN)
 assert ti.lang.impl.current_cfg().arch.name == "cuda", "Taichi did not start on CUDA"
 cuda = torch.device("cuda")
-
-
-@ti.func
-def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
-    return s * x.dot(x) + ti.sin(x[0])
-
-
-@ti.func
-def g(x: ti.math.vec3) -> ti.math.vec2:
-    return ti.Vector([x[0] * x[1], ti.exp(x[2])])
-
-
-@ti.func
-def energy(F: ti.math.mat3) -> ti.f64:
-    J = F.determinant()
-    return 0.5 * ((F.transpose() @ F).trace() - 3.0) - ti.log(J) + 0.25 * ti.log(J) ** 2
 
 
 dfdx = td.grad(f)

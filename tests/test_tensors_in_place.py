@@ -14,6 +14,7 @@ import taichi as ti
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from in_place_functions import energy, f, g
 
 import tidiff as td
 from tidiff import _arrays
@@ -41,23 +42,6 @@ def plain(t):
 @pytest.fixture(autouse=True)
 def cpu_tensors_in_place(monkeypatch):
     monkeypatch.setattr(_arrays, "IN_PLACE", {ti.lang.impl.current_cfg().arch.name: "cpu"})
-
-
-@ti.func
-def f(x: ti.math.vec3, s: ti.f64) -> ti.f64:
-    return s * x.dot(x) + ti.sin(x[0])
-
-
-@ti.func
-def g(x: ti.math.vec3) -> ti.math.vec2:
-    return ti.Vector([x[0] * x[1], ti.exp(x[2])])
-
-
-@ti.func
-def energy(F: ti.math.mat3) -> ti.f64:
-    """Neo-Hookean: its Hessian's pushes run in a loop, so its blocks are written into the outputs by a kernel."""
-    J = F.determinant()
-    return 0.5 * ((F.transpose() @ F).trace() - 3.0) - ti.log(J) + 0.25 * ti.log(J) ** 2
 
 
 def data(batch=(4, 5)):
