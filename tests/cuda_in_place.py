@@ -1,10 +1,9 @@
 """CUDA tensors through every kind on Taichi's CUDA runtime, with the host copies of each warm call counted.
 
 Run by tests/test_gpu.py in a process of its own (``TI_ARCH=cuda``) where
-there is a CUDA device. Per-element transforms, their torch operator and
-ndarray-kernel operators must make no host copy once warm (NOTE: [Tensors in
-place] in tidiff/_arrays.py); field programs copy their inputs and results
-through the host (docs/limits.md), and this prints how many.
+there is a CUDA device. Per-element transforms, field programs and their
+torch operators and ndarray-kernel operators must make no host copy once
+warm (NOTE: [Tensors in place] in tidiff/_arrays.py).
 """
 import numpy as np
 import taichi as ti
@@ -137,25 +136,77 @@ def scale_forward_backward():
 close(no_copies("ndarray operator forward", lambda: scale_op(k, w)), w * k * k)
 close(no_copies("ndarray operator forward + backward", scale_forward_backward), 2 * w * k.detach())
 
-# -- a field program: its values go through the host (documented) --------------------------------------------------
+# -- field programs: loaded from the tensors and read into tensors on the GPU ---------------------------------------
 xf = ti.field(ti.f64, shape=16)
 wf = ti.field(ti.f64, shape=())
+target = ti.field(ti.f64, shape=16)  # read besides the inputs
 loss_f = ti.field(ti.f64, shape=())
+pos = ti.Vector.field(2, ti.f64, shape=(3, 4))
+spread = ti.field(ti.f64, shape=())
 
 
 @ti.kernel
-def energy():
+def energy_of_fields():
     for i in xf:
-        loss_f[None] += wf[None] * xf[i] ** 2
+        loss_f[None] += wf[None] * (xf[i] - target[i]) ** 2
 
 
-E = td.function(energy, inputs=[xf, wf], outputs=[loss_f])
-xs = torch.ones(16, dtype=torch.float64, device=cuda)
-dx = td.grad(E)(xs, torch.tensor(2.0, dtype=torch.float64, device=cuda))
-assert isinstance(dx, torch.Tensor) and dx.device.type == "cuda" and torch.all(dx == 4.0), dx
-with HostCopies() as copies:
-    td.grad(E)(xs, torch.tensor(2.0, dtype=torch.float64, device=cuda))
-print(f"field program td.grad: {copies.count} host copies {dict(copies.seen)}")
+@ti.kernel
+def spread_of_rows():
+    for j in range(4):
+        spread[None] += (pos[0, j] - pos[1, j]).norm_sqr()
+
+
+E = td.function(energy_of_fields, inputs=[xf, wf], outputs=[loss_f])
+S = td.function(spread_of_rows, inputs=[td.part(pos, 0)], outputs=[spread])
+target.fill(0.5)
+xs = torch.linspace(-1.0, 1.0, 16, dtype=torch.float64, device=cuda)
+w2 = torch.tensor(2.0, dtype=torch.float64, device=cuda)
+close(no_copies("field program td.grad", lambda: td.grad(E)(xs, w2)), 4.0 * (xs - 0.5))
+close(no_copies("field program td.hvp", lambda: td.hvp(E, (xs, w2), (torch.ones_like(xs), torch.zeros_like(w2)))[1][0]),
+      torch.full_like(xs, 4.0))
+E_op = td.torch.function(E)
+xr_f = xs.clone().requires_grad_()
+
+
+def field_forward_backward():
+    xr_f.grad = None
+    E_op(xr_f, w2).backward()
+    return xr_f.grad
+
+
+close(no_copies("field program operator forward + backward", field_forward_backward), 4.0 * (xs - 0.5))
+pos.fill(0.0)
+rows = torch.ones(4, 2, dtype=torch.float64, device=cuda)
+close(no_copies("field program with a part of a field as input", lambda: td.grad(S)(rows)), 2 * rows)
+# -- a time loop of a field step, and one of a @ti.func step --------------------------------------------------------
+xs_, vs_ = ti.field(ti.f64, 64), ti.field(ti.f64, 64)
+xs_next, vs_next = ti.field(ti.f64, 64), ti.field(ti.f64, 64)
+ks_ = ti.field(ti.f64, ())
+total_ = ti.field(ti.f64, ())
+
+
+@ti.kernel
+def advance():
+    for i in xs_:
+        vs_next[i] = vs_[i] - 0.01 * ks_[None] * ti.sin(xs_[i])
+        xs_next[i] = xs_[i] + 0.01 * vs_next[i]
+
+
+@ti.kernel
+def kinetic():
+    for i in xs_:
+        total_[None] += 0.5 * vs_[i] ** 2 + 2.0 * (1 - ti.cos(xs_[i]))
+
+
+step = td.function(advance, inputs=[xs_, vs_, ks_], outputs=[xs_next, vs_next])
+F_loop = td.compose(td.function(kinetic, inputs=[xs_, vs_], outputs=[total_]), td.scan(step, length=100))
+x0 = torch.linspace(0.1, 1.0, 64, dtype=torch.float64, device=cuda)
+v0 = torch.zeros(64, dtype=torch.float64, device=cuda)
+value, (dx0, dk) = no_copies("td.value_and_grad of a time loop", lambda: td.value_and_grad(F_loop, argnums=(0, 2))(
+    x0, v0, w2))
+reference = td.value_and_grad(F_loop, argnums=(0, 2))(x0.cpu().numpy(), v0.cpu().numpy(), 2.0)
+close(dx0, torch.as_tensor(reference[1][0], device=cuda))
 H = td.hessian(E)(np.arange(16.0), 2.0)
 assert np.allclose(H, 4 * np.eye(16))
 print("ok")

@@ -8,8 +8,12 @@ anything runs. The result is a :class:`Batch`.
 NOTE: [Tensors in place] Taichi launches a kernel on a torch tensor's memory
 through its data pointer. A tensor on the device Taichi computes on (a CUDA
 tensor on a CUDA runtime: :data:`IN_PLACE`) is therefore given to the kernels
-of a pointwise function as it is, and its results are tensors made there:
-no copy to the host and back. A tensor elsewhere (a CUDA tensor on Taichi's
+of a pointwise function as it is, loaded into a field program's fields by
+``from_torch``, and results are tensors made there (``to_torch``): no copy to
+the host and back. Functions that compute so say ``tensors_in_place``. The
+first vjp of a function whose reverse mode is checked (NOTE: [Checking
+Taichi's reverse mode] in ``_reverse_check``) reads its arguments on the
+host, once. A tensor elsewhere (a CUDA tensor on Taichi's
 CPU runtime, a CPU tensor on its CUDA runtime) is copied where Taichi
 computes and its results back, once per call; on the CPU a tensor's NumPy
 view is in place already, and NumPy is what the rest of tidiff computes with.
@@ -65,7 +69,7 @@ def is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-#: Taichi's arch -> the torch device type whose tensors the pointwise kinds compute on in place
+#: Taichi's arch -> the torch device type whose tensors are computed on in place
 #: (NOTE: [Tensors in place]).
 IN_PLACE: dict[str, str] = {"cuda": "cuda"}
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import Batch, is_tensor, torch_module
+from ._arrays import Batch, is_tensor, of_dtype, tensor_device, torch_module, zeros
 from ._derived import Arguments, CotangentArguments, TangentArguments, like
 from ._pointwise import cotangent_map
 from ._protocol import Function
@@ -106,6 +106,7 @@ class Composite:
         self.tree = tree
         self._call_specs = [self._specs(c) for c in self.calls]
         self._call_outs = [c.fn.signature(s)[0] for c, s in zip(self.calls, self._call_specs, strict=True)]
+        self._on_device: dict[tuple[int, Any], Any] = {}
 
     def _specs(self, call: Call) -> list[ArgSpec]:
         declared = call.fn.declared_specs()
@@ -123,8 +124,19 @@ class Composite:
 
     def _call_batch(self, c: int, batch: Batch) -> Batch:
         call = self.calls[c]
-        arrays = [arg.value if isinstance(arg, Const) else batch.arrays[arg] for arg in call.args]
+        device = tensor_device(batch.arrays)
+        arrays = [self._const(arg, device) if isinstance(arg, Const) else batch.arrays[arg] for arg in call.args]
         return Batch(tuple(arrays), tuple(self._call_specs[c]), (), batch.device)
+
+    def _const(self, const: Const, device: Any) -> Any:
+        """A constant as the call's arrays are: NumPy, or a tensor on their device, made there once (NOTE: [Tensors
+        in place] in ``_arrays``)."""
+        if device is None:
+            return const.value
+        key = (id(const), device)
+        if key not in self._on_device:
+            self._on_device[key] = of_dtype(const.value, const.value.dtype, device)
+        return self._on_device[key]
 
     def _run_key(self, call: Call) -> tuple[Function, tuple[Any, ...]]:
         """The function a call runs forward and its primal arguments: a cotangent map runs its parent."""
@@ -174,7 +186,8 @@ class Composite:
             for arg, g in zip(call.args, call.fn.vjp(self._call_batch(c, batch), per_call[c]), strict=True):
                 if g is not None and not isinstance(arg, Const):
                     grads[arg] = g if grads[arg] is None else grads[arg] + g
-        return [(np.zeros(s.shape, s.dtype) if g is None else g) if s.is_float else None
+        device = tensor_device(batch.arrays)
+        return [(zeros(s.shape, s.dtype, device) if g is None else g) if s.is_float else None
                 for g, s in zip(grads, self.in_specs, strict=True)]
 
     def tangent(self) -> Composite:

@@ -31,7 +31,6 @@ from ._arrays import (
     broadcast_to,
     contiguous,
     of_dtype,
-    read_args,
     tensor_device,
     torch_dtype,
     unbroadcast,
@@ -52,6 +51,7 @@ class Pointwise(Function):
     """A function with a per-element ``@ti.func`` body: the protocol by generated kernels and bodies."""
 
     pointwise = True
+    tensors_in_place = True
 
     def body_for(self, in_specs: Sequence[ArgSpec]) -> Any:
         """The body for these input specs, made once (:meth:`make_body`); a kind whose body is its own
@@ -60,10 +60,6 @@ class Pointwise(Function):
 
     def make_body(self, in_specs: list[ArgSpec]) -> Any:
         raise NotImplementedError
-
-    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
-        """Check host arguments; tensors on Taichi's device stay there (NOTE: [Tensors in place] in ``_arrays``)."""
-        return read_args(self.specs_for(args), args, call or self.name, in_place=True)
 
     def evaluate(self, batch: Batch) -> list[Any]:
         specs = list(batch.specs)

@@ -113,6 +113,7 @@ class Function:
     func = _NoPrint
     pointwise = False  # a per-element @ti.func body; batches over leading dims (NOTE: in _pointwise)
     native_tensors = False  # evaluate/vjp take torch tensors as they are (ndarray kernels)
+    tensors_in_place = False  # read keeps tensors on Taichi's device as they are (NOTE: [Tensors in place])
 
     def __init__(self, name: str, *, listed: bool = True, arguments: Arguments | None = None) -> None:
         self.name = name
@@ -231,7 +232,7 @@ class Function:
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
         """Check host arguments against the specs; returns a :class:`Batch`."""
-        return read_args(self.specs_for(args), args, call or self.name)
+        return read_args(self.specs_for(args), args, call or self.name, self.tensors_in_place)
 
     @property
     def __name__(self) -> str:  # Taichi names a callee by it in the error of a call in a kernel

@@ -13,6 +13,7 @@ import numpy as np
 from taichi.lang.field import Field
 from taichi.lang.kernel_impl import _BoundedDifferentiableMethod
 
+from .._arrays import is_tensor, runs_in_place, torch_dtype
 from .._errors import describe_shape
 from .graph import (
     is_class_kernel,
@@ -133,8 +134,11 @@ def convert(call: str, role: str, position: int, name: str, part: Part, value: o
         if tangent:
             return None
         raise TypeError(f"{call}: {describe(role, position, name)}: expected an array, got None")
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor
-        value = value.detach().cpu().numpy()
+    if is_tensor(value):
+        tensor: Any = value
+        if runs_in_place(tensor.device):  # NOTE: [Tensors in place] in _arrays
+            return _tensor(call, role, position, name, part, tensor.detach(), tangent)
+        value = tensor.detach().cpu().numpy()
     array = np.asarray(value)
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
         raise TypeError(f"{call}: {describe(role, position, name)} must be numeric, got dtype {array.dtype}")
@@ -146,3 +150,18 @@ def convert(call: str, role: str, position: int, name: str, part: Part, value: o
     if tangent and not is_real(part.field):
         return None
     return array.astype(numpy_dtype(part.field), copy=False)
+
+
+def _tensor(call: str, role: str, position: int, name: str, part: Part, tensor: Any, tangent: bool) -> Any:
+    """:func:`convert` of a tensor on Taichi's device: checked as an array is, kept there in the field's dtype."""
+    if tensor.is_complex():
+        raise TypeError(f"{call}: {describe(role, position, name)} must be real, got dtype {tensor.dtype}")
+    if tuple(tensor.shape) != part.shape:
+        raise ValueError(
+            f"{call}: {describe(role, position, name)}: expected {describe_shape(part.shape)}, "
+            f"got {describe_shape(tuple(tensor.shape))}"
+        )
+    if tangent and not is_real(part.field):
+        return None
+    dtype = torch_dtype(numpy_dtype(part.field))
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)

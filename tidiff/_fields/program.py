@@ -10,6 +10,7 @@ from taichi.lang import impl
 from taichi.lang.field import Field
 
 from .._adjoint.kernels import KernelAdjoint, vjp_kernel
+from .._arrays import owned_copy, tensor_device, zeros
 from .._cache import kernel_compiles
 from . import checks
 from .graph import CodeGraph
@@ -91,6 +92,7 @@ class FieldProgram:
         self._kernels = [rebinder.rebuild(k) for k in graph.kernels()]
         self._guard = LaunchGuard(self._kernels, self.call)
         self._names = graph.names
+        self._device: Any = None  # where this call's arrays are: None (NumPy) or the device of tensors in place
         # a field with a part declared gets its other entries from its current values (or zeros)
         self._split: dict[int, Any] = {}
         for p in self.inputs + self.outputs:
@@ -248,17 +250,20 @@ class FieldProgram:
             for i, (p, v) in enumerate(zip(parts, values, strict=False))
         ]
 
-    def _prepare(self, args: Sequence[np.ndarray]) -> None:
+    def _prepare(self, args: Sequence[Any]) -> None:
         """Load inputs and the other fields' current values (zeros for state; the values this call took
-        first under a record, NOTE: [Field values of a call] in ``values``), zero the outputs."""
+        first under a record, NOTE: [Field values of a call] in ``values``), zero the outputs. Tensors on
+        Taichi's device are loaded from where they are, and the call's results are made there (NOTE: [Tensors
+        in place] in ``_arrays``)."""
         self._check_runtime()
         self._generation += 1
+        self._device = device = tensor_device(args)
         for p, array in zip(self.inputs, args, strict=False):
             if p.whole:
                 load(self._twins[p.field], array)
         for field in self._split.values():
-            whole = np.zeros(full_shape(field), numpy_dtype(field)) if id(field) in self._state_ids \
-                else value_of(field).copy()
+            whole = zeros(full_shape(field), numpy_dtype(field), device) if id(field) in self._state_ids \
+                else owned_copy(value_of(field, device))
             for p, array in zip(self.inputs, args, strict=False):
                 if p.field is field:
                     whole[p.index] = array
@@ -270,7 +275,7 @@ class FieldProgram:
             if id(field) in self._state_ids:
                 zero(self._twins[field])
             elif id(field) not in self._split:
-                load(self._twins[field], value_of(field))
+                load(self._twins[field], value_of(field, device))
         for p in self.outputs:
             if p.whole:
                 zero(self._twins[p.field])
@@ -290,8 +295,8 @@ class FieldProgram:
             self._run(*params)
         return tape
 
-    def _read_outputs(self) -> list[np.ndarray]:
-        return [p.take(read(self._twins[p.field])) for p in self.outputs]
+    def _read_outputs(self) -> list[Any]:
+        return [p.take(read(self._twins[p.field], self._device)) for p in self.outputs]
 
     def clear_gradients(self, keep: Iterable[Field] = ()) -> None:
         """Zero the gradients of every twin (but those of the fields in ``keep``)."""
@@ -309,13 +314,14 @@ class FieldProgram:
             if p.whole:
                 load(grad, cotangent)
             else:
-                whole = read(grad)
+                whole = read(grad, self._device)
                 whole[p.index] = cotangent
                 load(grad, whole)
 
     def gradients(self) -> list[np.ndarray | None]:
         """The inputs' gradients (``None`` for integer inputs)."""
-        return [p.take(read(self._twins[p.field].grad)) if is_real(p.field) else None for p in self.inputs]
+        return [p.take(read(self._twins[p.field].grad, self._device)) if is_real(p.field) else None
+                for p in self.inputs]
 
 
 __all__ = ["FieldSpec", "FieldProgram", "Part"]

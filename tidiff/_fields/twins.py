@@ -20,6 +20,8 @@ from taichi.lang.field import Field
 from taichi.lang.matrix import MatrixField
 from taichi.lang.util import to_numpy_type
 
+from .._arrays import is_tensor
+
 
 def element_shape(field: Field) -> tuple[int, ...]:
     """``()`` for a scalar field, ``(n,)`` for a vector field, ``(n, m)`` for a matrix field."""
@@ -85,16 +87,21 @@ class Twins:
         self._tree.destroy()
 
 
-def load(twin: Field, array: np.ndarray) -> None:
-    """Write a NumPy array (already of the twin's shape and dtype) into a twin or its grad."""
+def load(twin: Field, array: Any) -> None:
+    """Write an array (already of the twin's shape and dtype) into a twin or its grad: NumPy, or a tensor on
+    Taichi's device (NOTE: [Tensors in place] in ``_arrays``), read where it is."""
+    if is_tensor(array):
+        twin.from_torch(array.contiguous())
+        return
     twin.from_numpy(np.require(array, requirements="C"))  # np.ascontiguousarray would make 0-d arrays 1-d
 
 
-def read(twin: Field) -> np.ndarray:
-    """A twin (or its grad) as a NumPy array of the user-facing shape."""
-    if isinstance(twin, MatrixField) and twin.ndim == 2:
-        return twin.to_numpy(keep_dims=True)
-    return twin.to_numpy()
+def read(twin: Field, device: Any = None) -> Any:
+    """A twin (or its grad) as an array of the user-facing shape: NumPy, or a tensor made on ``device``."""
+    keep = {"keep_dims": True} if isinstance(twin, MatrixField) and twin.ndim == 2 else {}
+    if device is not None:
+        return twin.to_torch(device=device, **keep)
+    return twin.to_numpy(**keep)
 
 
 def zero(twin: Field) -> None:

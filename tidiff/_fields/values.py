@@ -25,22 +25,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import numpy as np
 from taichi.lang.field import Field
 
+from .._arrays import is_tensor
 from .twins import read
 
-_RECORD: ContextVar[dict[int, np.ndarray] | None] = ContextVar("tidiff_field_values", default=None)
+_RECORD: ContextVar[dict[int, Any] | None] = ContextVar("tidiff_field_values", default=None)
 
 
-def record() -> dict[int, np.ndarray]:
+def record() -> dict[int, Any]:
     """A new record for one call, holding what the call around it (if any) took already."""
     return dict(_RECORD.get() or {})
 
 
 @contextmanager
-def reading(values: dict[int, np.ndarray]) -> Iterator[None]:
+def reading(values: dict[int, Any]) -> Iterator[None]:
     """Reads of users' fields inside take (and keep) their values in ``values``."""
     token = _RECORD.set(values)
     try:
@@ -49,13 +51,14 @@ def reading(values: dict[int, np.ndarray]) -> Iterator[None]:
         _RECORD.reset(token)
 
 
-def value_of(field: Field) -> np.ndarray:
-    """``field``'s values for this call (its current ones outside a record); not to be written."""
+def value_of(field: Field, device: Any = None) -> Any:
+    """``field``'s values for this call (its current ones outside a record); not to be written. NumPy, or a
+    tensor on ``device`` (NOTE: [Tensors in place] in ``_arrays``); a record keeps what the first read took."""
     values = _RECORD.get()
     if values is None:
-        return read(field)
+        return read(field, device)
     if id(field) not in values:
-        values[id(field)] = read(field)
+        values[id(field)] = read(field, device)
     return values[id(field)]
 
 
@@ -68,6 +71,7 @@ def check_unchanged(fields: Iterable[tuple[str, Field]], call: str) -> None:
     for name, field in fields:
         now = read(field)
         kept = values.setdefault(id(field), now)
+        kept = kept.cpu().numpy() if is_tensor(kept) else kept  # taken by a field program in place
         if not np.array_equal(kept, now, equal_nan=kept.dtype.kind in "fc"):
             raise ValueError(
                 f"{call}: the field `{name}`, which the kernel reads, changed between the forward call and "

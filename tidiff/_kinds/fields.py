@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import Batch
+from .._arrays import Batch, is_tensor, tensor_device, zeros
 from .._cache import uses
 from .._errors import describe_shape
 from .._fields import FieldProgram
@@ -34,6 +34,8 @@ from .._tree import Tree, flat_tree
 
 class FieldFunction(Function):
     """A program over fields with declared inputs and outputs, as a Function."""
+
+    tensors_in_place = True
 
     def __init__(self, program: FieldProgram, name: str, *, listed: bool = True) -> None:
         super().__init__(name, listed=listed)
@@ -68,8 +70,7 @@ class FieldFunction(Function):
                     raise ValueError(f"{call}: argument {spec.name!r} (a field): expected {describe_shape(spec.shape)},"
                                      f" got {describe_shape(shape)}{extra}")
         batch = super().read(args, call)
-        arrays = tuple(np.require(np.broadcast_to(a, s.shape), requirements="C")
-                       for a, s in zip(batch.arrays, self._in, strict=True))
+        arrays = tuple(_exactly(a, s.shape) for a, s in zip(batch.arrays, self._in, strict=True))
         return Batch(arrays, batch.specs, (), batch.device)
 
     def evaluate(self, batch: Batch) -> list[Any]:
@@ -83,8 +84,7 @@ class FieldFunction(Function):
     def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         """The vjp by Taichi's reverse mode alone (replaying the recorded launches' adjoints), unchecked."""
         uses(self.program)
-        cts = [None if c is None else np.require(np.broadcast_to(c, s.shape), requirements="C")
-               for c, s in zip(cotangents, self._out, strict=True)]
+        cts = [None if c is None else _exactly(c, s.shape) for c, s in zip(cotangents, self._out, strict=True)]
         _, grads = self.program.vjp(batch.arrays, cts)
         return list(grads)
 
@@ -100,7 +100,8 @@ class FieldFunction(Function):
         uses(self.program)
         outs, pullback = self.program.linearize(batch.arrays)
         specs = self.signature(self._in)[0]
-        outs = [np.zeros(s.shape, s.dtype) if o is None else outs[o]
+        device = tensor_device(batch.arrays)
+        outs = [zeros(s.shape, s.dtype, device) if o is None else outs[o]
                 for o, s in zip(self.program_outputs(), specs, strict=True)]
         return outs, lambda cotangents: checked_vjp(
             self, batch, cotangents, lambda: list(pullback(self._program_cotangents(cotangents))),
@@ -109,8 +110,7 @@ class FieldFunction(Function):
     def _program_cotangents(self, cotangents: Sequence[Any]) -> list[Any]:
         """Cotangents of the program's outputs: each in its output's shape (those of zero outputs dropped)."""
         specs = self.signature(self._in)[0]
-        by_output = [None if c is None else np.require(np.broadcast_to(c, s.shape), requirements="C")
-                     for c, s in zip(cotangents, specs, strict=True)]
+        by_output = [None if c is None else _exactly(c, s.shape) for c, s in zip(cotangents, specs, strict=True)]
         kept: list[Any] = [None] * len(self.program.out_specs)
         for o, c in zip(self.program_outputs(), by_output, strict=True):
             if o is not None:
@@ -149,7 +149,8 @@ class FieldTangent(FieldFunction):
         outs = list(self.program.primal(batch.arrays))
         m = len(self._primal_out)
         tangents = iter(outs[m:])
-        return outs[:m] + [next(tangents) if s.is_float else np.zeros(s.shape, s.dtype) for s in self._primal_out]
+        device = tensor_device(batch.arrays)
+        return outs[:m] + [next(tangents) if s.is_float else zeros(s.shape, s.dtype, device) for s in self._primal_out]
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         """Reverse mode over the tangent program (second order); where a kernel of it is Taichi's and the
@@ -172,10 +173,16 @@ class FieldTangent(FieldFunction):
         m = len(self._primal_out)
         kept = list(cotangents[:m]) + [cotangents[m + o] for o in self._float_outputs()]
         uses(self.program)
-        cts = [None if c is None else np.require(np.broadcast_to(c, s.shape), requirements="C")
-               for c, s in zip(kept, self.program.out_specs, strict=True)]
+        cts = [None if c is None else _exactly(c, s.shape) for c, s in zip(kept, self.program.out_specs, strict=True)]
         _, grads = self.program.vjp(batch.arrays, cts)
         return list(grads)
+
+
+def _exactly(array: Any, shape: tuple[int, ...]) -> Any:
+    """``array`` broadcast to ``shape``, contiguous (NumPy or a tensor in place, NOTE: [Tensors in place])."""
+    if is_tensor(array):
+        return array.expand(shape).contiguous()
+    return np.require(np.broadcast_to(array, shape), requirements="C")  # np.ascontiguousarray: 0-d becomes 1-d
 
 
 def _accepts(f: Any, options: dict[str, Any]) -> bool:

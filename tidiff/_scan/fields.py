@@ -28,10 +28,9 @@ assumed to write every field.
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import taichi as ti
 
-from .._arrays import Batch
+from .._arrays import Batch, zeros
 from .._cache import uses
 from .._fields.twins import _new_like, is_real, read
 from .._tangent.field_flows import kernel_flows
@@ -198,7 +197,9 @@ class FieldStepper:
     def outputs(self) -> list[Any]:
         outs = self.program._read_outputs()
         specs = self.fn.signature(self.fn.declared_specs())[0]
-        return [np.zeros(s.shape, s.dtype) if o is None else outs[o] for o, s in zip(self.where, specs, strict=True)]
+        device = self.program._device  # NOTE: [Tensors in place] in _arrays
+        return [zeros(s.shape, s.dtype, device) if o is None else outs[o]
+                for o, s in zip(self.where, specs, strict=True)]
 
     def seed(self, cotangents: Sequence[Any]) -> None:
         program = self.program
@@ -219,5 +220,5 @@ class FieldStepper:
     def gradients(self) -> list[Any]:
         grads = self.program.gradients()
         for i, grad in self.carry_cotangents:
-            grads[i] = read(grad)
+            grads[i] = read(grad, self.program._device)
         return grads

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import Batch, is_tensor, owned_copy
+from .._arrays import Batch, is_tensor, owned_copy, tensor_device, zeros
 
 
 class HostStepper:
@@ -71,6 +71,7 @@ class HostStepper:
         self.cts = [None if i is None else grads[i] for i in self.carry]
 
     def gradients(self) -> list[Any]:
-        return [(np.zeros(s.shape, s.dtype) if g is None else g if is_tensor(g) else np.asarray(g, s.dtype))
+        device = tensor_device(self.batch.arrays)  # NOTE: [Tensors in place] in _arrays
+        return [(zeros(s.shape, s.dtype, device) if g is None else g if is_tensor(g) else np.asarray(g, s.dtype))
                 if s.is_float else None  # a sum of 0-d arrays is a NumPy scalar: an array, as every cotangent is
                 for g, s in zip(self.grads, self.batch.specs, strict=True)]
