@@ -186,3 +186,41 @@ def test_hvp_of_a_program_whose_second_order_taichi_would_reverse_is_pushed_forw
     eps = 1e-5
     central = (td.grad(F)(x + eps * v) - td.grad(F)(x - eps * v)) / (2 * eps)
     np.testing.assert_allclose(hx, central, rtol=1e-6, atol=1e-9)
+
+
+# ti.atomic_max / ti.atomic_min: Taichi's reverse mode gave every entry the winner's gradient (x.grad 1 everywhere for
+# y = max_i x_i), without an error; neither tidiff's adjoint nor its tangent transform has their rule yet.
+peaks_x = ti.field(ti.f64, shape=4)
+peak = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def highest_square():
+    for i in peaks_x:
+        ti.atomic_max(peak[None], peaks_x[i] * peaks_x[i])
+
+
+@ti.kernel
+def lowest(k: ti.types.ndarray(), out: ti.types.ndarray()):
+    for i in k:
+        ti.atomic_min(out[0], k[i])
+
+
+ATOMIC_PROGRAMS = {
+    "atomic_max": (lambda: td.function(highest_square, inputs=[peaks_x], outputs=[peak]), np.array(1.0)),
+    "atomic_min": (lambda: td.function(lowest, inputs=["k"], outputs={"out": (1,)}), np.ones(1)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(ATOMIC_PROGRAMS))
+@pytest.mark.parametrize("transform", ["jacrev", "vjp", "jvp"])
+def test_atomic_max_and_min_are_refused_not_given_every_entry(op, transform):
+    make, cotangent = ATOMIC_PROGRAMS[op]
+    fn, x = make(), np.array([1.0, -0.5, 2.0, 0.25])
+    with pytest.raises(td.TransformError, match=op):
+        if transform == "jacrev":
+            td.jacrev(fn)(x)
+        elif transform == "vjp":
+            td.vjp(fn, x)[1](cotangent)
+        else:
+            td.jvp(fn, (x,), (np.ones(4),))

@@ -13,6 +13,8 @@ mode of a program or kernel that reaches one is refused, naming the rule and
 the function calling it; forward mode (tidiff's own tangent transform) takes
 them, and so does a transform of the ``@ti.func`` called inside the kernel
 (``td.grad(f)(...)`` in the kernel body), which is tidiff's own reverse mode.
+``ti.atomic_max`` and ``ti.atomic_min`` are refused the same way: Taichi's
+reverse mode gives every entry the gradient that belongs to the winner.
 
 An object carries the rule it stands for in ``RULE_ATTRIBUTE`` (a short
 description: ``"td.stop_gradient"``, ``"the td.custom_vjp function `clip`"``);
@@ -25,9 +27,16 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import taichi as ti
+
 from .._errors import TransformError
 from .._rules.helpers import RULE_ATTRIBUTE
 from .graph import CodeGraph, code_names, python_function, slots
+
+#: Ops whose derivative goes to the winning entry, which Taichi's reverse mode gives to every entry instead
+#: (``ti.atomic_max(y[None], x[i])``: ``x.grad`` 1 everywhere, no error): refused as rules are.
+_WINNER_OPS = {id(op): f"the derivative of `ti.{op.__name__}` (to the winning entry only)"
+               for op in (ti.atomic_max, ti.atomic_min)}
 
 
 def rules_reached(graph: CodeGraph) -> list[tuple[str, str]]:
@@ -44,7 +53,7 @@ def rules_reached(graph: CodeGraph) -> list[tuple[str, str]]:
                 continue
             seen.add(id(fn))
             for value in _called(fn):
-                rule = getattr(value, RULE_ATTRIBUTE, None)
+                rule = _WINNER_OPS.get(id(value)) or getattr(value, RULE_ATTRIBUTE, None)
                 if isinstance(rule, str):
                     found.setdefault((rule, fn.__name__), None)
                     continue
