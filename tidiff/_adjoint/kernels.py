@@ -212,13 +212,16 @@ class FieldReverser(Reverser):
         return None
 
     def reads_active(self, node: ast.expr) -> bool:
-        """Whether ``node`` reads a differentiable local, a float field, or calls a func that reaches fields
-        (whose call the transform then refuses)."""
+        """Whether ``node`` reads a differentiable local, a float field, or calls a func that reaches fields or is
+        given one (whose call the transform then refuses)."""
         for n in ast.walk(node):
             if isinstance(n, ast.Subscript) and self.field_name(n.value) is not None:
                 return True
             if isinstance(n, ast.Call) and not self._is_local(n.func) and self.touches(n.func):
                 return True
+            if isinstance(n, ast.Call) and any(isinstance(a, ast.Name) and self.field_name(a) is not None
+                                               for a in n.args + [k.value for k in n.keywords]):
+                return True  # a float field passed to a func (its call is then refused: Taichi reverses the kernel)
         return super().reads_active(node)
 
     def field_index(self, node: ast.Subscript) -> ast.expr:

@@ -153,6 +153,22 @@ class FieldTangents:
         return self._void[f]
 
 
+def template_parameters(parsed: Parsed) -> list[str]:
+    """The parameters of a parsed ``@ti.func`` annotated ``ti.template()``."""
+    return [a.arg for a in parsed.tree.args.args
+            if isinstance(a.annotation, ast.Call) and resolve(a.annotation.func, parsed.namespace) is ti.template]
+
+
+def _given_fields(callee: Any, active: Sequence[bool]) -> bool:
+    """Whether a func is called with a tangent for one of its ``ti.template()`` parameters (a field given to it)."""
+    if not transformable(callee):
+        return False
+    parsed = parsed_for(callee)
+    params = [a.arg for a in parsed.tree.args.args]
+    marked = {p for p, a in zip(params, active, strict=False) if a}
+    return bool(marked & set(template_parameters(parsed)))
+
+
 def _callees(obj: object) -> list[Any]:
     """The functions a global stands for that calls may reach: itself, a partial's function, or
     the entries of a table of them (``OPS["sin"](x)``)."""
@@ -337,6 +353,9 @@ class KernelTransformer(Transformer):
                 self.template_params = [p.name for p in self._parameters() if isinstance(p.annotation, Template)]
             paired = self.template_params if arrays is None else arrays
             self.paired = self.active_params = [p for p in self.params if p in paired]
+        else:  # a func given fields through ti.template() parameters: each active one comes with its tangent field
+            self.template_params = [p for p in template_parameters(parsed) if p in self.active_params]
+            self.paired = list(self.template_params)
         # sources: global names whose use carries a tangent (float fields, lists of them, funcs reaching them)
         self.sources: set[str] = set()
         self.fields: dict[str, Any] = {}
@@ -354,9 +373,13 @@ class KernelTransformer(Transformer):
         self.active = self._activity()
 
     def _jvp_of(self, callee: Any, active: Sequence[bool]) -> Any:
-        if self.field_tangents.touches(callee):
+        if self.field_tangents.touches(callee) or _given_fields(callee, active):
             return jvp_field_func(callee, active, self.field_tangents)
         return jvp_func(callee, active)
+
+    def _passes_fields(self, node: ast.Call) -> bool:
+        """Whether a call passes a field with a tangent (a source, or a paired parameter) as an argument."""
+        return any(isinstance(a, ast.Name) and (a.id in self.sources or a.id in self.paired) for a in node.args)
 
     def run(self) -> ast.FunctionDef:
         if self.is_kernel:
@@ -509,14 +532,15 @@ class KernelTransformer(Transformer):
         value = node.value
         if isinstance(value, ast.Call) and self.is_active(value) and not self._is_local(value.func):
             callee = resolve(value.func, self.parsed.namespace)
-            if any(self.field_tangents.touches(c) for c in _callees(callee)):
+            if any(self.field_tangents.touches(c) for c in _callees(callee)) or self._passes_fields(value):
                 self.expr(value)  # a func that writes fields: call its tangent func
                 return
         super().stmt_Expr(node)
 
     def call_tangent(self, node: ast.Call, callee: Any, custom: Any = None,
                      into: tuple[str, str] | None = None) -> tuple[ast.expr, ast.expr | None]:
-        if custom is not None or not self.field_tangents.touches(callee) or not self.field_tangents.is_void(callee):
+        reaches = self.field_tangents.touches(callee) or self._passes_fields(node)
+        if custom is not None or not reaches or not self.field_tangents.is_void(callee):
             return super().call_tangent(node, callee, custom, into)
         parts = [self.atom(a) for a in self._positional(node, callee)]
         fn = self.jvp_of(callee, tuple(dp is not None for _, dp in parts))
