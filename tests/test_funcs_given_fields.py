@@ -75,6 +75,17 @@ def total_of_y():
         loss[None] += y[i]
 
 
+@ti.kernel
+def sines_squared(a: ti.template(), b: ti.template()):
+    for i in a:
+        write_square(b, i, ti.sin(a[i]))  # a kernel's own ti.template() parameter given on to a func
+
+
+def through_parameters():
+    sines_squared(x, y)
+    total_of_y()
+
+
 def chained():
     square_then_scale()
     total_of_z()
@@ -94,6 +105,8 @@ PROGRAMS = {
     "nested": (nested, lambda a: 2 * np.exp(2 * a), lambda a: 4 * np.exp(2 * a)),
     # d/dx sum(x^3) = 3 x^2
     "cubes": (cubes, lambda a: 3 * a * a, lambda a: 6 * a),
+    # d/dx sum(sin(x)^2) = sin(2x)
+    "through_parameters": (through_parameters, lambda a: np.sin(2 * a), lambda a: 2 * np.cos(2 * a)),
 }
 
 

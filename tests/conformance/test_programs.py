@@ -38,11 +38,30 @@ from .crashes import TAICHI_ALONE
 N = 4
 RTOL, ATOL = 1e-8, 1e-10
 
+# How the kernel applying the element function reaches its fields: by name, or through @ti.funcs given them as
+# ti.template() arguments (NOTE: funcs given fields are reversed by Taichi's kernel.grad, and their tangents
+# write the tangent fields given beside them).
+APPLY = {
+    "by name": "y[i] = f(x[i], w[i])",
+    "a func writing into a field given to it": "put(y, i, f(x[i], w[i]))",
+    "a func reading the fields given to it": "y[i] = f(take(x, i), take(w, i))",
+}
+
 FIELD_KERNELS = """
+@ti.func
+def put(out: ti.template(), i, v):
+    out[i] = v
+
+
+@ti.func
+def take(src: ti.template(), i):
+    return src[i]
+
+
 @ti.kernel
 def apply():
     for i in x:
-        y[i] = f(x[i], w[i])
+        {apply}
 
 
 @ti.kernel
@@ -79,12 +98,12 @@ def draw_case_for(data, program) -> Case:
                      batched=False, program=program)
 
 
-def field_program(case: Case):
+def field_program(case: Case, variant: str):
     """(F scalar loss, G vector z) over fresh fields, and the torch twin of both."""
     fields = {"x": ti.field(ti.f64, shape=N), "w": ti.field(ti.f64, shape=N), "y": ti.field(ti.f64, shape=N),
               "z": ti.field(ti.f64, shape=N), "loss": ti.field(ti.f64, shape=())}
     ns = dict(render_taichi.namespace(), f=case.f, N=N, **fields)
-    render_taichi.compile_text(FIELD_KERNELS, "apply", ns, "fields")
+    render_taichi.compile_text(FIELD_KERNELS.format(apply=APPLY[variant]), "apply", ns, "fields")
 
     def program():
         ns["apply"]()
@@ -107,12 +126,12 @@ def reversed_by_tidiff(F) -> bool:
     return all(isinstance(vjp_kernel(k), KernelAdjoint) for k in F.program._kernels)
 
 
-def taichi_tape_gradient(case: Case, x, w):
+def taichi_tape_gradient(case: Case, x, w, variant: str):
     """The gradient of the loss by Taichi's own ``ti.ad.Tape`` over fields of the user's own, no tidiff."""
     fields = {name: ti.field(ti.f64, shape=N, needs_grad=True) for name in ("x", "w", "y", "z")}
     fields["loss"] = ti.field(ti.f64, shape=(), needs_grad=True)
     ns = dict(render_taichi.namespace(), f=case.f, N=N, **fields)
-    render_taichi.compile_text(FIELD_KERNELS, "apply", ns, "tape")
+    render_taichi.compile_text(FIELD_KERNELS.format(apply=APPLY[variant]), "apply", ns, "tape")
     fields["x"].from_numpy(x)
     fields["w"].from_numpy(w)
     with ti.ad.Tape(loss=fields["loss"]):
@@ -138,12 +157,12 @@ def classify_reverse_mismatch(case: Case, tape, got, want, mismatch):
     record_pitfall(pitfall)
 
 
-def plain_field_loss(case: Case, x, w):
+def plain_field_loss(case: Case, x, w, variant: str):
     """The field program's loss run by Taichi alone, on fields of its own (no tidiff)."""
     fields = {name: ti.field(ti.f64, shape=N) for name in ("x", "w", "y", "z")}
     fields["loss"] = ti.field(ti.f64, shape=())
     ns = dict(render_taichi.namespace(), f=case.f, N=N, **fields)
-    render_taichi.compile_text(FIELD_KERNELS, "apply", ns, "fields-plain")
+    render_taichi.compile_text(FIELD_KERNELS.format(apply=APPLY[variant]), "apply", ns, "fields-plain")
     fields["x"].from_numpy(x)
     fields["w"].from_numpy(w)
     ns["apply"]()
@@ -240,12 +259,13 @@ def close(got, want):
 @given(st.data())
 def test_field_programs(data):
     case = element_case(data)
-    F, G, loss_twin, z_twin = field_program(case)
+    variant = data.draw(st.sampled_from(sorted(APPLY)), label="apply kernel")
+    F, G, loss_twin, z_twin = field_program(case, variant)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     x, w, dx, dw, c = (rng.uniform(-1.5, 1.5, N) for _ in range(5))
     assume_tame(lambda arrays: z_twin(*tensors(*arrays)), [x, w])
     with case.checking("field program: value, grad, vjp, jvp, jacobian, hvp"):
-        check_program_value(case, F(x, w), loss_twin(*tensors(x, w)), lambda: plain_field_loss(case, x, w),
+        check_program_value(case, F(x, w), loss_twin(*tensors(x, w)), lambda: plain_field_loss(case, x, w, variant),
                             "field program")
         _, dz = td.jvp(G, (x, w), (dx, dw))
         close(dz, torch.autograd.functional.jvp(z_twin, tensors(x, w), tensors(dx, dw))[1])
@@ -255,7 +275,7 @@ def test_field_programs(data):
         tape = None
         if not own and not case.program.reaches_rules:  # Taichi's reverse mode alone first: a crash is Taichi's
             with case.checking(f"{TAICHI_ALONE} ti.ad.Tape of the field program"):
-                tape = taichi_tape_gradient(case, x, w)
+                tape = taichi_tape_gradient(case, x, w, variant)
         try:
             gx, gw = td.grad(F, argnums=(0, 1))(x, w)
         except td.TransformError as e:
