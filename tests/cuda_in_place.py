@@ -8,7 +8,7 @@ warm (NOTE: [Tensors in place] in tidiff/_arrays.py).
 import numpy as np
 import taichi as ti
 import torch
-from in_place_functions import energy, f, g
+from in_place_functions import energy, f, g, pendulum_energy
 
 import tidiff as td
 from tidiff._testing.host_copies import HostCopies
@@ -179,28 +179,8 @@ close(no_copies("field program operator forward + backward", field_forward_backw
 pos.fill(0.0)
 rows = torch.ones(4, 2, dtype=torch.float64, device=cuda)
 close(no_copies("field program with a part of a field as input", lambda: td.grad(S)(rows)), 2 * rows)
-# -- a time loop of a field step, and one of a @ti.func step --------------------------------------------------------
-xs_, vs_ = ti.field(ti.f64, 64), ti.field(ti.f64, 64)
-xs_next, vs_next = ti.field(ti.f64, 64), ti.field(ti.f64, 64)
-ks_ = ti.field(ti.f64, ())
-total_ = ti.field(ti.f64, ())
-
-
-@ti.kernel
-def advance():
-    for i in xs_:
-        vs_next[i] = vs_[i] - 0.01 * ks_[None] * ti.sin(xs_[i])
-        xs_next[i] = xs_[i] + 0.01 * vs_next[i]
-
-
-@ti.kernel
-def kinetic():
-    for i in xs_:
-        total_[None] += 0.5 * vs_[i] ** 2 + 2.0 * (1 - ti.cos(xs_[i]))
-
-
-step = td.function(advance, inputs=[xs_, vs_, ks_], outputs=[xs_next, vs_next])
-F_loop = td.compose(td.function(kinetic, inputs=[xs_, vs_], outputs=[total_]), td.scan(step, length=100))
+# -- a time loop of a field program's step ----------------------------------------------------------------------------
+F_loop = pendulum_energy(64, length=100)
 x0 = torch.linspace(0.1, 1.0, 64, dtype=torch.float64, device=cuda)
 v0 = torch.zeros(64, dtype=torch.float64, device=cuda)
 value, (dx0, dk) = no_copies("td.value_and_grad of a time loop", lambda: td.value_and_grad(F_loop, argnums=(0, 2))(
