@@ -86,7 +86,7 @@ class FieldProgram:
         reached.update((id(f), f) for f in list(constants) + list(self.state))
         self._state_ids = {id(f) for f in self.state}
         self._undeclared = [f for key, f in reached.items() if key not in declared]
-        self._twins = Twins(list(declared.values()) + self._undeclared)
+        self._twins = Twins(list(declared.values()) + self._undeclared, self.call)
         rebinder = Rebinder(graph, self._twins.as_mapping())
         self._run = rebinder.rebuild(program)
         self._kernels = [rebinder.rebuild(k) for k in graph.kernels()]

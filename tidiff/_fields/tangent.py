@@ -49,7 +49,7 @@ from .._tangent import FieldTangents, jvp_kernel
 from .activity import active_fields
 from .graph import CodeGraph, is_class_kernel, replaced_parts
 from .rebind import Rebinder
-from .twins import _new_like, is_real
+from .twins import _new_like, fields_builder, is_real
 
 
 class _TangentRebinder(Rebinder):
@@ -88,7 +88,7 @@ class TangentFields:
         self._tree: Any = None  # the SNodeTree holding them, until destroyed
         if not self.fields:
             return
-        builder = ti.FieldsBuilder()
+        builder = fields_builder("the tangent fields of a program over fields")
         for field in self.fields:
             tangent = _new_like(field, False)
             offset = list(field.snode.ptr.offset) or None

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import taichi as ti
+from taichi.lang import impl
 from taichi.lang.field import Field
 from taichi.lang.matrix import MatrixField
 from taichi.lang.util import to_numpy_type
@@ -55,11 +56,29 @@ def _new_like(field: Field, differentiable: bool) -> Field:
     return ti.Matrix.field(field.n, field.m, field.dtype, **flags)
 
 
+#: NOTE: [Trees a process holds] Taichi 1.7.4 holds at most 512 trees of fields in a process (on the CPU the
+#: 513th crashes the process, a segfault at its first launch, without an error). Every field program adds trees
+#: of its own (its twins, its tangent fields, a time loop's stores), so tidiff refuses to start one more there.
+TREES_A_PROCESS_HOLDS = 512
+
+
+def fields_builder(what: str) -> Any:
+    """A ``ti.FieldsBuilder`` for tidiff's fields of ``what``; RuntimeError where Taichi holds no more trees."""
+    trees = impl.get_runtime().prog.get_snode_tree_size()
+    if trees >= TREES_A_PROCESS_HOLDS:
+        raise RuntimeError(
+            f"{what}: Taichi holds at most {TREES_A_PROCESS_HOLDS} trees of fields in a process and this one has "
+            f"{trees}; one more crashes the process (NOTE: [Trees a process holds] in tidiff/_fields/twins.py). "
+            "Each program over fields adds two to four (its twins and tangent fields): make fields and "
+            "td.function(...) once and call it again, or continue in a new process")
+    return ti.FieldsBuilder()
+
+
 class Twins:
     """The twin of each field, in one tree."""
 
-    def __init__(self, fields: Sequence[Field]) -> None:
-        builder = ti.FieldsBuilder()
+    def __init__(self, fields: Sequence[Field], what: str = "a program over fields") -> None:
+        builder = fields_builder(what)
         self._twins: dict[int, Field] = {}
         for field in fields:
             twin = _new_like(field, is_real(field))

@@ -32,7 +32,7 @@ import taichi as ti
 
 from .._arrays import Batch, zeros
 from .._cache import uses
-from .._fields.twins import _new_like, is_real, read
+from .._fields.twins import _new_like, fields_builder, is_real, read
 from .._tangent.field_flows import kernel_flows
 
 
@@ -116,7 +116,7 @@ def _tree(fields: Sequence[Any], leading: tuple[int, ...] = ()) -> list[Any]:
     """Fields like ``fields`` (with ``leading`` axes first), placed in one tree that lives as long as they do."""
     if not fields:
         return []
-    builder = ti.FieldsBuilder()
+    builder = fields_builder("the checkpoints of a time loop")
     made = []
     for f in fields:
         new, place = _like(f, leading)
