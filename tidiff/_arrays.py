@@ -181,8 +181,7 @@ def on_device(value: Any, spec: ArgSpec, device: Any, call: str) -> Any:
     if not spec.is_float and tensor.dtype.is_floating_point:
         raise TypeError(f"{call}: argument {spec.name!r} expects integer values ({spec.dtype}), got "
                         f"{numpy_dtype(tensor.dtype)}")
-    dtype = torch_dtype(spec.dtype)
-    return tensor.to(device=device, dtype=dtype) if tensor.dtype != dtype or tensor.device != device else tensor
+    return of_dtype(tensor, spec.dtype, device)
 
 
 def read_args(specs: Sequence[ArgSpec], args: Sequence[Any], call: str, in_place: bool = False) -> Batch:
@@ -197,7 +196,7 @@ def read_args(specs: Sequence[ArgSpec], args: Sequence[Any], call: str, in_place
     if len(args) != len(specs):
         names = ", ".join(s.name for s in specs)
         raise TypeError(f"{call}: expected {len(specs)} arguments ({names}), got {len(args)}")
-    device = next((value.device for value in args if is_tensor(value)), None)
+    device = tensor_device(args)
     in_place = in_place and runs_in_place(device)
     arrays = []
     for spec, value in zip(specs, args, strict=True):
@@ -262,7 +261,8 @@ def broadcast_to(array: Any, shape: tuple[int, ...]) -> Any:
 
 
 def contiguous(array: Any) -> Any:
-    return array.contiguous() if is_tensor(array) else np.ascontiguousarray(array)
+    """``array`` in C order (not copied where it is); a 0-d array stays 0-d (``np.ascontiguousarray`` makes it 1-d)."""
+    return array.contiguous() if is_tensor(array) else np.require(array, requirements="C")
 
 
 def owned_copy(array: Any) -> Any:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._arrays import Batch, is_tensor, torch_dtype, torch_module
+from ._arrays import Batch, is_tensor, of_dtype, tensor_device, zeros
 from ._signature import ArgSpec, with_tangents
 from ._tree import Tree
 
@@ -140,13 +140,11 @@ class CotangentArguments(Arguments):
 
 def like(value: Any, spec: ArgSpec, inner: Batch) -> Any:
     """An extra argument (tangent, cotangent) as the parent's arrays are: a tensor beside tensors."""
-    if any(is_tensor(a) for a in inner.arrays):
-        torch = torch_module()
-        device = next(a.device for a in inner.arrays if is_tensor(a))
+    device = tensor_device(inner.arrays)
+    if device is not None:
         if value is None:
-            return torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
-        t = value if is_tensor(value) else torch.as_tensor(np.asarray(value))
-        return t.detach().to(device=device, dtype=torch_dtype(spec.dtype)).expand(spec.shape)
+            return zeros(spec.shape, spec.dtype, device)
+        return of_dtype(value.detach() if is_tensor(value) else value, spec.dtype, device).expand(spec.shape)
     if value is None:
         value = np.zeros(spec.shape, spec.dtype)
     if is_tensor(value):

@@ -13,7 +13,7 @@ import numpy as np
 from taichi.lang.field import Field
 from taichi.lang.kernel_impl import _BoundedDifferentiableMethod
 
-from .._arrays import is_tensor, runs_in_place, torch_dtype
+from .._arrays import is_tensor, of_dtype, runs_in_place
 from .._errors import describe_shape
 from .graph import (
     is_class_kernel,
@@ -163,5 +163,4 @@ def _tensor(call: str, role: str, position: int, name: str, part: Part, tensor: 
         )
     if tangent and not is_real(part.field):
         return None
-    dtype = torch_dtype(numpy_dtype(part.field))
-    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+    return of_dtype(tensor, numpy_dtype(part.field), tensor.device)

@@ -21,7 +21,7 @@ from taichi.lang.field import Field
 from taichi.lang.matrix import MatrixField
 from taichi.lang.util import to_numpy_type
 
-from .._arrays import is_tensor
+from .._arrays import contiguous, is_tensor
 
 
 def element_shape(field: Field) -> tuple[int, ...]:
@@ -109,10 +109,11 @@ class Twins:
 def load(twin: Field, array: Any) -> None:
     """Write an array (already of the twin's shape and dtype) into a twin or its grad: NumPy, or a tensor on
     Taichi's device (NOTE: [Tensors in place] in ``_arrays``), read where it is."""
+    array = contiguous(array)
     if is_tensor(array):
-        twin.from_torch(array.contiguous())
-        return
-    twin.from_numpy(np.require(array, requirements="C"))  # np.ascontiguousarray would make 0-d arrays 1-d
+        twin.from_torch(array)
+    else:
+        twin.from_numpy(array)
 
 
 def read(twin: Field, device: Any = None) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import Batch, is_tensor, tensor_device, zeros
+from .._arrays import Batch, broadcast_to, contiguous, tensor_device, zeros
 from .._cache import uses
 from .._errors import describe_shape
 from .._fields import FieldProgram
@@ -180,9 +180,7 @@ class FieldTangent(FieldFunction):
 
 def _exactly(array: Any, shape: tuple[int, ...]) -> Any:
     """``array`` broadcast to ``shape``, contiguous (NumPy or a tensor in place, NOTE: [Tensors in place])."""
-    if is_tensor(array):
-        return array.expand(shape).contiguous()
-    return np.require(np.broadcast_to(array, shape), requirements="C")  # np.ascontiguousarray: 0-d becomes 1-d
+    return contiguous(broadcast_to(array, shape))
 
 
 def _accepts(f: Any, options: dict[str, Any]) -> bool:
