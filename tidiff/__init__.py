@@ -17,6 +17,11 @@ from ._api import vjp as vjp
 from ._cache import CacheInfo as CacheInfo
 from ._cache import cache_info as cache_info
 from ._compose import compose as compose
+from ._elements.function import element_map as element_map
+from ._elements.function import element_sum as element_sum
+from ._elements.sparse import hessian_operator as hessian_operator
+from ._elements.sparse import sparse_hessian as sparse_hessian
+from ._elements.sparse import sparse_jacobian as sparse_jacobian
 from ._errors import TransformError as TransformError
 from ._fields.parts import part as part
 from ._kinds.custom import custom_jvp as custom_jvp
@@ -48,9 +53,12 @@ __all__ = [
     "compose",
     "custom_jvp",
     "custom_vjp",
+    "element_map",
+    "element_sum",
     "function",
     "grad",
     "hessian",
+    "hessian_operator",
     "hvp",
     "jacfwd",
     "jacobian",
@@ -58,6 +66,8 @@ __all__ = [
     "jvp",
     "part",
     "scan",
+    "sparse_hessian",
+    "sparse_jacobian",
     "source",
     "stop_gradient",
     "testing",

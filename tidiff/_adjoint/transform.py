@@ -728,6 +728,8 @@ class Reverser(ControlFlow):
         path: list[int] = []
         base: ast.expr = node
         while isinstance(base, ast.Subscript):
+            if any(isinstance(n, ast.Slice) for n in ast.walk(base.slice)):
+                return None  # a slice of a matrix, ``m[1, :]``: no call's results are sliced
             index = self.rename(base.slice)
             if not (isinstance(index, ast.Constant) and isinstance(index.value, int)):
                 return None
