@@ -99,6 +99,7 @@ def test_no_import_cycle_inside_the_package():
 #: restructure the modules instead (move the shared piece into the lower one, or pass it in).
 IMPORTS_INSIDE_FUNCTIONS = {
     ("__init__.py", "importlib"): "td.torch loads on first use: it imports torch, an optional dependency",
+    ("_elements/colouring.py", "scipy.sparse"): "scipy is optional (tidiff[sparse]): only sparse results need it",
     ("_elements/pattern.py", "scipy.sparse"): "scipy is optional (tidiff[sparse]): only the scipy formats need it",
     ("_kinds/ndarray.py", "torch"): "torch is optional: ndarray kernels run on NumPy arrays without it",
     ("_testing/against_torch.py", "torch"): "torch is optional: only check_against_torch needs it",

@@ -18,6 +18,7 @@ from .._api import grad, hessian, jacfwd
 from .._codegen.batch import identifier
 from .._protocol import Function, require_taichi, taichi_callable
 from .._signature import ArgSpec
+from .colouring import coloured
 from .function import Elements
 from .kernels import BLOCKS, EACH, NODE, SKIP, ElementKernel, _add_blocks, _add_rows, element_kernel, fill_builder, same
 from .pattern import Pattern
@@ -29,8 +30,8 @@ FORMATS = ("csr", "bsr", "taichi")
 def _elements_of(f: Any, summed: bool, call: str) -> Elements:
     what = "td.element_sum" if summed else "td.element_map"
     if not isinstance(f, Elements) or f.primal is not None or f.summed != summed:
-        raise TypeError(f"{call}: expects a function made by {what}(f, elements); got "
-                        f"{getattr(f, 'name', type(f).__name__)}")
+        raise TypeError(f"{call}: expects a function made by {what}(f, elements), or sparsity= (the pattern) for "
+                        f"any other function; got {getattr(f, 'name', type(f).__name__)}")
     return f
 
 
@@ -230,7 +231,8 @@ class HessianOperatorOf:
 
 
 @taichi_callable
-def sparse_hessian(f: Function, argnums: int = 0, *, format: str = "csr", project: str | None = None) -> Any:
+def sparse_hessian(f: Function, argnums: int = 0, *, format: str = "csr", project: str | None = None,
+                   sparsity: Any = None) -> Any:
     """The Hessian of an element sum (``td.element_sum``) by a node argument, as a sparse matrix.
 
     Args:
@@ -245,6 +247,11 @@ def sparse_hessian(f: Function, argnums: int = 0, *, format: str = "csr", projec
         project: ``"psd"`` clamps each element Hessian's negative eigenvalues
             to zero before adding it: a positive semi-definite matrix for a
             robust Newton step. ``None``: the exact Hessian.
+        sparsity: for any other function with a scalar output: the
+            Hessian's pattern (a scipy sparse matrix or a boolean array,
+            ``(n, n)`` for an argument of ``n`` values); the Hessian is then
+            recovered from one ``td.hvp`` per colour of its columns (NOTE:
+            [Column colouring]), as CSR or CSC.
 
     Returns:
         a function of ``f``'s arguments returning the matrix. The pattern is
@@ -264,12 +271,16 @@ def sparse_hessian(f: Function, argnums: int = 0, *, format: str = "csr", projec
         True
     """
     call = "td.sparse_hessian"
+    if sparsity is not None:
+        if project is not None:
+            raise ValueError(f"{call}: project applies to element sums' blocks; with sparsity= it must be None")
+        return coloured(f, argnums, sparsity, format, True, call)
     F = _elements_of(f, True, call)
     return SparseHessian(F, _node_argument(F, argnums, call), format, project, call)
 
 
 @taichi_callable
-def sparse_jacobian(f: Function, argnums: int = 0, *, format: str = "csr") -> Any:
+def sparse_jacobian(f: Function, argnums: int = 0, *, format: str = "csr", sparsity: Any = None) -> Any:
     """The Jacobian of an element map (``td.element_map``) by a node argument, as a sparse matrix.
 
     Rows are the elements' results, flattened element-major (element ``e``'s
@@ -277,8 +288,16 @@ def sparse_jacobian(f: Function, argnums: int = 0, *, format: str = "csr") -> An
     values, node-major. ``format`` is ``"csr"`` (scipy.sparse) or
     ``"taichi"``; the pattern is computed once, each call is one launch of
     the per-element Jacobian. For Gauss-Newton: ``J.T @ J``, ``J.T @ r``.
+
+    Any other function (a kernel program, a ``@ti.func`` over a batch) with
+    one output is given its Jacobian's pattern as ``sparsity`` (a scipy
+    sparse matrix or a boolean array, outputs by the argument's values, both
+    flattened); the Jacobian is then recovered from one ``td.jvp`` per colour
+    of its columns (NOTE: [Column colouring]), as CSR or CSC.
     """
     call = "td.sparse_jacobian"
+    if sparsity is not None:
+        return coloured(f, argnums, sparsity, format, False, call)
     F = _elements_of(f, False, call)
     return SparseJacobian(F, _node_argument(F, argnums, call), format, call)
 
