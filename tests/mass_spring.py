@@ -36,10 +36,12 @@ class MassSpring:
         self.rest = ti.field(ti.f64, self.n_springs)
         self.weights = ti.Vector.field(2, ti.f64, n_masses)
         self.loss = ti.field(ti.f64, ())
+        self.kinetic = ti.field(ti.f64, ())
         self.ends.from_numpy(ends)
         self.rest.from_numpy(rest)
         self.weights.from_numpy(np.stack([np.linspace(1, 2, n_masses), np.linspace(-1, 0.5, n_masses)], 1))
         x, v, x_next, v_next, force, k = self.x, self.v, self.x_next, self.v_next, self.force, self.k
+        kinetic = self.kinetic
         ends_f, rest_f, weights, loss = self.ends, self.rest, self.weights, self.loss
 
         @ti.kernel
@@ -63,16 +65,47 @@ class MassSpring:
             for i in x:
                 loss[None] += weights[i].dot(x[i]) + 0.1 * v[i].norm_sqr()
 
+        @ti.kernel
+        def energy():
+            for i in v_next:
+                kinetic[None] += 0.5 * v_next[i].norm_sqr()
+
         def step():
             springs()
             advance()
 
+        def step_and_energy():
+            springs()
+            advance()
+            energy()
+
         self.step = step
+        self.step_and_energy = step_and_energy
         self.final_loss = final_loss
 
     def step_function(self, td):
         return td.function(self.step, inputs=[self.x, self.v, self.k], outputs=[self.x_next, self.v_next],
                            state=[self.force])
+
+    def step_and_energy_function(self, td):
+        """The step with a per-step output: the kinetic energy after it."""
+        return td.function(self.step_and_energy, inputs=[self.x, self.v, self.k],
+                           outputs=[self.x_next, self.v_next, self.kinetic], state=[self.force])
+
+    def torch_steps(self, torch, x, v, k, steps):
+        """The same steps in torch: the final ``(x, v)`` and the kinetic energy after each step."""
+        ends = torch.tensor(self.ends.to_numpy(), dtype=torch.long)
+        rest = torch.tensor(self.rest.to_numpy())
+        energies = []
+        for _ in range(steps):
+            d = x[ends[:, 1]] - x[ends[:, 0]]
+            length = d.norm(dim=1, keepdim=True)
+            f = k[:, None] * (length - rest[:, None]) * d / length
+            force = torch.zeros_like(x).index_add(0, ends[:, 0], f).index_add(0, ends[:, 1], -f)
+            v = DAMPING * v + DT * (force + torch.tensor([0.0, -1.0], dtype=x.dtype))
+            x = x + DT * v
+            energies.append(0.5 * (v * v).sum())
+        return x, v, torch.stack(energies)
 
     def loss_function(self, td):
         return td.function(self.final_loss, inputs=[self.x, self.v], outputs=[self.loss])

@@ -30,9 +30,9 @@ from typing import Any
 
 import taichi as ti
 
-from .._arrays import Batch, zeros
+from .._arrays import Batch, of_dtype, zeros
 from .._cache import uses
-from .._fields.twins import _new_like, fields_builder, is_real, read
+from .._fields.twins import _new_like, fields_builder, is_real, load, numpy_dtype, read, zero
 from .._tangent.field_flows import kernel_flows
 
 
@@ -69,6 +69,13 @@ def _restore_and_move(dsts: ti.template(), stores: ti.template(), slot: ti.i32, 
     for k in ti.static(range(len(zeros))):
         for index in ti.grouped(zeros[k]):
             zeros[k][index] = ti.zero(zeros[k][index])
+
+
+@ti.kernel
+def _load_slot(dsts: ti.template(), stores: ti.template(), slot: ti.i32):  # type: ignore[valid-type]
+    for k in ti.static(range(len(dsts))):
+        for index in ti.grouped(dsts[k]):
+            dsts[k][index] = stores[k][slot, index]
 
 
 @ti.kernel
@@ -126,6 +133,11 @@ def _tree(fields: Sequence[Any], leading: tuple[int, ...] = ()) -> list[Any]:
     return made
 
 
+def twin_grad(program: Any, o: int) -> Any:
+    """The gradient field of the twin of the program's output ``o`` (None for an integer output)."""
+    return program.twin(program.outputs[o].field).grad
+
+
 class FieldStepper:
     """The schedule's stepper (NOTE: [Checkpointed pullback] in ``schedule``) over a field program's twins.
 
@@ -133,6 +145,8 @@ class FieldStepper:
         fn: a field Function (``_kinds.fields.FieldFunction`` or its tangent)
             whose inputs and outputs are whole fields (:meth:`fits`).
         carry: per output of ``fn``, the input it feeds, or None.
+        each: per output of ``fn``, whether it is read at every step (NOTE: [Per-step outputs] in ``schedule``):
+            recorded into a field of ``length`` slots, its cotangent loaded into its twin's grad slot by slot.
     """
 
     @staticmethod
@@ -141,7 +155,7 @@ class FieldStepper:
         return (hasattr(fn, "program_outputs") and program is not None
                 and all(p.whole for p in program.inputs + program.outputs))
 
-    def __init__(self, fn: Any, carry: Sequence[int | None]) -> None:
+    def __init__(self, fn: Any, carry: Sequence[int | None], each: Sequence[bool], length: int) -> None:
         self.fn = fn
         self.program = program = fn.program
         self.where = fn.program_outputs()  # output of fn -> output of the program (None: zeros)
@@ -169,6 +183,13 @@ class FieldStepper:
                             + [twin(f) for f in program._undeclared if id(f) in state])
         self.store: tuple = ()
         self.capacity = 0
+        self.length = length
+        self.each = [(j, self.where[j]) for j, e in enumerate(each) if e]  # (output of fn, of the program)
+        self.each_twins = tuple(twin(program.outputs[o].field) for _, o in self.each if o is not None)
+        self.each_store = tuple(_tree(self.each_twins, (length,)))
+        self.each_grads = tuple(t.grad for t in self.each_twins if t.grad is not None)
+        self.each_cts: tuple = ()  # fields of ``length`` slots for their cotangents, made at the first seed
+        self.seeded_each = False
 
     def begin(self, batch: "Batch", slots: int) -> None:
         uses(self.program)
@@ -184,6 +205,10 @@ class FieldStepper:
     def step(self) -> None:
         self.tape = self.program.run()
 
+    def record(self, t: int) -> None:
+        if self.each_twins:
+            _save(self.each_store, t, self.each_twins)
+
     def feed(self) -> None:
         move(self.ins + self.reset_twins, self.outs + self.snapshots, self.zeroed)
 
@@ -198,22 +223,40 @@ class FieldStepper:
         outs = self.program._read_outputs()
         specs = self.fn.signature(self.fn.declared_specs())[0]
         device = self.program._device  # NOTE: [Tensors in place] in _arrays
-        return [zeros(s.shape, s.dtype, device) if o is None else outs[o]
-                for o, s in zip(self.where, specs, strict=True)]
+        results = [zeros(s.shape, s.dtype, device) if o is None else outs[o]
+                   for o, s in zip(self.where, specs, strict=True)]
+        stores = iter(self.each_store)
+        for j, o in self.each:
+            shape = (self.length,) + specs[j].shape
+            results[j] = zeros(shape, specs[j].dtype, device) if o is None else read(next(stores), device)
+        return results
 
     def seed(self, cotangents: Sequence[Any]) -> None:
         program = self.program
         program.check_reverse()
         cts: list[Any] = [None] * len(program.outputs)
-        for o, c in zip(self.where, cotangents, strict=True):
-            if o is not None:
+        each = dict(self.each)
+        for j, (o, c) in enumerate(zip(self.where, cotangents, strict=True)):
+            if o is not None and j not in each:
                 cts[o] = c
         program.clear_gradients()
         program.seed(program._convert("vjp", "cotangents", program.outputs, cts, tangent=True))
+        real = [(j, o) for j, o in self.each if o is not None and twin_grad(program, o) is not None]
+        if real and not self.each_cts:
+            self.each_cts = tuple(_tree([twin_grad(program, o) for _, o in real], (self.length,)))
+        for (j, _), store in zip(real, self.each_cts, strict=True):
+            c = cotangents[j]
+            if c is None:
+                zero(store)
+            else:
+                load(store, of_dtype(c, numpy_dtype(store), program._device))
+        self.seeded_each = bool(real)
 
-    def pull_back(self) -> None:
+    def pull_back(self, t: int) -> None:
         """The gradients but the outputs' and the parameters' are zero here (``seed`` and the last pullback)."""
         self.step()
+        if self.seeded_each:
+            _load_slot(self.each_grads, self.each_cts, t)
         self.tape.replay_adjoints()
         move(self.out_grads, self.in_grads, self.cleared)  # the carry's cotangent becomes the step before's
 

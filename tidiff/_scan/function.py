@@ -41,10 +41,11 @@ class Scan(Function):
     """
 
     def __init__(self, step: Function, length: int, checkpoints: int | None, carry: Sequence[int | None],
-                 name: str, *, listed: bool = True) -> None:
+                 name: str, *, listed: bool = True, each: Sequence[bool] | None = None) -> None:
         super().__init__(name, listed=listed, arguments=SameArguments(step))
         self.step, self.length, self.checkpoints = step, length, checkpoints
         self.carry = tuple(carry)
+        self.each = tuple(each) if each is not None else (False,) * len(self.carry)  # NOTE: [Per-step outputs]
         self.schedule = Schedule.of(length, checkpoints)
         self._stepper: Any = None
         self._holder: object | None = None  # the linearization whose checkpoints the stepper holds
@@ -57,13 +58,14 @@ class Scan(Function):
     def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
         outs, tree = self.step.signature(in_specs)
         self.memo.get(("checked", tuple(in_specs)), lambda: _check_carry(self, in_specs, outs))
-        return outs, tree
+        return [ArgSpec(o.name, (self.length,) + o.shape, o.dtype) if e else o
+                for o, e in zip(outs, self.each, strict=True)], tree
 
     def stepper(self) -> Any:
         """The stepper (made once): the carry in fields for a field program, else on the host."""
         if self._stepper is None:
             kind = FieldStepper if FieldStepper.fits(self.step) else HostStepper
-            self._stepper = kind(self.step, self.carry)
+            self._stepper = kind(self.step, self.carry, self.each, self.length)
         return self._stepper
 
     def evaluate(self, batch: Batch) -> list[Any]:
@@ -121,7 +123,8 @@ class Scan(Function):
     def tangent(self) -> Function:
         if "tangent" not in self.derived:
             self.derived["tangent"] = Scan(self.step.tangent(), self.length, self.checkpoints,
-                                           self._tangent_carry(), f"jvp({self.name})", listed=False)
+                                           self._tangent_carry(), f"jvp({self.name})", listed=False,
+                                           each=self.each + self.each)
         return self.derived["tangent"]
 
     def _tangent_carry(self) -> list[int | None]:
@@ -157,7 +160,8 @@ def _positive(value: Any, name: str, call: str, allow_none: bool = False) -> int
     return int(value)
 
 
-def scan(step: Any, length: int, checkpoints: int | None = None, name: str | None = None) -> Function:
+def scan(step: Any, length: int, checkpoints: int | None = None, name: str | None = None, *,
+         per_step: int = 0) -> Function:
     """A differentiable time loop: ``step`` applied ``length`` times, gradients by checkpointing.
 
     As ``jax.lax.scan`` over ``jax.checkpoint``-ed segments, for a step whose
@@ -177,9 +181,16 @@ def scan(step: Any, length: int, checkpoints: int | None = None, name: str | Non
             from its checkpoint: memory ``K + ceil(length / K) - 2`` carries,
             about ``2 sqrt(T)`` by default; ``length`` keeps every carry.
         name: the name ``td.cache_info()`` and error messages use.
+        per_step: how many of the step's outputs, its last ones, are read at
+            every step rather than carried (``jax.lax.scan``'s ``ys``: an
+            energy, a position to follow): the loop returns each stacked over
+            the steps, shape ``(length,) + shape``, and they are
+            differentiable like the final state (a loss over the whole
+            trajectory needs no accumulator field). The outputs before them
+            are the carry.
 
     Returns:
-        A ``td.Function`` ``(c0, p) -> c_T`` with the step's inputs and
+        A ``td.Function`` ``(c0, p) -> (c_T, ys)`` with the step's inputs and
         outputs: every transform takes it (``grad``, ``vjp``, ``jvp``,
         ``hessian``, ``hvp``). Forward mode carries tangents beside the
         state and keeps nothing.
@@ -194,6 +205,23 @@ def scan(step: Any, length: int, checkpoints: int | None = None, name: str | Non
         >>> dx0, dv0, dk = vjp_fn((1.0, 0.0))                  # d xT by x0, v0 and k
         >>> np.round([xT, vT, dx0, dv0, dk], 4)
         array([ 0.5014, -2.2274,  0.5014,  0.5568, -2.7581])
+
+        A per-step output: the position at every step, and the gradient of
+        its mean square by the stiffness.
+
+        >>> @ti.func
+        ... def step_and_read(x: ti.f64, v: ti.f64, k: ti.f64):
+        ...     return x + 0.01 * v, v - 0.01 * k * x, x
+        >>> path = td.scan(step_and_read, length=1000, per_step=1)
+        >>> xT, vT, xs = path(1.0, 0.0, 4.0)
+        >>> xs.shape, bool(xs[0] == 1.0)
+        ((1000,), True)
+        >>> _, vjp_fn = td.vjp(path, 1.0, 0.0, 4.0)
+        >>> dk = vjp_fn((0.0, 0.0, 2 * xs / 1000))[2]          # d mean(x_t^2) / d k
+        >>> step_k = 1e-6
+        >>> fd = (np.mean(path(1.0, 0.0, 4.0 + step_k)[2] ** 2) - np.mean(path(1.0, 0.0, 4.0 - step_k)[2] ** 2))
+        >>> bool(abs(dk - fd / (2 * step_k)) < 1e-6)
+        True
 
     Limitations:
         A field program's fields are loaded once per call; before each step
@@ -214,11 +242,18 @@ def scan(step: Any, length: int, checkpoints: int | None = None, name: str | Non
     if outs is None:
         raise TypeError(f"{call}: the step's inputs must be known without a call; give them annotations "
                         "(or td.function(f, signature=...))")
-    m = len(outs)
+    if isinstance(per_step, bool) or not isinstance(per_step, (int, np.integer)):
+        raise TypeError(f"{call}: per_step must be an integer (how many of the step's last outputs are read at "
+                        f"every step), got {per_step!r}")
+    if not 0 <= per_step <= len(outs):
+        raise ValueError(f"{call}: per_step must be an integer from 0 to the step's {len(outs)} outputs (how many "
+                         f"of its last outputs are read at every step), got {per_step!r}")
+    m = len(outs) - per_step
     if m > n:
         raise ValueError(f"{call}: the step has {m} outputs but {n} inputs; its outputs are the new values of "
-                         f"its first inputs, one per output")
-    loop = Scan(fn, length, checkpoints, list(range(m)), name or f"scan({fn.name})")
+                         f"its first inputs, one per output (and per_step={per_step} outputs read at every step)")
+    loop = Scan(fn, length, checkpoints, list(range(m)) + [None] * per_step, name or f"scan({fn.name})",
+                each=[False] * m + [True] * per_step)
     if specs is not None:
         loop.signature(specs)
     return loop

@@ -23,11 +23,20 @@ The schedule is written against a *stepper* (``host.HostStepper``,
 ``fields.FieldStepper``) holding the carry and the parameters:
 
 ``begin(batch, slots)``, ``step()`` (the step at the carry; its results become
-the outputs), ``feed()`` (outputs to carry), ``save(slot)``, ``restore(slot)``,
-``outputs()``, ``seed(cotangents)`` (on the last step's outputs), ``pull_back()``
-(the step's vjp at the carry: the cotangent moves from the outputs to the
-carry, then becomes the outputs' cotangent of the step before; the
-parameters' gradients accumulate) and ``gradients()``.
+the outputs), ``record(t)`` (keep step ``t``'s per-step outputs), ``feed()``
+(outputs to carry), ``save(slot)``, ``restore(slot)``, ``outputs()`` (the last
+step's, per-step outputs stacked over the steps), ``seed(cotangents)`` (on the
+outputs), ``pull_back(t)`` (step ``t``'s vjp at the carry: the cotangent
+moves from the outputs, and step ``t``'s part of the per-step outputs'
+cotangents, to the carry, then becomes the outputs' cotangent of the step
+before; the parameters' gradients accumulate) and ``gradients()``.
+
+NOTE: [Per-step outputs] A step's last outputs may be read at every step
+(``jax.lax.scan``'s ``ys``): the forward passes that run every step (the
+loop itself, and reverse mode's pass keeping checkpoints to the end) record
+them, and the pullback of step ``t`` adds step ``t``'s slice of their
+cotangent to what comes back from the steps after it. Refilling a segment
+records nothing: the steps' values are known, only their carries are needed.
 """
 from __future__ import annotations
 
@@ -71,6 +80,7 @@ def run(stepper: Any, length: int) -> list[Any]:
         if t:
             stepper.feed()
         stepper.step()
+        stepper.record(t)
     return stepper.outputs()
 
 
@@ -82,6 +92,8 @@ def keep_checkpoints(stepper: Any, schedule: Schedule, to_the_end: bool = False)
     for s, start in enumerate(starts):
         while t < start:
             stepper.step()
+            if to_the_end:
+                stepper.record(t)
             stepper.feed()
             t += 1
         stepper.save(s)
@@ -91,6 +103,7 @@ def keep_checkpoints(stepper: Any, schedule: Schedule, to_the_end: bool = False)
         if t > starts[-1]:
             stepper.feed()
         stepper.step()
+        stepper.record(t)
     return stepper.outputs()
 
 
@@ -113,5 +126,5 @@ def pull_back(stepper: Any, schedule: Schedule, cotangents: Sequence[Any], kept:
         for t in reversed(range(start, end)):
             if t < end - 1:
                 stepper.restore(s if t == start else schedule.buffer_slot(t - start))
-            stepper.pull_back()
+            stepper.pull_back(t)
     return stepper.gradients()
