@@ -10,7 +10,7 @@ import pytest
 EXAMPLES = sorted((pathlib.Path(__file__).parents[1] / "examples").glob("*.py"))
 
 
-OPTIMIZING = ("mass_spring_controller", "wave_inverse")
+OPTIMIZING = ("mass_spring_controller", "mass_spring_tracking", "wave_inverse")
 """The DiffTaichi-style examples print 'loss decreased from A to B': B must be below A."""
 assert all((EXAMPLES[0].parent / f"{name}.py").exists() for name in OPTIMIZING)
 
