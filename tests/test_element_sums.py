@@ -313,17 +313,3 @@ def test_empty_mesh():
     np.testing.assert_array_equal(td.grad(E)(x), np.zeros((3, 2)))
     assert td.sparse_hessian(E)(x).nnz == 0
 
-
-@ti.func
-def row_gap(m: ti.types.matrix(2, 3, ti.f64)) -> ti.f64:
-    return (m[1, :] - m[0, :]).norm_sqr() * m[0, 1:].sum()
-
-
-def test_reverse_mode_reads_matrix_slices():
-    """Reverse mode of a read ``m[1, :]`` (tidiff's adjoint asked whether the slice indexed a call's results and
-    crashed unparsing ``(1, :)``)."""
-    m = np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]])
-    mt = torch.tensor(m, requires_grad=True)
-    ((mt[1, :] - mt[0, :]).pow(2).sum() * mt[0, 1:].sum()).backward()
-    np.testing.assert_allclose(td.grad(row_gap)(m), mt.grad.numpy(), rtol=RTOL)
-    np.testing.assert_allclose(td.jacrev(row_gap)(m), td.jacfwd(row_gap)(m), rtol=RTOL)

@@ -482,8 +482,39 @@ class Reverser(ControlFlow):
             return self.rename(node)
         return self.read_entry(node)
 
+    def read_slice(self, node: ast.Subscript) -> ast.expr:
+        """``m[i, :]``, ``m[:, j]``, ``m[1:, :2]``, ``v[1:3]`` (NOTE: [Slices]): the adjoint puts the cotangent
+        at the entries read, in a zero shaped like the base."""
+        base = self.operand(node.value)
+        whole = self.shape_of(base)
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if whole is None or len(parts) != len(whole) or len(parts) not in (1, 2) or self.reads_active(node.slice):
+            raise NotReversible(f"the subscript `{ast.unparse(node)}` (a slice of a value whose shape the code "
+                                "does not say)")
+        picks: list[ast.expr] = []
+        shape: list[int] = []
+        for part, n in zip(parts, whole, strict=True):
+            if not isinstance(part, ast.Slice):
+                picks.append(self.rename(part))
+                continue
+            bounds = [None if b is None else _static_int(b) for b in (part.lower, part.upper, part.step)]
+            if any(b is False for b in bounds):
+                raise NotReversible(f"the subscript `{ast.unparse(node)}` (slice bounds must be integers)")
+            taken = list(range(*slice(*bounds).indices(n)))  # type: ignore[arg-type]
+            picks.append(ast.Tuple([ast.Constant(k) for k in taken], ast.Load()))
+            shape.append(len(taken))
+        read = ast.Subscript(base, node.slice, ast.Load())
+        scatter = helpers.scatter_picks if len(parts) == 1 else helpers.scatter_picks2
+
+        def rule(g: Sym, out: Sym, x: Sym) -> Contributions:
+            return [scatter(x, g, *[Sym(p) for p in picks])]
+
+        return self.op(rule, read, [base], f"{_hint(base)}_slice", shape=tuple(shape))
+
     def read_entry(self, node: ast.Subscript | ast.Attribute) -> ast.expr:
         """``v[i, j]``: the adjoint puts the cotangent at ``[i, j]`` of a zero shaped like ``v``."""
+        if isinstance(node, ast.Subscript) and any(isinstance(n, ast.Slice) for n in ast.walk(node.slice)):
+            return self.read_slice(node)
         element = self.tuple_element(node)
         if element is not None:
             return element
@@ -1013,6 +1044,14 @@ def _hint(node: ast.expr) -> str:
 def _call_hint(func: ast.expr, args: list[ast.expr]) -> str:
     base = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "call")
     return f"{base}_{args[0].id}" if len(args) == 1 and isinstance(args[0], ast.Name) else base
+
+
+def _static_int(node: ast.expr) -> int | bool:
+    """A slice bound written as an integer (``2``, ``-1``), or False."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _static_int(node.operand)
+        return False if inner is False else -inner
+    return node.value if isinstance(node, ast.Constant) and type(node.value) is int else False
 
 
 def _is_number(node: ast.expr) -> bool:

@@ -159,6 +159,36 @@ def scatter2(like, v, i, j):
     return result
 
 
+# NOTE: [Slices] A slice read (``m[i, :]``, ``v[1:3]``) is a gather of entries known when the code is
+# transformed: each sliced dim is the tuple of indices it takes (``slice.indices`` of the base's known shape),
+# each other dim its index. Its adjoint writes the cotangent back at those entries of a zero like the base.
+@ti.func
+def scatter_picks(like, v, picks: ti.template()):
+    """A zero shaped like the vector ``like`` with ``v``'s entries at ``picks``: the adjoint of a slice read."""
+    result = ti.zero(like)
+    for a in ti.static(range(len(picks))):
+        result[picks[a]] = v[a]
+    return result
+
+
+@ti.func
+def scatter_picks2(like, v, rows: ti.template(), cols: ti.template()):
+    """A zero shaped like the matrix ``like`` with ``v`` at ``[rows, cols]`` (each a tuple of indices, or one
+    index whose dim the slice drops): the adjoint of a slice read."""
+    result = ti.zero(like)
+    if ti.static(isinstance(rows, tuple) and isinstance(cols, tuple)):
+        for a in ti.static(range(len(rows))):
+            for b in ti.static(range(len(cols))):
+                result[rows[a], cols[b]] = v[a, b]
+    elif ti.static(isinstance(rows, tuple)):
+        for a in ti.static(range(len(rows))):
+            result[rows[a], cols] = v[a]
+    else:
+        for b in ti.static(range(len(cols))):
+            result[rows, cols[b]] = v[b]
+    return result
+
+
 @ti.func
 def without(v, i):
     """``v`` with entry ``[i]`` zeroed: the adjoint of overwriting that entry."""
