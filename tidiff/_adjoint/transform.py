@@ -500,7 +500,7 @@ class Reverser(ControlFlow):
             bounds = [None if b is None else _static_int(b) for b in (part.lower, part.upper, part.step)]
             if any(b is False for b in bounds):
                 raise NotReversible(f"the subscript `{ast.unparse(node)}` (slice bounds must be integers)")
-            taken = list(range(*slice(*bounds).indices(n)))  # type: ignore[arg-type]
+            taken = list(range(*slice(*bounds).indices(n)))
             picks.append(ast.Tuple([ast.Constant(k) for k in taken], ast.Load()))
             shape.append(len(taken))
         read = ast.Subscript(base, node.slice, ast.Load())

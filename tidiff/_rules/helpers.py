@@ -163,7 +163,7 @@ def scatter2(like, v, i, j):
 # transformed: each sliced dim is the tuple of indices it takes (``slice.indices`` of the base's known shape),
 # each other dim its index. Its adjoint writes the cotangent back at those entries of a zero like the base.
 @ti.func
-def scatter_picks(like, v, picks: ti.template()):
+def scatter_picks(like, v, picks: ti.template()):  # type: ignore[valid-type]
     """A zero shaped like the vector ``like`` with ``v``'s entries at ``picks``: the adjoint of a slice read."""
     result = ti.zero(like)
     for a in ti.static(range(len(picks))):
@@ -172,7 +172,7 @@ def scatter_picks(like, v, picks: ti.template()):
 
 
 @ti.func
-def scatter_picks2(like, v, rows: ti.template(), cols: ti.template()):
+def scatter_picks2(like, v, rows: ti.template(), cols: ti.template()):  # type: ignore[valid-type]
     """A zero shaped like the matrix ``like`` with ``v`` at ``[rows, cols]`` (each a tuple of indices, or one
     index whose dim the slice drops): the adjoint of a slice read."""
     result = ti.zero(like)
