@@ -71,20 +71,25 @@ def tip_distance():
     loss[None] += (x[N_MASSES - 1] - target[None]).norm_sqr()
 
 
-sim = td.scan(td.function(step, inputs=[x, v, t, w, b], outputs=[x_next, v_next, t_next], state=[force]),
-              length=STEPS)
-objective = td.compose(td.function(tip_distance, inputs=[x, v, t], outputs=[loss]), sim)
-value_and_grad = td.value_and_grad(objective, argnums=(3, 4))
+def main():
+    sim = td.scan(td.function(step, inputs=[x, v, t, w, b], outputs=[x_next, v_next, t_next], state=[force]),
+                  length=STEPS)
+    objective = td.compose(td.function(tip_distance, inputs=[x, v, t], outputs=[loss]), sim)
+    value_and_grad = td.value_and_grad(objective, argnums=(3, 4))
 
-rng = np.random.default_rng(0)
-params = [0.1 * rng.normal(size=(N_SPRINGS, WAVES)), np.zeros(N_SPRINGS)]
-state0 = (pos, np.zeros_like(pos), 0)
-first = None
-for iteration in range(10):
-    value, grads = value_and_grad(*state0, *params)
-    first = value if first is None else first
-    print(f"iteration {iteration}: loss {value:.3e}")
-    params = [p - 0.5 * g for p, g in zip(params, grads, strict=True)]
-final = objective(*state0, *params)
-print(f"loss decreased from {first:.3e} to {final:.3e}")
-assert final < 0.5 * first
+    rng = np.random.default_rng(0)
+    params = [0.1 * rng.normal(size=(N_SPRINGS, WAVES)), np.zeros(N_SPRINGS)]
+    state0 = (pos, np.zeros_like(pos), 0)
+    first = None
+    for iteration in range(10):
+        value, grads = value_and_grad(*state0, *params)
+        first = value if first is None else first
+        print(f"iteration {iteration}: loss {value:.3e}")
+        params = [p - 0.5 * g for p, g in zip(params, grads, strict=True)]
+    final = objective(*state0, *params)
+    print(f"loss decreased from {first:.3e} to {final:.3e}")
+    assert final < 0.5 * first
+
+
+if __name__ == "__main__":
+    main()
