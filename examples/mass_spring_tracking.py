@@ -4,8 +4,9 @@ The arm of examples/mass_spring_controller.py (springs as muscles driven by sine
 from there) now tracks a target moving on a circle at the muscles' frequency. Each step reports
 the squared distance from the tip to where the target is at that step: a per-step output
 (``td.scan(..., per_step=1)``, ``jax.lax.scan``'s ``ys``), so the loop returns all of them and
-the loss, their mean over the 500 steps, needs no accumulator field. One ``td.vjp`` gives the loss and its gradient by the controller's weights;
-memory stays at sqrt(T) carries however long the loop.
+the loss, their mean over the 500 steps, needs no accumulator field. One ``td.vjp`` gives the
+loss and its gradient by the controller's weights; memory stays at sqrt(T) carries however long
+the loop.
 """
 import numpy as np
 import taichi as ti
