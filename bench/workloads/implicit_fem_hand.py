@@ -121,6 +121,20 @@ class HandFEM:
         for u in self.f:
             self.f[u].y -= GRAVITY * self.m[u]
 
+    @ti.func
+    def stiffness_column(self, W_c, B_c, u, d):
+        """``dH``: the force change on the element's nodes for a unit move of node ``u`` along ``d`` (the
+        example writes this block twice, in ``matmul_cell`` and ``compute_A``)."""
+        dD = ti.Matrix.zero(ti.f64, 3, 3)
+        if u == 3:
+            for j in range(3):
+                dD[d, j] = -1
+        else:
+            dD[d, u] = 1
+        dF = dD @ B_c
+        dP = 2.0 * MU * dF
+        return -W_c * dP @ B_c.transpose()
+
     @ti.kernel
     def matmul_cell(self, ret: ti.template(), vel: ti.template()):
         for i in ret:
@@ -131,15 +145,7 @@ class HandFEM:
             B_c = self.B[c]
             for u in range(4):
                 for d in range(3):
-                    dD = ti.Matrix.zero(ti.f64, 3, 3)
-                    if u == 3:
-                        for j in range(3):
-                            dD[d, j] = -1
-                    else:
-                        dD[d, u] = 1
-                    dF = dD @ B_c
-                    dP = 2.0 * MU * dF
-                    dH = -W_c * dP @ B_c.transpose()
+                    dH = self.stiffness_column(W_c, B_c, u, d)
                     for i in range(3):
                         for j in range(3):
                             tmp = vel[verts[i]][j] - vel[verts[3]][j]
@@ -157,15 +163,7 @@ class HandFEM:
             B_c = self.B[c]
             for u in range(4):
                 for d in range(3):
-                    dD = ti.Matrix.zero(ti.f64, 3, 3)
-                    if u == 3:
-                        for j in range(3):
-                            dD[d, j] = -1
-                    else:
-                        dD[d, u] = 1
-                    dF = dD @ B_c
-                    dP = 2.0 * MU * dF
-                    dH = -W_c * dP @ B_c.transpose()
+                    dH = self.stiffness_column(W_c, B_c, u, d)
                     for i in range(3):
                         for j in range(3):
                             A[3 * verts[u] + d, 3 * verts[i] + j] += -(DT**2) * dH[j, i]
