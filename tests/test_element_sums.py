@@ -313,3 +313,62 @@ def test_empty_mesh():
     np.testing.assert_array_equal(td.grad(E)(x), np.zeros((3, 2)))
     assert td.sparse_hessian(E)(x).nnz == 0
 
+
+
+@ti.func
+def damped(xe: ti.types.matrix(2, 2, ti.f64), ve: ti.types.matrix(2, 2, ti.f64), k: ti.f64) -> ti.f64:
+    d, dv = xe[1, :] - xe[0, :], ve[1, :] - ve[0, :]
+    return k * (d.norm() - 1.0) ** 2 + 0.1 * d.dot(dv) ** 2
+
+
+def test_two_node_arguments():
+    """Positions and velocities both per node (nodal=(0, 1)): gradients, both sparse Hessians, the operator."""
+    edges = np.array([[0, 1], [1, 2], [2, 0], [3, 1]])
+    rng = np.random.default_rng(6)
+    x, v, k = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.uniform(1, 2, 4)
+    E = td.element_sum(damped, edges, nodal=("xe", 1))
+
+    def energy(xt, vt):
+        d, dv = xt[edges[:, 1]] - xt[edges[:, 0]], vt[edges[:, 1]] - vt[edges[:, 0]]
+        return (torch.tensor(k) * (d.norm(dim=1) - 1) ** 2 + 0.1 * (d * dv).sum(1) ** 2).sum()
+
+    xt, vt = torch.tensor(x, requires_grad=True), torch.tensor(v, requires_grad=True)
+    energy(xt, vt).backward()
+    gx, gv = td.grad(E, argnums=(0, 1))(x, v, k)
+    np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=RTOL, atol=1e-14)
+    np.testing.assert_allclose(gv, vt.grad.numpy(), rtol=RTOL, atol=1e-14)
+    for p, (first, second) in enumerate([(None, torch.tensor(v)), (torch.tensor(x), None)]):
+        H = torch.autograd.functional.hessian(
+            lambda y, a=first, b=second: energy(y if a is None else a, y if b is None else b),
+            torch.tensor([x, v][p])).reshape(8, 8).numpy()
+        np.testing.assert_allclose(td.sparse_hessian(E, argnums=p)(x, v, k).toarray(), H, rtol=RTOL, atol=1e-14)
+        u = rng.standard_normal((4, 2))
+        np.testing.assert_allclose(td.hessian_operator(E, argnums=p)(x, v, k) @ u, (H @ u.ravel()).reshape(4, 2),
+                                   rtol=RTOL, atol=1e-14)
+
+
+@given(seed=st.integers(0, 2**31 - 1), count=st.integers(1, 8), scalar=st.booleans())
+def test_sparse_jacobian_equals_torch_on_drawn_meshes(seed, count, scalar):
+    """Drawn triples (nodes repeated within an element), vector or scalar residuals per element."""
+    rng = np.random.default_rng(seed)
+    nodes = int(rng.integers(3, 9))
+    triples = rng.integers(0, nodes, (count, 3))
+    x = rng.standard_normal((nodes, 2))
+    R = td.element_map(length if scalar else stretch, triples[:, :2] if scalar else triples)
+
+    def residuals(xt):
+        if scalar:
+            return (xt[triples[:, 1]] - xt[triples[:, 0]]).norm(dim=1)
+        xe = xt[triples]
+        a, b = xe[:, 1] - xe[:, 0], xe[:, 2] - xe[:, 1]
+        return torch.stack([a.norm(dim=1) - 1.0, (b * b).sum(1) - 1.0, (a * b).sum(1)], dim=1)
+
+    value = residuals(torch.tensor(x)).numpy()
+    if not np.all(np.isfinite(value)) or (scalar and np.min(value) < 1e-6):  # |0|: no derivative
+        return
+    if not scalar:
+        a = x[triples[:, 1]] - x[triples[:, 0]]
+        if np.min(np.linalg.norm(a, axis=1)) < 1e-6:
+            return
+    J = torch.autograd.functional.jacobian(residuals, torch.tensor(x)).reshape(value.size, x.size).numpy()
+    np.testing.assert_allclose(td.sparse_jacobian(R)(x).toarray(), J, rtol=RTOL, atol=1e-12)
