@@ -9,12 +9,17 @@ velocities and every spring's stiffness. Contenders, each in a fresh process (pe
 - scan:      td.compose(loss, td.scan(step, T)) over state fields without a time axis, sqrt(T) checkpoints;
 - scan K=T:  the same keeping every carry (no recomputation).
 
+Forward mode (issue 36, item 3): the loop's own forward pass (``sim(x0, v0, k)``) against ``td.jvp`` of
+the loop with a tangent on every input (the state and its tangent pushed together, nothing kept); the
+jvp's primal is checked against the forward pass's.
+
 Each gradient is checked against the tape's (rtol 1e-9) before its time is reported. "first" is the first
 call (compiles included), "warm" the median of three later calls; "T-memory" the bytes that grow with T
 (trajectory fields and their gradients, or the checkpoint slots); "peak RSS" the process's maximum.
 
     python bench/time_loop.py                     # T = 1000 and 10000, n = 128
     python bench/time_loop.py --steps 200 --masses 32
+    python bench/time_loop.py --forward           # forward mode only
 """
 import argparse
 import json
@@ -59,6 +64,17 @@ def run_one(contender, steps, masses, out):
             return (value, *grads)
 
         t_bytes = 8 * 2 * ((steps + 1) * masses * 2 * 2 + steps * masses * 2)
+    elif contender in ("loop", "jvp"):
+        sim = td.scan(system.step_function(td), steps)
+        tangents = tuple(np.random.default_rng(1).standard_normal(np.shape(a)) for a in args)
+
+        def call():
+            if contender == "loop":
+                return sim(*args)
+            outs, touts = td.jvp(sim, args, tangents)
+            return (*outs, *touts)
+
+        t_bytes = 0
     else:
         checkpoints = steps if contender == "scan K=T" else None
         sim = td.scan(system.step_function(td), steps, checkpoints=checkpoints)
@@ -79,6 +95,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--masses", type=int, default=128)
+    parser.add_argument("--forward", action="store_true", help="only forward mode: the loop against td.jvp")
     parser.add_argument("--one", nargs=2, metavar=("CONTENDER", "STEPS"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -88,6 +105,9 @@ def main():
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     arch = os.environ.get("TI_ARCH", "cpu")
     print(f"mass-spring, n = {opts.masses} masses ({2 * opts.masses - 3} springs), float64, {arch} (TI_ARCH)\n")
+    if opts.forward:
+        forward_mode(opts, env)
+        return
     print("| T | contender | first call | warm | warm / tape | T-memory | peak RSS | max rel. error vs tape |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,6 +135,33 @@ def main():
                 print(f"| {steps} | {contender} | {stats['first']:.2f} s | {stats['warm']:.3f} s | "
                       f"{stats['warm'] / tape_warm:.2f}x | {stats['t_bytes'] / 2**20:.2f} MiB | "
                       f"{stats['rss_mb']:.0f} MB | {error:.1e} |", flush=True)
+
+
+def one_process(contender, steps, masses, env, tmp):
+    """``run_one`` in a fresh process: its figures and its results."""
+    out = os.path.join(tmp, f"{contender.replace(' ', '_').replace('=', '')}_{steps}.npz")
+    proc = subprocess.run([sys.executable, __file__, "--one", contender, str(steps), "--masses", str(masses),
+                           "--out", out], capture_output=True, text=True, env=env)
+    if proc.returncode:
+        print(proc.stderr[-2000:], file=sys.stderr)
+        raise SystemExit(f"{contender} T={steps} failed")
+    with np.load(out) as data:
+        got = [data[k] for k in sorted(data.files, key=lambda k: int(k.split("_")[1]))]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), got
+
+
+def forward_mode(opts, env):
+    print("| T | the loop | td.jvp of the loop | jvp / loop | first call, loop / jvp |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for steps in opts.steps:
+            loop, primal = one_process("loop", steps, opts.masses, env, tmp)
+            jvp, pushed = one_process("jvp", steps, opts.masses, env, tmp)
+            for a, b in zip(primal, pushed, strict=False):
+                if not np.allclose(a, b, rtol=1e-12, atol=0):
+                    raise SystemExit(f"T={steps}: the jvp's primal differs from the loop's")
+            print(f"| {steps} | {loop['warm']:.3f} s | {jvp['warm']:.3f} s | {jvp['warm'] / loop['warm']:.2f}x | "
+                  f"{loop['first']:.2f} s / {jvp['first']:.2f} s |", flush=True)
 
 
 if __name__ == "__main__":
