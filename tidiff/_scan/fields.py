@@ -123,7 +123,10 @@ def _save_one_loop(stores: ti.template(), slot: ti.i32, srcs: ti.template(),  # 
 
 
 def one_shape(*groups):
-    """A field whose shape every field of ``groups`` has (NOTE: [One loop for fields of one shape]), or None."""
+    """A field whose shape every field of ``groups`` has (NOTE: [One loop for fields of one shape]), or None.
+
+    Asked once per group of fields (a stepper's are fixed): Taichi reads a field's shape from its SNode
+    at every ``.shape``, which costs as much as the launch saved."""
     fields = [f for group in groups for f in group]
     if not fields or not fields[0].shape or any(f.shape != fields[0].shape for f in fields):
         return None
@@ -135,30 +138,26 @@ def copy(dsts, srcs):
         _copy(dsts, srcs)
 
 
-def move(dsts, srcs, zeros):
-    if dsts or zeros:
-        like = one_shape(dsts, srcs, zeros)
-        if like is None:
-            _move(dsts, srcs, zeros)
-        else:
-            _move_one_loop(dsts, srcs, zeros, like)
+def move(dsts, srcs, zeros, like):
+    """Copy ``srcs`` into ``dsts`` and zero ``zeros``; ``like``: their :func:`one_shape`."""
+    if like is not None:
+        _move_one_loop(dsts, srcs, zeros, like)
+    elif dsts or zeros:
+        _move(dsts, srcs, zeros)
 
 
-def save(stores, slot, srcs):
-    if srcs:
-        like = one_shape(srcs)
-        if like is None:
-            _save(stores, slot, srcs)
-        else:
-            _save_one_loop(stores, slot, srcs, like)
+def save(stores, slot, srcs, like):
+    if like is not None:
+        _save_one_loop(stores, slot, srcs, like)
+    elif srcs:
+        _save(stores, slot, srcs)
 
 
-def restore_and_move(dsts, stores, slot, more, srcs, zeros):
-    like = one_shape(dsts, more, srcs, zeros)
-    if like is None:
-        _restore_and_move(dsts, stores, slot, more, srcs, zeros)
-    else:
+def restore_and_move(dsts, stores, slot, more, srcs, zeros, like):
+    if like is not None:
         _restore_and_move_one_loop(dsts, stores, slot, more, srcs, zeros, like)
+    else:
+        _restore_and_move(dsts, stores, slot, more, srcs, zeros)
 
 
 def _written(program: Any) -> set[int] | None:
@@ -255,6 +254,11 @@ class FieldStepper:
         self.each_store = tuple(_tree(self.each_twins, (length,)))
         self.each_grads = tuple(t.grad for t in self.each_twins if t.grad is not None)
         self.each_cts: tuple = ()  # fields of ``length`` slots for their cotangents, made at the first seed
+        self.like = {"feed": one_shape(self.ins + self.reset_twins, self.outs + self.snapshots, self.zeroed),
+                     "save": one_shape(self.carried),
+                     "restore": one_shape(self.carried, self.reset_twins, self.snapshots, self.zeroed),
+                     "grads": one_shape(self.out_grads, self.in_grads, self.cleared),
+                     "each": one_shape(self.each_twins)}
         self.seeded_each = False
 
     def begin(self, batch: "Batch", slots: int) -> None:
@@ -273,16 +277,17 @@ class FieldStepper:
 
     def record(self, t: int) -> None:
         if self.each_twins:
-            save(self.each_store, t, self.each_twins)
+            save(self.each_store, t, self.each_twins, self.like["each"])
 
     def feed(self) -> None:
-        move(self.ins + self.reset_twins, self.outs + self.snapshots, self.zeroed)
+        move(self.ins + self.reset_twins, self.outs + self.snapshots, self.zeroed, self.like["feed"])
 
     def save(self, slot: int) -> None:
-        save(self.store, slot, self.carried)
+        save(self.store, slot, self.carried, self.like["save"])
 
     def restore(self, slot: int) -> None:
-        restore_and_move(self.carried, self.store, slot, self.reset_twins, self.snapshots, self.zeroed)
+        restore_and_move(self.carried, self.store, slot, self.reset_twins, self.snapshots, self.zeroed,
+                         self.like["restore"])
 
     def outputs(self) -> list[Any]:
         outs = self.program._read_outputs()
@@ -323,7 +328,8 @@ class FieldStepper:
         if self.seeded_each:
             _load_slot(self.each_grads, self.each_cts, t)
         self.tape.replay_adjoints()
-        move(self.out_grads, self.in_grads, self.cleared)  # the carry's cotangent becomes the step before's
+        # the carry's cotangent becomes the step before's
+        move(self.out_grads, self.in_grads, self.cleared, self.like["grads"])
 
     def gradients(self) -> list[Any]:
         grads = self.program.gradients()
