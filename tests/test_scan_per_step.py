@@ -51,9 +51,14 @@ def system():
     return MassSpring(5)
 
 
+@pytest.fixture(scope="module")
+def energy_step(system):
+    return system.step_and_energy_function(td)  # one program: its kernels compile once for every loop below
+
+
 @pytest.mark.parametrize("checkpoints", [1, 4, T])
-def test_a_field_program_step_against_torch(system, checkpoints):
-    loop = td.scan(system.step_and_energy_function(td), T, checkpoints=checkpoints, per_step=1)
+def test_a_field_program_step_against_torch(system, energy_step, checkpoints):
+    loop = td.scan(energy_step, T, checkpoints=checkpoints, per_step=1)
     x0, v0, k0 = system.arguments()
     xT, vT, energies = loop(x0, v0, k0)
     x, v, k = (torch.tensor(a, requires_grad=True) for a in (x0, v0, k0))
