@@ -4,7 +4,7 @@ The arm of examples/mass_spring_controller.py (springs as muscles driven by sine
 from there) now tracks a target moving on a circle at the muscles' frequency. Each step reports
 the squared distance from the tip to where the target is at that step: a per-step output
 (``td.scan(..., per_step=1)``, ``jax.lax.scan``'s ``ys``), so the loop returns all of them and
-the loss, their mean over the 500 steps, needs no accumulator field. One ``td.vjp`` gives the
+the loss, their mean over the 300 steps, needs no accumulator field. One ``td.vjp`` gives the
 loss and its gradient by the controller's weights; memory stays at sqrt(T) carries however long
 the loop.
 """
@@ -32,7 +32,7 @@ from mass_spring_controller import (  # the arm: its fields, muscles and integra
 
 import tidiff as td
 
-STEPS = 500
+STEPS = 300
 CENTRE, RADIUS = pos[-1] + np.array([-0.2, 0.2]), 0.25
 gap = ti.field(ti.f64, ())
 
@@ -59,7 +59,7 @@ params = [0.1 * rng.normal(size=(N_SPRINGS, WAVES)), np.zeros(N_SPRINGS)]
 state0 = (pos, np.zeros_like(pos), 0)
 mean_of_gaps = np.full(STEPS, 1 / STEPS)                 # the loss's cotangent on the per-step gaps
 first = loss = None
-for iteration in range(10):
+for iteration in range(8):
     (_, _, _, gaps), vjp_fn = td.vjp(arm, *state0, *params)
     loss = gaps.mean()
     first = loss if first is None else first
