@@ -372,3 +372,15 @@ def test_sparse_jacobian_equals_torch_on_drawn_meshes(seed, count, scalar):
             return
     J = torch.autograd.functional.jacobian(residuals, torch.tensor(x)).reshape(value.size, x.size).numpy()
     np.testing.assert_allclose(td.sparse_jacobian(R)(x).toarray(), J, rtol=RTOL, atol=1e-12)
+
+
+def test_torch_operator_of_an_element_sum(tets):
+    """td.torch.function of an element sum: a torch op whose backward is the scattered gradient."""
+    elements, x, B, vol = tets
+    op = td.torch.function(td.element_sum(neo_hookean, elements))
+    xt, Bt, vt = (torch.tensor(a, requires_grad=True) for a in (x, B, vol))
+    op(xt, Bt, vt).backward()
+    xr, Br, vr = (torch.tensor(a, requires_grad=True) for a in (x, B, vol))
+    neo_hookean_torch(xr, torch.tensor(elements), Br, vr).backward()
+    for mine, theirs in ((xt, xr), (Bt, Br), (vt, vr)):
+        np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), rtol=RTOL, atol=1e-12)
