@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import Batch, is_tensor
+from .._arrays import Batch, is_tensor, to_numpy
 from .._codegen.batch import identifier
 from .._derived import TangentArguments
 from .._pointwise import cotangent_map
@@ -42,8 +42,8 @@ class Mesh:
     """The connectivity ``(M, k)`` of an element sum, checked once, and its sparsity patterns (made once each)."""
 
     def __init__(self, elements: Any, call: str) -> None:
-        values = elements.to_numpy() if hasattr(elements, "to_numpy") and not is_tensor(elements) else elements
-        values = values.detach().cpu().numpy() if is_tensor(values) else np.asarray(values)
+        taichi_array = hasattr(elements, "to_numpy") and not is_tensor(elements)  # a field or an ndarray
+        values = to_numpy(elements.to_numpy() if taichi_array else elements, "elements", call)
         if values.ndim != 2 or values.shape[1] < 1:
             raise ValueError(f"{call}: elements must be an (M, k) array of node indices, one row of k nodes per "
                              f"element; got shape {values.shape}")

@@ -49,6 +49,30 @@ def _node_argument(F: Elements, argnums: Any, call: str) -> int:
     return p
 
 
+def read_call(F: Elements, p: int, args: Sequence[Any], call: str) -> tuple[Any, list[ArgSpec], list[str],
+                                                                          list[bool]]:
+    """One call's arguments of ``F``, read and checked (``F.element_specs``), differentiated by argument ``p``."""
+    require_taichi(call)
+    batch = F.read(F.bind(args, {}, call), call)
+    specs, ways, shared = F.element_specs(batch.specs, call)
+    if not specs[p].is_float:
+        raise TypeError(f"{call}: argument {specs[p].name!r} holds integers; there is nothing to differentiate")
+    return batch, specs, ways, shared
+
+
+def check_energy(F: Elements, specs: Sequence[ArgSpec], call: str) -> None:
+    """A Hessian needs one scalar per element."""
+    outs, _ = F.fn.signature(specs)
+    if len(outs) != 1 or outs[0].shape != ():
+        raise TypeError(f"{call}: {F.fn.name} must return one scalar per element (an energy) for a Hessian; it "
+                        f"returns {[o.shape for o in outs]}")
+
+
+def node_size(spec: ArgSpec) -> int:
+    """``d``: the values a node argument holds per node (1 for scalar nodes)."""
+    return spec.shape[1] if len(spec.shape) == 2 else 1
+
+
 class _SparseDerivative:
     """What :class:`SparseHessian` and :class:`SparseJacobian` share: reading a call, and the matrix's formats."""
 
@@ -58,13 +82,7 @@ class _SparseDerivative:
         self.F, self.p, self.format, self.call = F, argnums, format, call
 
     def _read(self, args: Sequence[Any]) -> tuple[Any, list[ArgSpec], list[str], list[bool]]:
-        require_taichi(self.call)
-        batch = self.F.read(self.F.bind(args, {}, self.call), self.call)
-        specs, ways, shared = self.F.element_specs(batch.specs, self.call)
-        if not specs[self.p].is_float:
-            raise TypeError(f"{self.call}: argument {specs[self.p].name!r} holds integers; there is nothing to "
-                            "differentiate")
-        return batch, specs, ways, shared
+        return read_call(self.F, self.p, args, self.call)
 
     def _matrix(self, pattern: Pattern, data: np.ndarray) -> Any:
         if self.format != "taichi":
@@ -88,12 +106,9 @@ class SparseHessian(_SparseDerivative):
 
     def __call__(self, *args: Any) -> Any:
         batch, specs, ways, shared = self._read(args)
-        outs, _ = self.F.fn.signature(specs)
-        if len(outs) != 1 or outs[0].shape != ():
-            raise TypeError(f"{self.call}: {self.F.fn.name} must return one scalar per element (an energy) for a "
-                            f"Hessian; it returns {[o.shape for o in outs]}")
+        check_energy(self.F, specs, self.call)
         x = batch.specs[self.p]
-        d = x.shape[1] if len(x.shape) == 2 else 1
+        d = node_size(x)
         k = self.F.mesh.arity
         pattern = self.F.mesh.hessian(x.shape[0], d, self.format == "bsr")
         (h,), _ = self.block.signature(specs)
@@ -137,7 +152,7 @@ class SparseJacobian(_SparseDerivative):
             raise TypeError(f"{self.call}: {self.F.fn.name} must return one value per element (a residual); it "
                             f"returns {len(outs)}")
         x = batch.specs[self.p]
-        d = x.shape[1] if len(x.shape) == 2 else 1
+        d = node_size(x)
         k = self.F.mesh.arity
         q = int(np.prod(outs[0].shape, dtype=np.int64))
         pattern = self.F.mesh.jacobian(x.shape[0], d, q)
@@ -207,16 +222,9 @@ class HessianOperatorOf:
         self.tangent_fn = grad(F.fn, argnums=argnums).tangent()
 
     def __call__(self, *args: Any) -> HessianOperator:
-        require_taichi(self.call)
         F = self.F
-        batch = F.read(F.bind(args, {}, self.call), self.call)
-        specs, ways, shared = F.element_specs(batch.specs, self.call)
-        if not specs[self.p].is_float:
-            raise TypeError(f"{self.call}: argument {specs[self.p].name!r} holds integers")
-        outs, _ = F.fn.signature(specs)
-        if len(outs) != 1 or outs[0].shape != ():
-            raise TypeError(f"{self.call}: {F.fn.name} must return one scalar per element (an energy); it returns "
-                            f"{[o.shape for o in outs]}")
+        batch, specs, ways, _ = read_call(F, self.p, args, self.call)
+        check_energy(F, specs, self.call)
         floats = [i for i, s in enumerate(specs) if s.is_float]
         t_specs = specs + [specs[i] for i in floats]
         t_ways = ways + [ways[i] for i in floats]

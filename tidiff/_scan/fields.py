@@ -3,7 +3,7 @@
 A step of a field program loads its inputs from the host and reads its
 outputs back; ``T`` steps that way would copy the state to the host and back
 ``T`` times. :class:`FieldStepper` loads once and then moves data field to
-field on the device, by three template kernels (copy, save into a slot,
+field on the device, by three template kernels (move, save into a slot,
 restore from a slot), each compiled once per pair of fields:
 
 - ``feed`` copies each carried output twin into its input twin;
@@ -40,86 +40,67 @@ from .._tangent.field_flows import kernel_flows
 # loops costs a fraction of one launch per field on CPU: the loop's launch dominates small fields).
 # NOTE: [One loop for fields of one shape] Each loop over a field is a task of its own in Taichi's
 # launch (about 100 us each on a 2-core CPU, whatever the field's size up to thousands of entries):
-# where every field a call moves has one shape, the ``*_one_loop`` kernels move them all in one loop
-# over that shape (a step's move of 5 fields of 128 vectors: 530 us -> 210 us); fields of several
-# shapes take a loop each.
-@ti.kernel
-def _copy(dsts: ti.template(), srcs: ti.template()):  # type: ignore[valid-type]
-    for k in ti.static(range(len(dsts))):
-        for index in ti.grouped(srcs[k]):
-            dsts[k][index] = srcs[k][index]
+# where every field a call moves has one shape, ``like`` is a field of that shape and one loop over
+# it moves them all (a step's move of 5 fields of 128 vectors: 530 us -> 210 us); with ``like`` None,
+# fields of several shapes take a loop each.
+def _given(like):
+    return like is not None
 
 
 @ti.kernel
-def _move(dsts: ti.template(), srcs: ti.template(), zeros: ti.template()):  # type: ignore[valid-type]
+def _move(dsts: ti.template(), srcs: ti.template(), zeros: ti.template(),  # type: ignore[valid-type]
+          like: ti.template()):  # type: ignore[valid-type]
     """Copy ``srcs`` into ``dsts``, then zero ``zeros`` (which may include some of ``srcs``)."""
-    for k in ti.static(range(len(dsts))):
-        for index in ti.grouped(srcs[k]):
-            dsts[k][index] = srcs[k][index]
-    for k in ti.static(range(len(zeros))):
-        for index in ti.grouped(zeros[k]):
-            zeros[k][index] = ti.zero(zeros[k][index])
-
-
-@ti.kernel
-def _move_one_loop(dsts: ti.template(), srcs: ti.template(), zeros: ti.template(),  # type: ignore[valid-type]
-                   like: ti.template()):  # type: ignore[valid-type]
-    """:func:`_move` of fields shaped like ``like``: at each index, the copies, then the zeros."""
-    for index in ti.grouped(like):
+    if ti.static(_given(like)):
+        for index in ti.grouped(like):
+            for k in ti.static(range(len(dsts))):
+                dsts[k][index] = srcs[k][index]
+            for k in ti.static(range(len(zeros))):
+                zeros[k][index] = ti.zero(zeros[k][index])
+    else:
         for k in ti.static(range(len(dsts))):
-            dsts[k][index] = srcs[k][index]
+            for index in ti.grouped(srcs[k]):
+                dsts[k][index] = srcs[k][index]
         for k in ti.static(range(len(zeros))):
-            zeros[k][index] = ti.zero(zeros[k][index])
+            for index in ti.grouped(zeros[k]):
+                zeros[k][index] = ti.zero(zeros[k][index])
 
 
 @ti.kernel
 def _restore_and_move(dsts: ti.template(), stores: ti.template(), slot: ti.i32,  # type: ignore[valid-type]
-                      more: ti.template(), srcs: ti.template(), zeros: ti.template()):  # type: ignore[valid-type]
+                      more: ti.template(), srcs: ti.template(), zeros: ti.template(),  # type: ignore[valid-type]
+                      like: ti.template()):  # type: ignore[valid-type]
     """Restore ``dsts`` from ``slot`` of ``stores``, copy ``srcs`` into ``more``, zero ``zeros``."""
-    for k in ti.static(range(len(dsts))):
-        for index in ti.grouped(dsts[k]):
-            dsts[k][index] = stores[k][slot, index]
-    for k in ti.static(range(len(more))):
-        for index in ti.grouped(srcs[k]):
-            more[k][index] = srcs[k][index]
-    for k in ti.static(range(len(zeros))):
-        for index in ti.grouped(zeros[k]):
-            zeros[k][index] = ti.zero(zeros[k][index])
-
-
-@ti.kernel
-def _restore_and_move_one_loop(dsts: ti.template(), stores: ti.template(), slot: ti.i32,  # type: ignore[valid-type]
-                               more: ti.template(), srcs: ti.template(), zeros: ti.template(),  # type: ignore[valid-type]
-                               like: ti.template()):  # type: ignore[valid-type]
-    for index in ti.grouped(like):
+    if ti.static(_given(like)):
+        for index in ti.grouped(like):
+            for k in ti.static(range(len(dsts))):
+                dsts[k][index] = stores[k][slot, index]
+            for k in ti.static(range(len(more))):
+                more[k][index] = srcs[k][index]
+            for k in ti.static(range(len(zeros))):
+                zeros[k][index] = ti.zero(zeros[k][index])
+    else:
         for k in ti.static(range(len(dsts))):
-            dsts[k][index] = stores[k][slot, index]
+            for index in ti.grouped(dsts[k]):
+                dsts[k][index] = stores[k][slot, index]
         for k in ti.static(range(len(more))):
-            more[k][index] = srcs[k][index]
+            for index in ti.grouped(srcs[k]):
+                more[k][index] = srcs[k][index]
         for k in ti.static(range(len(zeros))):
-            zeros[k][index] = ti.zero(zeros[k][index])
+            for index in ti.grouped(zeros[k]):
+                zeros[k][index] = ti.zero(zeros[k][index])
 
 
 @ti.kernel
-def _load_slot(dsts: ti.template(), stores: ti.template(), slot: ti.i32):  # type: ignore[valid-type]
-    for k in ti.static(range(len(dsts))):
-        for index in ti.grouped(dsts[k]):
-            dsts[k][index] = stores[k][slot, index]
-
-
-@ti.kernel
-def _save(stores: ti.template(), slot: ti.i32, srcs: ti.template()):  # type: ignore[valid-type]
-    for k in ti.static(range(len(srcs))):
-        for index in ti.grouped(srcs[k]):
-            stores[k][slot, index] = srcs[k][index]
-
-
-@ti.kernel
-def _save_one_loop(stores: ti.template(), slot: ti.i32, srcs: ti.template(),  # type: ignore[valid-type]
-                   like: ti.template()):  # type: ignore[valid-type]
-    for index in ti.grouped(like):
+def _save(stores: ti.template(), slot: ti.i32, srcs: ti.template(), like: ti.template()):  # type: ignore[valid-type]
+    if ti.static(_given(like)):
+        for index in ti.grouped(like):
+            for k in ti.static(range(len(srcs))):
+                stores[k][slot, index] = srcs[k][index]
+    else:
         for k in ti.static(range(len(srcs))):
-            stores[k][slot, index] = srcs[k][index]
+            for index in ti.grouped(srcs[k]):
+                stores[k][slot, index] = srcs[k][index]
 
 
 def one_shape(*groups):
@@ -133,31 +114,15 @@ def one_shape(*groups):
     return fields[0]
 
 
-def copy(dsts, srcs):
-    if dsts:
-        _copy(dsts, srcs)
-
-
-def move(dsts, srcs, zeros, like):
+def move(dsts, srcs, zeros, like=None):
     """Copy ``srcs`` into ``dsts`` and zero ``zeros``; ``like``: their :func:`one_shape`."""
-    if like is not None:
-        _move_one_loop(dsts, srcs, zeros, like)
-    elif dsts or zeros:
-        _move(dsts, srcs, zeros)
+    if dsts or zeros:
+        _move(dsts, srcs, zeros, like)
 
 
 def save(stores, slot, srcs, like):
-    if like is not None:
-        _save_one_loop(stores, slot, srcs, like)
-    elif srcs:
-        _save(stores, slot, srcs)
-
-
-def restore_and_move(dsts, stores, slot, more, srcs, zeros, like):
-    if like is not None:
-        _restore_and_move_one_loop(dsts, stores, slot, more, srcs, zeros, like)
-    else:
-        _restore_and_move(dsts, stores, slot, more, srcs, zeros)
+    if srcs:
+        _save(stores, slot, srcs, like)
 
 
 def _written(program: Any) -> set[int] | None:
@@ -258,14 +223,15 @@ class FieldStepper:
                      "save": one_shape(self.carried),
                      "restore": one_shape(self.carried, self.reset_twins, self.snapshots, self.zeroed),
                      "grads": one_shape(self.out_grads, self.in_grads, self.cleared),
-                     "each": one_shape(self.each_twins)}
+                     "each": one_shape(self.each_twins),
+                     "each grads": one_shape(self.each_grads)}
         self.seeded_each = False
 
     def begin(self, batch: "Batch", slots: int) -> None:
         uses(self.program)
         program = self.program
         program._prepare(program._convert_args("primal", batch.arrays))
-        copy(self.snapshots, self.reset_twins)
+        move(self.snapshots, self.reset_twins, ())
         if slots > self.capacity:  # once per loop: the schedule's slot count is fixed
             self.store = tuple(_tree(self.carried, (slots,)))
             self.capacity = slots
@@ -286,7 +252,7 @@ class FieldStepper:
         save(self.store, slot, self.carried, self.like["save"])
 
     def restore(self, slot: int) -> None:
-        restore_and_move(self.carried, self.store, slot, self.reset_twins, self.snapshots, self.zeroed,
+        _restore_and_move(self.carried, self.store, slot, self.reset_twins, self.snapshots, self.zeroed,
                          self.like["restore"])
 
     def outputs(self) -> list[Any]:
@@ -326,7 +292,7 @@ class FieldStepper:
         """The gradients but the outputs' and the parameters' are zero here (``seed`` and the last pullback)."""
         self.step()
         if self.seeded_each:
-            _load_slot(self.each_grads, self.each_cts, t)
+            _restore_and_move(self.each_grads, self.each_cts, t, (), (), (), self.like["each grads"])
         self.tape.replay_adjoints()
         # the carry's cotangent becomes the step before's
         move(self.out_grads, self.in_grads, self.cleared, self.like["grads"])
