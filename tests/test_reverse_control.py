@@ -471,7 +471,7 @@ def test_reverse_mode_runs_the_rule_not_the_primal():
     np.testing.assert_allclose(td.grad(calls_wrong)(np.array([0.5, 2.0])), td.jacfwd(calls_wrong)(np.array([0.5, 2.0])))
 
 
-# --- what the reverse transform still does not take falls back to forward pushes ---------------------------
+# --- break: a flag the rest of the loop tests (NOTE: [Break as a flag]) ------------------------------------
 @ti.func
 def breaks(x: vec2) -> ti.f64:
     s = x[0]
@@ -483,20 +483,132 @@ def breaks(x: vec2) -> ti.f64:
 
 
 def breaks_twin(x):
-    s = x[0]
+    s, path = x[0], []
     for _ in range(10):
         s = s * x[1] + 0.5
-        if s > 2.0:
+        path.append(bool(s > 2.0))
+        if path[-1]:
             break
-    return s, []
+    return s, path
 
 
-def test_a_break_falls_back_to_forward_pushes():
-    assert "Break" in why_not(breaks, (True,))
-    x = np.array([[0.5, 1.5], [0.2, 0.3]])
-    got = td.grad(breaks)(x)
+@ti.func
+def breaks_at_run_time(x: vec2, n: ti.i32) -> ti.f64:
+    s = x[0]
+    for i in range(n):
+        if s * x[1] < -3.0:
+            s = s - 1.0
+            break
+        s = ti.sin(s) * x[1] + 0.3 * i
+    return s
+
+
+def breaks_at_run_time_twin(x, n):
+    s, path = x[0], []
+    for i in range(n):
+        path.append(bool(s * x[1] < -3.0))
+        if path[-1]:
+            s = s - 1.0
+            break
+        s = torch.sin(s) * x[1] + 0.3 * i
+    return s, path
+
+
+@ti.func
+def while_breaking(x: vec2) -> ti.f64:
+    s, k = x[0], 0
+    while k < 40:
+        s = s * 0.5 + x[1] * x[1]
+        if ti.abs(s - x[1] * x[1] * 2.0) < 1e-3:
+            break
+        k += 1
+    return s * x[0]
+
+
+def while_breaking_twin(x):
+    s, k, path = x[0], 0, []
+    while k < 40:
+        s = s * 0.5 + x[1] * x[1]
+        path.append(bool(abs(s - x[1] * x[1] * 2.0) < 1e-3))
+        if path[-1]:
+            break
+        k += 1
+    return s * x[0], path
+
+
+@ti.func
+def inner_breaks(x: vec2, n: ti.i32) -> ti.f64:
+    s = x[0]
+    for i in range(n):
+        for j in range(n):
+            if j > i:
+                break
+            s = ti.sin(s) * x[1] + ti.cos(s) * 0.25
+        if s > 1.5:
+            break
+    return s
+
+
+def inner_breaks_twin(x, n):
+    s, path = x[0], []
+    for i in range(n):
+        for j in range(n):
+            if j > i:
+                break
+            s = torch.sin(s) * x[1] + torch.cos(s) * 0.25
+        path.append(bool(s > 1.5))
+        if path[-1]:
+            break
+    return s, path
+
+
+@ti.func
+def breaks_r(x: vec2) -> ti.f64:
+    return breaks(reverse_only2(x))
+
+
+@ti.func
+def breaks_at_run_time_r(x: vec2, n: ti.i32) -> ti.f64:
+    return breaks_at_run_time(reverse_only2(x), n)
+
+
+@ti.func
+def while_breaking_r(x: vec2) -> ti.f64:
+    return while_breaking(reverse_only2(x))
+
+
+@ti.func
+def inner_breaks_r(x: vec2, n: ti.i32) -> ti.f64:
+    return inner_breaks(reverse_only2(x), n)
+
+
+BREAKING = [(breaks, breaks_r, breaks_twin, False), (breaks_at_run_time, breaks_at_run_time_r,
+            breaks_at_run_time_twin, True), (while_breaking, while_breaking_r, while_breaking_twin, False),
+            (inner_breaks, inner_breaks_r, inner_breaks_twin, True)]
+
+
+@pytest.mark.parametrize("f, f_r, twin, counted", BREAKING, ids=lambda v: getattr(v, "__name__", ""))
+@settings(max_examples=8)
+@given(seed=st.integers(0, 2**31))
+def test_loops_that_break_are_reversed(f, f_r, twin, counted, seed):
+    """Reversed (through the rule without a jvp rule) and pushed forward (the plain function) agree with torch
+    per element, where the loops break at different iterations across the batch, and with central
+    differences where no decision changes within the stencil."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2.0, 2.0, (6, 2))
+    x[0] = [0.5, 1.5]  # breaks early
+    n = np.array([0, 1, 3, 5, 8, 12], dtype=np.int32)
+    args = (x, n) if counted else (x,)
+    assert why_not(f, (True,) + (False,) * (len(args) - 1)) is None
+    assert f"{f.__name__}_vjp(" in td.source(td.grad(f_r), *args)
+    got = td.grad(f_r)(*args)
+    np.testing.assert_allclose(got, td.grad(f)(*args), rtol=1e-12, atol=1e-13)
     for b in range(len(x)):
-        np.testing.assert_allclose(got[b], torch_grad(breaks_twin, x[b]), rtol=1e-12)
+        static = (int(n[b]),) if counted else ()
+        np.testing.assert_allclose(got[b], torch_grad(twin, x[b], *static), rtol=1e-10, atol=1e-12)
+        fd = central_differences(twin, x[b], *static)
+        if fd is not None:
+            np.testing.assert_allclose(got[b], fd, rtol=1e-5, atol=1e-6)
 
 
 @ti.func

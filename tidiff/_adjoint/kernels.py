@@ -15,8 +15,9 @@ indices whose body is the loop body reversed by the ``@ti.func`` transform
   the cotangent of ``e`` and clears it (the old value no longer matters);
   ``y[i] += e`` and ``ti.atomic_add(y[i], e)`` read it without clearing,
   ``-=`` and ``ti.atomic_sub`` negated;
-- runtime loops, ``while``, branches, calls of ``@ti.func`` s and custom
-  rules are the function transform's (NOTE: [Reverse control flow]); a loop
+- runtime loops, ``while``, branches, ``break`` (NOTE: [Break as a flag]), calls
+  of ``@ti.func`` s and custom rules are the function transform's (NOTE:
+  [Reverse control flow]); a loop
   whose iterations share no local variable is reversed once per iteration;
 - a ``@ti.func`` (or a method of the object) that reads fields gets a
   reverse function whose reads add into the gradients (:class:`FieldReverser`);
@@ -36,7 +37,7 @@ reduction over the iterations).
 
 A kernel the transform does not take (ndarray parameters, a returned value,
 a ``@ti.func`` writing fields or given a field, ``ti.atomic_min``/``max``,
-``break``, ...) has no adjoint here: :func:`vjp_kernel` says
+...) has no adjoint here: :func:`vjp_kernel` says
 why, and the tape replays Taichi's ``kernel.grad`` for it.
 """
 from __future__ import annotations

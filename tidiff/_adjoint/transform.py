@@ -16,9 +16,9 @@ the ops with a reverse rule in ``_rules/ops.py``, calls of other reversible
 ``for`` loops over ranges of constants (unrolled), ``if`` on a condition of
 constants (after unrolling: ``ti.static(i == j)``), and branches on values,
 runtime ``for`` loops and ``while`` loops (``control.py``, NOTE: [Reverse
-control flow]; ``continue`` is read as a branch: NOTE: [Continue as a branch]). ``break`` and loops with ``else`` make a
-function not reversible: its derivatives then come from forward pushes
-(``_codegen/bodies.py``), which handle everything.
+control flow]; ``continue`` is read as a branch: NOTE: [Continue as a branch]; ``break`` as a flag:
+NOTE: [Break as a flag]). A ``for`` over ``ti.static(...)`` that breaks makes a function not reversible:
+its derivatives then come from forward pushes (``_codegen/bodies.py``), which handle everything.
 """
 import ast
 import builtins
@@ -30,6 +30,7 @@ import taichi as ti
 from taichi.lang.matrix import MatrixType
 
 from .._lang.activity import integer_locals, loaded_names
+from .._lang.breaks import without_break
 from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name, is_helper, quiet
 from .._lang.compile import info
 from .._lang.naming import RULE_HELPERS, TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
@@ -86,7 +87,8 @@ class Reverser(ControlFlow):
     def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int,
                  vjp_of: Callable[[Any, tuple[bool, ...], int], Any]) -> None:
         self.parsed = parsed
-        self.tree = parsed.tree
+        self.tree = without_break(parsed.tree, self._is_static_range,  # NOTE: [Break as a flag]
+                                  keep_top_level=parsed.form == "kernel")
         self.params = [a.arg for a in self.tree.args.args]
         self.n_outputs = n_outputs
         self.vjp_of = vjp_of
@@ -249,6 +251,10 @@ class Reverser(ControlFlow):
         value = node.value
         return isinstance(value, ast.Call) and not self._is_local(value.func) \
             and resolve(value.func, self.parsed.namespace) is ti.static
+
+    def _is_static_range(self, node: ast.expr) -> bool:
+        """Whether a loop's iterable is ``ti.static(...)`` (Taichi unrolls the loop)."""
+        return isinstance(node, ast.Call) and resolve(node.func, self.parsed.namespace) is ti.static
 
     def stmt_Pass(self, node: ast.Pass) -> None:
         pass
