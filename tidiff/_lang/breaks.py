@@ -37,7 +37,8 @@ def without_break(tree: ast.FunctionDef, is_static: Callable[[ast.expr], bool],
     """``tree`` with every loop's ``break`` written as a flag (see the NOTE): a rewritten copy, or ``tree``
     itself where no loop it would rewrite breaks. ``keep_top_level`` leaves the loops of the function's own
     body as written (a kernel's parallel loops)."""
-    if not any(_rewritten(node, is_static) and _breaks(node.body) for node in ast.walk(tree)):
+    if not any(isinstance(node, (ast.For, ast.While)) and _rewritten(node, is_static) and _breaks(node.body)
+               for node in ast.walk(tree)):
         return tree
     copied = copy.deepcopy(tree)
     namer = Namer(names_in(copied))
@@ -68,8 +69,7 @@ def _block(stmts: list[ast.stmt], is_static: Callable[[ast.expr], bool], namer: 
         if isinstance(stmt, (ast.For, ast.While, ast.If)):
             stmt.body = _block(stmt.body, is_static, namer)
             stmt.orelse = _block(stmt.orelse, is_static, namer)
-        if rewrite and _rewritten(stmt, is_static) and _breaks(stmt.body):
-            assert isinstance(stmt, (ast.For, ast.While))
+        if isinstance(stmt, (ast.For, ast.While)) and rewrite and _rewritten(stmt, is_static) and _breaks(stmt.body):
             live = namer.fresh("live")
             out.append(ast.copy_location(_set(live, 1), stmt))
             body = _flagged(stmt.body, live)
