@@ -77,12 +77,16 @@ class Op:
 @dataclass
 class Store:
     """``field[index] = value`` (``kind`` "set"), ``+=`` ("add") or ``-=`` ("sub") into a global field, whose
-    adjoint reads (and for "set" clears) the field's gradient there (NOTE: [Reverse of a kernel])."""
+    adjoint reads (and for "set" clears) the field's gradient there (NOTE: [Reverse of a kernel]);
+    ``ti.atomic_max`` ("max") or ``ti.atomic_min`` ("min"), whose adjoint gives it to the entries that won
+    (NOTE: [Atomic extremes in reverse])."""
 
     gradient: ast.expr  # the field's gradient field: a namespace name, or ``p.grad`` of a template parameter
     index: ast.expr
     value: ast.expr  # a Name of an SSA variable, or an inactive expression
     kind: str
+    won: ast.expr | None = None  # "max", "min": whether ``value`` is what the field holds after the kernel
+    ties: str | None = None  # "max", "min": the field counting, per entry, the iterations whose value won
 
 
 TAPE_ROWS = 0

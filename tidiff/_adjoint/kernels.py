@@ -35,9 +35,27 @@ between the loops' adjoints; a loop body reading a differentiable local
 computed outside it is not reversed here (its cotangent would be a
 reduction over the iterations).
 
+NOTE: [Atomic extremes in reverse] ``ti.atomic_max(y[i], e)`` leaves in
+``y[i]`` the largest of its old value and every iteration's ``e``; the
+derivative goes to the winner, and a tie splits it evenly, as ``max`` does
+(NOTE: [Ties]). The adjoint reads ``y`` as the kernel left it (recorded as
+a read, so a later write is caught: NOTE: [Launches that keep the access
+rules]) in three loops: a counting loop recomputes each iteration's ``e``
+and counts, per entry, the iterations where ``e`` equals ``y[i]`` (in the
+field's type, as the atomic compared them; the counts are zeroed first);
+the reverse loop gives each of those ``y.grad[i] / count``; then, where an
+iteration won, the old value lost, so ``y.grad[i]`` becomes 0. Where none won
+the old value did and keeps ``y.grad[i]``. The old value is gone when the
+adjoint runs, so a tie between it and an iteration goes to the iteration
+(a field filled with ``-inf`` or a bound first never ties). Taichi's own
+``kernel.grad`` gives every iteration the whole gradient. ``atomic_min`` is
+the same. Taken on scalar global fields inside parallel loops, the atomic's
+result unused, the field written by nothing else in the kernel and read by
+nothing else in that loop (its iterations race the atomic; later loops read
+what won). Forward mode: NOTE: [Atomic extremes forward].
+
 A kernel the transform does not take (ndarray parameters, a returned value,
-a ``@ti.func`` writing fields or given a field, ``ti.atomic_min``/``max``,
-...) has no adjoint here: :func:`vjp_kernel` says
+a ``@ti.func`` writing fields or given a field, ...) has no adjoint here: :func:`vjp_kernel` says
 why, and the tape replays Taichi's ``kernel.grad`` for it.
 """
 from __future__ import annotations
@@ -49,10 +67,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import taichi as ti
-from taichi.lang.field import Field
+from taichi.lang.field import Field, ScalarField
 from taichi.types.annotations import Template
 
 from .._cache import ADJOINT
+from .._lang import extremes
 from .._lang.activity import integer_locals, stop_grad_arguments
 from .._lang.callees import transformable
 from .._lang.compile import compile_source, mark, wrap_long_lines
@@ -72,6 +91,7 @@ from .transform import NotReversible, Reverser
 MOST_UNROLLED = 16
 
 _ATOMICS = {"atomic_add": "add", "atomic_sub": "sub"}
+_EXTREMES = {"atomic_max": "max", "atomic_min": "min"}
 _INTEGER_ATOMICS = [getattr(ti, f"atomic_{op}") for op in ("add", "sub", "min", "max", "and", "or", "xor")]
 
 
@@ -106,10 +126,11 @@ class KernelAdjoint:
 
 
 class ParallelLoop:
-    """A top-level ``for`` loop of a kernel: its header, and its body transformed as a block."""
+    """A top-level ``for`` loop of a kernel: its header, its body transformed as a block, and the tie counts
+    of its ``ti.atomic_max`` / ``min`` (``(counting field, target field)``)."""
 
-    def __init__(self, node: ast.For, body: Block) -> None:
-        self.node, self.body = node, body
+    def __init__(self, node: ast.For, body: Block, ties: list[tuple[str, str]]) -> None:
+        self.node, self.body, self.ties = node, body, ties
 
 
 def vjp_kernel(kernel: Any, owner: object = None) -> KernelAdjoint | NotReversible:
@@ -176,6 +197,9 @@ class FieldReverser(Reverser):
     def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int) -> None:
         super().__init__(parsed, active, n_outputs, _field_made)
         self.template_fields: list[str] = []
+        self.ties: list[tuple[str, str]] = []  # a kernel's parallel loop's (tie counts, field) of atomic max / min
+        self.extremes: list[Access] = []  # the accesses of atomic max / min
+        self.ties_made: list[tuple[str, str]] = []  # (tie counts, field) of every parallel loop
         self.find_fields()
 
     def find_fields(self) -> None:
@@ -261,6 +285,28 @@ class FieldReverser(Reverser):
         self.accesses.append(Access("store", self.field_key(field), index, self.scalar_params()))
         self.ops.append(Store(self.gradients[field], index, stored, kind))
 
+    def extreme(self, target: ast.Subscript, value: ast.expr, kind: str) -> None:
+        """``ti.atomic_max(y[i], e)`` (or min) in a parallel loop (NOTE: [Atomic extremes in reverse])."""
+        field = self.field_name(target.value)
+        assert field is not None
+        obj = resolve(ast.Name(field, ast.Load()), self.parsed.namespace)
+        if not self.stores or self.depth == 0 or not isinstance(obj, ScalarField):
+            raise NotReversible(f"`ti.atomic_{kind}` into `{ast.unparse(target)}` (a scalar global field, in a "
+                                "parallel loop of the kernel)")
+        index = self.field_index(target)
+        stored = self.operand(value)
+        ties = self.namer.fresh(f"{field}_ties")
+        self.helpers[ties] = ti.field(ti.i32, shape=obj.shape)
+        at = ast.Subscript(name(field), copy.deepcopy(index), ast.Load())
+        self.forward.append(extremes.counted(stored, field, at, ties))  # run by the counting loop only
+        key = self.field_key(field)
+        self.extremes += [Access("store", key, index, self.scalar_params()),
+                          Access("load", key, index, self.scalar_params())]  # the adjoint reads what won
+        self.accesses += self.extremes[-2:]
+        self.ops.append(Store(self.gradients[field], index, stored, kind, extremes.won(stored, field, at), ties))
+        self.ties.append((ties, field))
+        self.ties_made.append((ties, field))
+
     def scalar_params(self) -> list[str]:
         """The kernel's number parameters still holding their values (a func's: none; its calls vary them)."""
         if not self.stores:
@@ -324,8 +370,11 @@ class FieldReverser(Reverser):
         if isinstance(value, ast.Call):
             callee = resolve(value.func, self.parsed.namespace) if not self._is_local(value.func) else MISSING
             kind = next((k for op, k in _ATOMICS.items() if callee is getattr(ti, op)), None)
+            kind = kind or next((k for op, k in _EXTREMES.items() if callee is getattr(ti, op)), None)
             if kind is not None and len(value.args) == 2 and not value.keywords \
                     and isinstance(value.args[0], ast.Subscript) and self.field_name(value.args[0].value):
+                if kind in ("max", "min"):
+                    return self.extreme(value.args[0], value.args[1], kind)
                 return self.store(value.args[0], value.args[1], kind)
             if callee in _INTEGER_ATOMICS and value.args and self.integer_store(value.args[0]):
                 return None
@@ -387,6 +436,7 @@ class KernelReverser(FieldReverser):
         # entry, read first (so one the kernel writes too is written where it was read)
         for stmt in body:
             self.statement(stmt)
+        self.alone_in_extremes(self.accesses, self.ties_made, "store")
         self.straight = not _has_blocks(self.ops)
         self.sweep_ops(self.ops)
         self.flush()
@@ -394,6 +444,17 @@ class KernelReverser(FieldReverser):
                              self.forward + self.backward or [ast.Pass()],
                              [ast.Attribute(name(TAICHI), "kernel", ast.Load())], None)
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
+
+    def alone_in_extremes(self, accesses: list[Access], ties: list[tuple[str, str]], kind: str) -> None:
+        """A field ``ti.atomic_max`` (or min) writes is written by nothing else in the kernel (``kind``
+        "store") and read by nothing else in the parallel loop holding the atomic ("load"), whose iterations
+        race it: the adjoint reads what won from the field as the kernel left it (later loops read it too)."""
+        extremes = {id(a) for a in self.extremes}
+        targets = {id(self.field_key(field)): field for _, field in ties}
+        for access in accesses:
+            if access.kind == kind and id(access) not in extremes and id(access.field) in targets:
+                raise NotReversible(f"the field `{targets[id(access.field)]}`, read or written besides "
+                                    "ti.atomic_max / ti.atomic_min in one kernel")
 
     def _template_fields(self) -> list[str]:
         """The ``ti.template()`` parameters the kernel indexes or loops over: fields, float ones with gradients
@@ -460,18 +521,21 @@ class KernelReverser(FieldReverser):
                                                         node.body, [], None))
         self.stopped = self.stopped_fields(node.body)
         self.depth += 1
+        self.ties = []
+        start = len(self.accesses)
         try:
             block = self.nested(node.body)
         finally:
             self.depth -= 1
             self.stopped = set()
+        self.alone_in_extremes(self.accesses[start:], self.ties, "load")
         self.env = env
         outer = uses(block.ops) - block.defined - set(counters)
         if any(self.is_active(name(n)) for n in outer):
             raise NotReversible("a parallel loop reading a differentiable value computed outside it (compute it "
                                 "inside the loop)")
         if has_effects(block.ops):
-            self.ops.append(ParallelLoop(header, block))  # type: ignore[arg-type]
+            self.ops.append(ParallelLoop(header, block, self.ties))  # type: ignore[arg-type]
 
     def stopped_fields(self, body: list[ast.stmt]) -> set[str]:
         """The fields ``ti.stop_grad(x)`` names in a loop body: Taichi stops their gradient in that whole loop
@@ -503,7 +567,35 @@ class KernelReverser(FieldReverser):
             loop.body.ops))
         header = copy.deepcopy(loop.node)
         header.body = body or [ast.Pass()]
-        self.backward.append(header)
+        if not loop.ties:
+            self.backward.append(header)
+            return
+        counting = copy.deepcopy(loop.node)  # NOTE: [Atomic extremes in reverse]
+        counting.body = copy.deepcopy(loop.body.forward)
+        counted = {ties for ties, _ in loop.ties}
+        for ties, _ in loop.ties:
+            self.backward += extremes.zeroed(ties, self.helpers[ties].shape, self.namer.fresh)
+        self.backward += [counting, _WithoutCounts(counted).visit(header)]
+        for ties, field in loop.ties:
+            self.backward += extremes.lost(ties, self.helpers[ties].shape, self.namer.fresh, self.gradients[field])
+
+
+class _WithoutCounts(ast.NodeTransformer):
+    """The reverse loop's code without the statements counting ties (they run in the counting loop only)."""
+
+    def __init__(self, counted: set[str]) -> None:
+        self.counted = counted
+
+    def visit_If(self, node: ast.If) -> ast.AST | None:
+        first = node.body[0] if len(node.body) == 1 else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and first.value.args and \
+                isinstance(target := first.value.args[0], ast.Subscript) and isinstance(target.value, ast.Name) \
+                and target.value.id in self.counted:
+            return None
+        self.generic_visit(node)
+        if not node.body:
+            node.body = [ast.Pass()]
+        return node
 
 
 def _has_blocks(ops: list[Any]) -> bool:

@@ -29,14 +29,15 @@ from typing import Any, TypeGuard
 import taichi as ti
 from taichi.lang.matrix import MatrixType
 
+from .._lang import extremes
 from .._lang.activity import integer_locals, loaded_names
 from .._lang.breaks import without_break
 from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name, is_helper, quiet
 from .._lang.compile import info
 from .._lang.naming import RULE_HELPERS, TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
 from .._lang.nodes import assign as _assign
+from .._lang.nodes import call, taichi, zero_of
 from .._lang.nodes import name as _name
-from .._lang.nodes import zero_of
 from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call
 from .._lang.rebinding import rebound_call
 from .._lang.sym import Sym, helpers
@@ -944,8 +945,11 @@ class Reverser(ControlFlow):
         """The adjoint of a store into a field: the stored value's cotangent is the field's gradient there
         (negated for ``-=``); a "set" clears it, as the old value no longer matters (NOTE: [Reverse of a
         kernel] in ``kernels.py``)."""
-        at = ast.Subscript(copy.deepcopy(store.gradient), copy.deepcopy(store.index), ast.Load())
+        at: ast.expr = ast.Subscript(copy.deepcopy(store.gradient), copy.deepcopy(store.index), ast.Load())
         read = self.namer.fresh("ct_stored")
+        if store.ties is not None:  # NOTE: [Atomic extremes in reverse]
+            assert store.won is not None and isinstance(at, ast.Subscript)
+            at = call(taichi("select"), copy.deepcopy(store.won), extremes.share(at, store.ties, at), 0.0)
         self.backward.append(_assign(read, ast.UnaryOp(ast.USub(), at) if store.kind == "sub" else at))
         if store.kind == "set":
             cleared = ast.Subscript(copy.deepcopy(store.gradient), copy.deepcopy(store.index), ast.Store())

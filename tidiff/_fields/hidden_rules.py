@@ -14,7 +14,9 @@ the function calling it; forward mode (tidiff's own tangent transform) takes
 them, and so does a transform of the ``@ti.func`` called inside the kernel
 (``td.grad(f)(...)`` in the kernel body), which is tidiff's own reverse mode.
 ``ti.atomic_max`` and ``ti.atomic_min`` are refused the same way: Taichi's
-reverse mode gives every entry the gradient that belongs to the winner.
+reverse mode gives every entry the gradient that belongs to the winner
+(tidiff's adjoint kernels give it to the winner: NOTE: [Atomic extremes in
+reverse]; so only kernels Taichi reverses are refused).
 
 An object carries the rule it stands for in ``RULE_ATTRIBUTE`` (a short
 description: ``"td.stop_gradient"``, ``"the td.custom_vjp function `clip`"``);

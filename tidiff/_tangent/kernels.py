@@ -13,6 +13,19 @@ the same rules as local variables:
 - loops (``for i in x``, ``range``, ``ti.ndrange``, ``ti.static``) and
   conditions are copied as written: they carry no tangent.
 
+NOTE: [Atomic extremes forward] ``ti.atomic_max(y[i], e)`` (or min) in a
+parallel loop: which iteration wins is known only once they all ran, so the
+loop does the atomic on ``y`` alone, and loops after it give ``dy``: zero a
+count per entry of ``y``; count the iterations whose ``e`` equals ``y[i]``
+now (a copy of the loop computing its locals again and writing no field);
+where one won, ``dy[i] = 0``; then each winner adds ``de / count`` (a tie
+splits evenly, as ``max`` does: NOTE: [Ties]). Where none won, the old value
+did and ``dy[i]`` keeps its tangent. The counts are left as they are, so
+the kernel's adjoint reads them (reverse over forward: Hessian-vector
+products). The target is written by nothing else in the kernel and read by
+nothing else in that loop, whose iterations race the atomic; later loops
+and kernels read what won. Reverse mode: NOTE: [Atomic extremes in reverse].
+
 The tangent kernel has the primal kernel's parameters (numbers, which have
 zero tangent) and computes primal and tangent together, so its tangent
 fields obey Taichi's global data access rules whenever the primal fields
@@ -45,6 +58,7 @@ fields are refused with a :class:`~tidiff._errors.TransformError`.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import inspect
 from collections.abc import Iterable, Sequence
@@ -52,23 +66,24 @@ from typing import Any
 
 import taichi as ti
 from taichi.lang._ndarray import Ndarray
-from taichi.lang.field import Field
+from taichi.lang.field import Field, ScalarField
 from taichi.lang.matrix import MatrixType
 from taichi.types.annotations import Template
 from taichi.types.ndarray_type import NdarrayType
 
+from .._lang import extremes
 from .._lang.activity import assignments, root_names, stop_grad_arguments
 from .._lang.callees import call_name, transformable
 from .._lang.compile import compile_source, info, mark
 from .._lang.generate import generate
 from .._lang.naming import RULE_HELPERS, helper_name
-from .._lang.nodes import Value, call, entry_root, function
+from .._lang.nodes import Value, call, entry_root, function, if_, statement, taichi
 from .._lang.objects import Unbound, argcount, bind, fields_of, is_float_field, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, resolve
 from .._rules import helpers as rule_helpers
 from .._rules.calls import callable_rule
 from .emit import jvp_func
-from .transform import Transformer, _name
+from .transform import Transformer, _name, retarget
 
 _RULES = {RULE_HELPERS: rule_helpers}
 
@@ -215,6 +230,64 @@ def _bound_names(tree: ast.FunctionDef) -> set[str]:
         elif isinstance(node, ast.NamedExpr):
             bound.update(names(node.target))
     return bound
+
+
+def _alone_in_extremes(root: str, tree: ast.FunctionDef, loop: ast.For, namespace: dict[str, Any]) -> bool:
+    """Whether the field ``root`` is written only by atomic extremes in the kernel ``tree``, and read in none
+    of them in the parallel loop ``loop`` (whose iterations race the extremes): later loops read what won."""
+    def is_extreme(n: ast.AST) -> bool:
+        return isinstance(n, ast.Call) and bool(n.args) and root_names(n.args[0])[:1] == [root] \
+            and resolve(n.func, namespace) in (ti.atomic_max, ti.atomic_min)
+
+    def is_write(n: ast.AST) -> bool:
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, (ast.AugAssign,
+                                                                                            ast.AnnAssign)) else []
+        return any(root_names(t)[:1] == [root] for t in targets) or isinstance(n, ast.Call) and bool(n.args) \
+            and not is_extreme(n) and root_names(n.args[0])[:1] == [root] \
+            and getattr(resolve(n.func, namespace), "__name__", "").startswith("atomic_")
+
+    uses = sum(isinstance(n, ast.Name) and n.id == root for n in ast.walk(loop))
+    return not any(is_write(n) for n in ast.walk(tree)) and uses == sum(map(is_extreme, ast.walk(loop)))
+
+
+class _Recomputed(ast.NodeTransformer):
+    """A copy of a parallel loop of the tangent kernel that writes no field: each atomic extreme replaced by its
+    counting (``which`` 0) or adding (1) statement, every other write into a field (and call of a func, which
+    may write one) dropped; locals are computed as before (NOTE: [Atomic extremes forward])."""
+
+    def __init__(self, sites: dict[str, tuple[ast.stmt, ast.stmt]], which: int, fields: set[str]) -> None:
+        self.sites, self.which, self.fields = sites, which, fields
+
+    def writes_field(self, target: ast.expr) -> bool:
+        roots = root_names(target)
+        return bool(roots) and roots[0] in self.fields
+
+    def visit_Expr(self, node: ast.Expr) -> ast.AST | None:
+        site = self.sites.get(ast.dump(node))
+        if site is not None:
+            return copy.deepcopy(site[self.which])
+        value = node.value
+        if not isinstance(value, ast.Call):
+            return node
+        if isinstance(value.func, ast.Attribute) and isinstance(value.func.value, ast.Name) \
+                and value.func.value.id not in self.fields and value.func.attr != "atomic_add":
+            return node  # a method of a local (v.fill(0))
+        if value.args and not self.writes_field(value.args[0]) and isinstance(value.func, ast.Attribute) \
+                and value.func.attr.startswith("atomic_"):
+            return node  # an atomic on a local
+        return None
+
+    def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
+        return None if any(self.writes_field(t) for t in node.targets) else node
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> ast.AST | None:
+        return None if self.writes_field(node.target) else node
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        if isinstance(node, (ast.For, ast.While, ast.If)) and not node.body:
+            node.body = [ast.Pass()]  # every statement of it wrote a field
+        return node
 
 
 def jvp_kernel(kernel: Any, tangents: FieldTangents, owner: object = None) -> Any:
@@ -493,6 +566,17 @@ class KernelTransformer(Transformer):
 
     # --- statements ----------------------------------------------------------
     def stmt_For(self, node: ast.For) -> None:
+        if self.is_kernel and self.depth == 0:
+            self.extremes: list[tuple[ast.stmt, ast.stmt, ast.stmt, ast.expr, str]] = []
+            self.parallel_node = node
+            self.parallel_for(node)
+            if self.extremes:
+                self.settle_extremes(self.block[-1])
+            self.extremes = []
+            return
+        self.parallel_for(node)
+
+    def parallel_for(self, node: ast.For) -> None:
         iterated = node.iter.args[0] if isinstance(node.iter, ast.Call) and len(node.iter.args) == 1 \
             and resolve(node.iter.func, self.parsed.namespace) is ti.static else node.iter
         if isinstance(iterated, ast.Name) and iterated.id in self.sources \
@@ -532,10 +616,56 @@ class KernelTransformer(Transformer):
         value = node.value
         if isinstance(value, ast.Call) and self.is_active(value) and not self._is_local(value.func):
             callee = resolve(value.func, self.parsed.namespace)
+            kind = next((k for k in ("max", "min") if callee is getattr(ti, f"atomic_{k}")), None)
+            if kind is not None:
+                return self.extreme(value, kind)
             if any(self.field_tangents.touches(c) for c in _callees(callee)) or self._passes_fields(value):
                 self.expr(value)  # a func that writes fields: call its tangent func
                 return
         super().stmt_Expr(node)
+
+    def extreme(self, node: ast.Call, kind: str) -> None:
+        """``ti.atomic_max(y[i], e)`` (or min): the value now, its tangent once every iteration ran (NOTE:
+        [Atomic extremes forward])."""
+        target = node.args[0] if len(node.args) == 2 and not node.keywords else None
+        root = root_names(target)[0] if target is not None and root_names(target) else None
+        field = self.fields.get(root) if root is not None else None
+        if target is None or not isinstance(target, ast.Subscript) or not isinstance(field, ScalarField) \
+                or not self.is_kernel or self.depth == 0 or getattr(self, "extremes", None) is None:
+            raise self.error(node, f"`{ast.unparse(node)}`",
+                             f"ti.atomic_{kind} has a derivative into a scalar global field, in a parallel loop "
+                             "of a kernel, its result unused")
+        assert root is not None  # a field was found for it
+        if not _alone_in_extremes(root, self.tree, self.parallel_node, self.parsed.namespace):
+            raise self.error(node, f"the field `{root}`, read or written besides ti.atomic_max / ti.atomic_min "
+                             "in one kernel", "keep the extreme in a field of its own, read by a later loop or "
+                             "kernel")
+        p, dp = self.atom(node.args[1])
+        primal = ast.Expr(ast.Call(node.func, [target, p], []))
+        self.emit(primal)
+        if root not in self.sources:
+            return  # a field without a tangent: a constant
+        ties = self.namer.fresh(f"{root}_ties")
+        self.helpers[ties] = ti.field(ti.i32, shape=field.shape)
+        count = extremes.counted(p, root, target, ties)
+        tangent = retarget(target, self.namer.tangent(root))
+        add = if_(extremes.won(p, root, target), [statement(call(taichi("atomic_add"), tangent, extremes.share(
+            ast.Constant(0.0) if dp is None else dp, ties, target)))])
+        self.extremes.append((primal, count, add, tangent, ties))
+
+    def settle_extremes(self, loop: ast.stmt) -> None:
+        """After a parallel loop with atomic extremes, the loops giving their targets' tangents (see the NOTE)."""
+        assert isinstance(loop, ast.For)
+        sites = {ast.dump(primal): (count, add) for primal, count, add, *_ in self.extremes}
+        for *_, ties in self.extremes:  # zero first: the counts outlive the kernel, for its adjoint
+            self.block += extremes.zeroed(ties, self.helpers[ties].shape, self.namer.fresh)
+        for k in (0, 1):  # the counting loop, then (once cleared) the loop adding the winners' tangents
+            recompute = _Recomputed(sites, k, self._field_names | set(self.helpers)).visit(copy.deepcopy(loop))
+            if k == 1:
+                for *_, tangent, ties in self.extremes:
+                    assert isinstance(tangent, ast.Subscript)
+                    self.block += extremes.lost(ties, self.helpers[ties].shape, self.namer.fresh, tangent.value)
+            self.emit(recompute)
 
     def call_tangent(self, node: ast.Call, callee: Any, custom: Any = None,
                      into: tuple[str, str] | None = None) -> tuple[ast.expr, ast.expr | None]:

@@ -1,0 +1,174 @@
+"""``ti.atomic_max`` / ``ti.atomic_min`` in kernels: the derivative goes to the winner, ties split evenly
+(NOTE: [Atomic extremes in reverse]).
+
+The oracle is torch's ``amax`` / ``amin`` (which split a tie evenly) over the same candidates, float64;
+central differences where no two candidates are within the stencil. Taichi's own ``kernel.grad`` gives
+every iteration the whole gradient.
+"""
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tidiff as td
+from tidiff._adjoint.kernels import KernelAdjoint, vjp_kernel
+
+N = 6
+xs = ti.field(ti.f64, shape=N)
+w = ti.field(ti.f64, shape=())
+peak = ti.field(ti.f64, shape=())
+lows = ti.field(ti.f64, shape=2)
+
+
+@ti.kernel
+def seed_extremes():
+    peak[None] = 3.0 * w[None]  # the old value: it wins where every iteration is below it
+    for j in lows:
+        lows[j] = w[None] + 1.0
+
+
+@ti.kernel
+def extremes():
+    for i in xs:
+        ti.atomic_max(peak[None], ti.sin(xs[i]) * 2.0)
+        if xs[i] > -1.0:
+            ti.atomic_min(lows[i % 2], xs[i] * xs[i])
+
+
+def program():
+    seed_extremes()
+    extremes()
+
+
+F = td.function(program, inputs=[xs, w], outputs=[peak, lows])
+
+
+def twin(x, wv):
+    peak_ = torch.amax(torch.cat([(3.0 * wv).reshape(1), torch.sin(x) * 2.0]))
+    lows_ = []
+    for j in range(2):
+        candidates = [wv + 1.0] + [x[i] * x[i] for i in range(j, N, 2) if x[i] > -1.0]
+        lows_.append(torch.amin(torch.stack(candidates)))
+    return peak_, torch.stack(lows_)
+
+
+def torch_vjp(x, wv, ct_peak, ct_lows):
+    x_ = torch.tensor(x, requires_grad=True)
+    w_ = torch.tensor(wv, dtype=torch.float64, requires_grad=True)
+    peak_, lows_ = twin(x_, w_)
+    (peak_ * ct_peak + (lows_ * torch.tensor(ct_lows)).sum()).backward()
+    return x_.grad.numpy(), w_.grad.numpy()
+
+
+# a few values, so that iterations tie often; w away from them (a tie with the old value goes to the iteration)
+VALUES = st.sampled_from([-1.3, -0.7, 0.3, 0.45, 1.1, 1.6])
+
+
+@settings(max_examples=30)
+@given(x=st.lists(VALUES, min_size=N, max_size=N).map(np.array), wv=st.floats(-0.9, 0.9),
+       ct=st.tuples(st.floats(-2, 2), st.floats(-2, 2), st.floats(-2, 2)))
+def test_the_winner_gets_the_derivative_and_ties_split_as_torch(x, wv, ct):
+    ct_peak, ct_lows = np.float64(ct[0]), np.array(ct[1:])
+    values, vjp_fn = td.vjp(F, x, np.float64(wv))
+    want = twin(torch.tensor(x), torch.tensor(wv, dtype=torch.float64))
+    np.testing.assert_allclose(values[0], want[0].item(), rtol=1e-15)
+    np.testing.assert_allclose(values[1], want[1].numpy(), rtol=1e-15)
+    gx, gw = vjp_fn((ct_peak, ct_lows))
+    tx, tw = torch_vjp(x, wv, ct_peak, ct_lows)
+    np.testing.assert_allclose(gx, tx, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(gw, tw, rtol=1e-13, atol=1e-15)
+
+
+def test_against_central_differences_where_nothing_ties():
+    x, wv = np.array([0.2, -0.5, 1.2, 0.6, -1.4, 0.9]), 0.1
+    ct = (np.float64(0.7), np.array([1.3, -0.4]))
+
+    def pairing(z, v):
+        p, lo = F(z, v)
+        return ct[0] * p + ct[1] @ lo
+
+    gx, gw = td.vjp(F, x, np.float64(wv))[1](ct)
+    eps = 1e-6
+    central = [(pairing(x + eps * e, wv) - pairing(x - eps * e, wv)) / (2 * eps) for e in np.eye(N)]
+    np.testing.assert_allclose(gx, central, rtol=1e-8, atol=1e-9)
+    assert gw == pytest.approx((pairing(x, wv + eps) - pairing(x, wv - eps)) / (2 * eps), rel=1e-8, abs=1e-9)
+
+
+def test_the_old_value_keeps_the_derivative_where_no_iteration_wins():
+    """peak starts at 3w = 2.7 > 2 sin(x) for every x; lows start at w + 1 = 1.9 < every x^2 = 4: dw = 3 + 1 + 1."""
+    x = np.full(N, 2.0)
+    gx, gw = td.vjp(F, x, np.float64(0.9))[1]((np.float64(1.0), np.ones(2)))
+    np.testing.assert_array_equal(gx, np.zeros(N))
+    assert gw == 5.0
+
+
+def test_the_transform_takes_the_kernel_and_leaves_no_counts_behind():
+    assert isinstance(vjp_kernel(extremes), KernelAdjoint)
+    x = np.array([0.3, 0.3, 0.3, 0.3, 0.3, 0.3])  # six-way tie for the peak, three-way for each low
+    first = td.vjp(F, x, np.float64(0.0))[1]((np.float64(1.0), np.ones(2)))
+    again = td.vjp(F, x, np.float64(0.0))[1]((np.float64(1.0), np.ones(2)))
+    np.testing.assert_allclose(first[0], 2 * np.cos(0.3) / 6 + 2 * 0.3 / 3, rtol=1e-14)
+    np.testing.assert_array_equal(first[0], again[0])
+
+
+@ti.kernel
+def max_and_add():
+    for i in xs:
+        peak[None] += xs[i]
+        ti.atomic_max(peak[None], xs[i])  # the order of the two is a race: no derivative to give
+
+
+def test_a_field_also_written_otherwise_is_refused_in_both_modes():
+    assert "besides ti.atomic_max" in str(vjp_kernel(max_and_add))
+    G = td.function(max_and_add, inputs=[xs], outputs=[peak])
+    with pytest.raises(td.TransformError, match="ti.atomic_max"):
+        td.grad(G)(np.ones(N))  # Taichi's kernel.grad would give every iteration the whole gradient
+    with pytest.raises(td.TransformError, match=r"the field `peak`, read or written besides ti.atomic_max"):
+        td.jvp(G, (np.ones(N),), (np.ones(N),))
+
+
+@settings(max_examples=30)
+@given(x=st.lists(VALUES, min_size=N, max_size=N).map(np.array), wv=st.floats(-0.9, 0.9),
+       t=st.lists(st.floats(-2, 2), min_size=N + 1, max_size=N + 1).map(np.array))
+def test_forward_mode_gives_the_winners_tangent_as_torch_and_transposes_reverse_mode(x, wv, t):
+    tx, tw = t[:N], np.float64(t[N])
+    values, tangents = td.jvp(F, (x, np.float64(wv)), (tx, tw))
+    _, want = torch.func.jvp(twin, (torch.tensor(x), torch.tensor(wv, dtype=torch.float64)),
+                             (torch.tensor(tx), torch.tensor(tw, dtype=torch.float64)))
+    np.testing.assert_allclose(tangents[0], want[0].item(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(tangents[1], want[1].numpy(), rtol=1e-13, atol=1e-15)
+    ct = (np.float64(0.7), np.array([1.3, -0.4]))
+    gx, gw = td.vjp(F, x, np.float64(wv))[1](ct)
+    assert gx @ tx + gw * tw == pytest.approx(ct[0] * tangents[0] + ct[1] @ tangents[1], rel=1e-12, abs=1e-14)
+
+
+energy = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def combine():
+    energy[None] = peak[None] + 2.0 * lows[0] + 3.0 * lows[1]  # a later kernel reads what won
+
+
+def energy_program():
+    program()
+    combine()
+
+
+E = td.function(energy_program, inputs=[xs, w], outputs=[energy])
+
+
+@settings(max_examples=10)
+@given(x=st.lists(VALUES, min_size=N, max_size=N).map(np.array), wv=st.floats(-0.9, 0.9))
+def test_hessian_is_the_winners_split_as_torch(x, wv):
+    def energy_twin(xt):
+        p, lo = twin(xt, torch.tensor(wv, dtype=torch.float64))
+        return p + 2.0 * lo[0] + 3.0 * lo[1]
+
+    want = torch.autograd.functional.hessian(energy_twin, torch.tensor(x)).numpy()
+    np.testing.assert_allclose(td.hessian(E)(x, np.float64(wv)), want, rtol=1e-13, atol=1e-15)
+    v = np.linspace(-1.0, 1.0, N)
+    np.testing.assert_allclose(td.hvp(E, (x, np.float64(wv)), (v, np.float64(0.0)))[1][0], want @ v,
+                               rtol=1e-13, atol=1e-14)
