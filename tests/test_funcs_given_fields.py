@@ -7,14 +7,17 @@ error. Its tangent func now takes the tangent field of each such argument
 beside it. And tidiff's adjoint of a kernel passing a field to a func that
 only reads it (``loss[None] += read_cube(x, i)``) took the call for a
 constant and gave 0: such kernels are left to Taichi's kernel.grad, as those
-whose funcs write. Oracles: closed forms, reverse mode and central
-differences.
+whose funcs write. Now tidiff's adjoint takes them all, the funcs written
+out in the kernel (NOTE: [Funcs that write fields, inlined]), and so a func
+writing a field with ``ti.tan`` (Taichi has no reverse rule for it) has its
+gradient. Oracles: closed forms, reverse mode and central differences.
 """
 import numpy as np
 import pytest
 import taichi as ti
 
 import tidiff as td
+from tidiff._adjoint.kernels import KernelAdjoint, vjp_kernel
 
 N = 5
 x = ti.field(ti.f64, shape=N)
@@ -81,6 +84,17 @@ def sines_squared(a: ti.template(), b: ti.template()):
         write_square(b, i, ti.sin(a[i]))  # a kernel's own ti.template() parameter given on to a func
 
 
+@ti.func
+def add_tangent(v):
+    loss[None] += ti.tan(v)  # a global field written by name, with an op Taichi's reverse mode has no rule for
+
+
+@ti.kernel
+def tangents():
+    for i in x:
+        add_tangent(x[i] * 0.5)
+
+
 def through_parameters():
     sines_squared(x, y)
     total_of_y()
@@ -107,6 +121,8 @@ PROGRAMS = {
     "cubes": (cubes, lambda a: 3 * a * a, lambda a: 6 * a),
     # d/dx sum(sin(x)^2) = sin(2x)
     "through_parameters": (through_parameters, lambda a: np.sin(2 * a), lambda a: 2 * np.cos(2 * a)),
+    # d/dx sum(tan(x / 2)) = 1 / (2 cos(x / 2)^2)
+    "tangents": (tangents, lambda a: 0.5 / np.cos(a / 2) ** 2, lambda a: 0.5 * np.tan(a / 2) / np.cos(a / 2) ** 2),
 }
 
 
@@ -124,3 +140,9 @@ def test_forward_mode_keeps_writes_through_template_arguments(name):
     eps = 1e-6
     difference = (float(F(A + eps * t)) - float(F(A - eps * t))) / (2 * eps)
     assert float(dy) == pytest.approx(difference, rel=1e-7)
+
+
+@pytest.mark.parametrize("kernel", [square_then_scale, exp_squared, cubes, sines_squared, tangents],
+                         ids=lambda k: k.__name__)
+def test_tidiffs_adjoint_takes_kernels_calling_funcs_that_write_or_are_given_fields(kernel):
+    assert isinstance(vjp_kernel(kernel), KernelAdjoint)

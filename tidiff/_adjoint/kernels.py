@@ -54,8 +54,10 @@ result unused, the field written by nothing else in the kernel and read by
 nothing else in that loop (its iterations race the atomic; later loops read
 what won). Forward mode: NOTE: [Atomic extremes forward].
 
-A kernel the transform does not take (ndarray parameters, a returned value,
-a ``@ti.func`` writing fields or given a field, ...) has no adjoint here: :func:`vjp_kernel` says
+A ``@ti.func`` that writes fields, or is given one, is written out in the
+kernel first (NOTE: [Funcs that write fields, inlined]). A kernel the
+transform does not take (ndarray parameters, a returned value, a method of
+an object writing fields, ...) has no adjoint here: :func:`vjp_kernel` says
 why, and the tape replays Taichi's ``kernel.grad`` for it.
 """
 from __future__ import annotations
@@ -84,6 +86,7 @@ from .._rules import helpers as rule_helpers
 from . import _made
 from .accesses import Access, KernelAccesses
 from .control import Block, Branch, Loop, Store, has_effects, uses
+from .inline import inlined
 from .transform import NotReversible, Reverser
 
 #: A constant range of at most this many iterations inside a loop body is unrolled (the function transform
@@ -173,7 +176,8 @@ def _generate(kernel: Any, owner: object) -> KernelAdjoint:
     bound = getattr(kernel, "_is_classkernel", False)
     if bound and owner is None:
         raise NotReversible("a kernel of a @ti.data_oriented class, without the object it runs on")
-    parsed = bind(parse(Unbound(kernel)), owner) if bound else parse(kernel)
+    parsed = inlined(bind(parse(Unbound(kernel)), owner) if bound else parse(kernel))  # NOTE: [Funcs that write
+    # fields, inlined]
     reverser = KernelReverser(parsed, kernel, bound)
     tree = reverser.run()
     text = wrap_long_lines(ast.unparse(ast.Module([tree], [])))

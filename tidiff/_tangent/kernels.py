@@ -596,6 +596,72 @@ class KernelTransformer(Transformer):
             self.sources |= stopped & set(self.fields)
             self.active = active
 
+    def statement(self, node: ast.stmt) -> None:
+        """Calls of funcs reaching fields inside a test or a comparison run first, as statements of their own,
+        so that their writes carry tangents (``if clipped(x[i]) > 0.5:`` carries none, and ran the primal
+        func: its writes lost their tangents)."""
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.If, ast.Return)) and any(
+                isinstance(n, ast.Call) and self._reaches_fields(n) for n in ast.walk(node)):
+            node = copy.deepcopy(node)  # the parsed tree is shared: edit a copy
+            for hoisted in self._hoisted_calls(node):
+                super().statement(hoisted)
+        super().statement(node)
+
+    def _hoisted_calls(self, node: ast.stmt) -> list[ast.stmt]:
+        """``v = f(...)`` for each call reaching fields nested in ``node``'s expressions (``node`` edited to
+        read ``v``); a statement that is itself such a call, or assigns one, keeps it."""
+        out: list[ast.stmt] = []
+        transformer = self
+
+        class Hoist(ast.NodeTransformer):
+            untraced = 0  # how deep in an expression that carries no tangent (a comparison, a test)
+
+            def visit_Compare(self, node: ast.Compare) -> ast.AST:
+                return self.untraced_visit(node)
+
+            def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
+                return self.untraced_visit(node)
+
+            def untraced_visit(self, node: ast.expr) -> ast.AST:
+                self.untraced += 1
+                self.generic_visit(node)
+                self.untraced -= 1
+                return node
+
+            def visit_Call(self, call: ast.Call) -> ast.AST:
+                self.generic_visit(call)
+                if not self.untraced or not transformer._reaches_fields(call):
+                    return call
+                name = transformer.namer.fresh("called")
+                transformer.locals.add(name)
+                transformer.active.add(name)
+                out.append(ast.Assign([ast.Name(name, ast.Store())], call))
+                return ast.Name(name, ast.Load())
+
+        hoist = Hoist()
+        if isinstance(node, ast.If):
+            hoist.untraced = 1  # a branch's test carries no tangent
+            node.test = hoist.visit(node.test)
+        elif isinstance(node, (ast.Assign, ast.Expr)) and isinstance(node.value, ast.Call):
+            node.value.args = [hoist.visit(a) for a in node.value.args]
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)) \
+                and node.value is not None:
+            node.value = hoist.visit(node.value)
+        return out
+
+    def _reaches_fields(self, call: ast.Call) -> bool:
+        return not self._is_local(call.func) and bool(self.sources) and any(
+            self.field_tangents.touches(c) for c in _callees(resolve(call.func, self.parsed.namespace)))
+
+    def stmt_While(self, node: ast.While) -> None:
+        if not any(isinstance(n, ast.Call) and self._reaches_fields(n) for n in ast.walk(node.test)):
+            return super().stmt_While(node)
+        test = self.namer.fresh("test")  # c = test; while c: body; c = test (the test's calls write fields)
+        self.locals.add(test)
+        self.statement(ast.Assign([ast.Name(test, ast.Store())], copy.deepcopy(node.test)))
+        body = self.nested(node.body + [ast.Assign([ast.Name(test, ast.Store())], copy.deepcopy(node.test))])
+        self.emit(ast.While(ast.Name(test, ast.Load()), body, []))
+
     def _stopped(self, body: list[ast.stmt]) -> set[str]:
         """The float fields ``ti.stop_grad(x)`` names in a loop body (Taichi stops them in that whole loop)."""
         return {a.id for a in stop_grad_arguments(body, self._is_stop_grad)

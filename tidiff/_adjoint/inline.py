@@ -1,0 +1,246 @@
+"""A kernel's calls of ``@ti.func`` s that write fields, or are given one, written out in the kernel.
+
+NOTE: [Funcs that write fields, inlined] The adjoint of a kernel reads and
+clears the gradient of each entry the kernel writes (NOTE: [Reverse of a
+kernel]); a ``@ti.func`` has no such place: its reverse function runs
+inside the caller's adjoint, where its forward sweep would write the fields
+again. So before the kernel is reversed, each call of a func that writes a
+global field (itself or through its callees) or is given a field through a
+``ti.template()`` parameter is replaced by the func's body, as Taichi itself
+inlines every func when it compiles:
+
+    @ti.func                                   for i in x:
+    def push(y: ti.template(), i, f):              i_1 = i
+        y[i] += f                    into          f_1 = x[i] * 2.0
+                                                   y[i_1] += f_1
+    for i in x:
+        push(y, i, x[i] * 2.0)
+
+A template parameter takes the argument as written where it is a name, an
+attribute chain or a constant (a field, a number Taichi specializes on); every other parameter
+is a fresh local given the argument's value, as Taichi passes values. The
+func's own locals get fresh names; the globals it reads keep their name
+where the kernel's namespace binds that name to the same object, else get
+a fresh one bound there. A func ending in ``return e`` called as
+``v = f(...)`` leaves ``v = e``; called inside an expression, it is first
+taken out to ``v = f(...)`` before the statement (``while`` tests become
+``c = test; while c: ...; c = test``); a func that returns elsewhere, a method of
+an object, and calls inside conditional expressions or ``and`` / ``or`` are left as they are (the
+transform then refuses them by name, and Taichi's ``kernel.grad`` runs).
+Calls inside inlined bodies are inlined in turn, to a depth of eight.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+from typing import Any
+
+import taichi as ti
+from taichi.lang.field import Field
+
+from .._lang.callees import is_taichi_func
+from .._lang.naming import Namer, names_in
+from .._lang.objects import fields_of
+from .._lang.parse import MISSING, Parsed, parse, resolve
+
+DEEPEST = 8
+
+
+def inlined(parsed: Parsed) -> Parsed:
+    """``parsed`` (a kernel) with its calls of funcs that write fields or are given one written out (see the
+    NOTE): a new Parsed over a copy, or ``parsed`` itself where there are none."""
+    fields = _template_parameters(parsed.tree, parsed.namespace)
+    if not any(isinstance(node, ast.Call) and _site(ast.Expr(node), parsed.namespace, fields)
+               for node in ast.walk(parsed.tree)):
+        return parsed
+    tree, namespace = copy.deepcopy(parsed.tree), dict(parsed.namespace)
+    namer = Namer(names_in(tree) | set(namespace))
+    for _ in range(DEEPEST):
+        if not _inline_block_of(tree, namespace, fields, namer):
+            break
+    return Parsed(ast.fix_missing_locations(tree), parsed.filename, parsed.first_line, namespace, parsed.form)
+
+
+def _template_parameters(tree: ast.FunctionDef, namespace: dict[str, Any]) -> set[str]:
+    """A kernel's ``ti.template()`` parameters: names that may stand for fields."""
+    found = set()
+    for arg in tree.args.args:
+        ann = arg.annotation
+        if ann is not None and isinstance(ann, ast.Call) and resolve(ann.func, namespace) is ti.template:
+            found.add(arg.arg)
+    return found
+
+
+def _site(stmt: ast.AST, namespace: dict[str, Any], fields: set[str]) -> Any:
+    """The func a statement calls, where the statement is a call to inline (``f(...)`` or ``v = f(...)``)."""
+    if isinstance(stmt, ast.Expr):
+        value = stmt.value
+    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        value = stmt.value
+    else:
+        return None
+    if not isinstance(value, ast.Call) or value.keywords:
+        return None
+    callee = resolve(value.func, namespace)
+    if callee is MISSING or not is_taichi_func(callee) or getattr(callee, "_is_real_function", False):
+        return None
+    given = any(isinstance(a, ast.Name) and (a.id in fields or _is_fields(resolve(a, namespace)))
+                for a in value.args)
+    if not given and not _writes_fields(callee, set()):
+        return None
+    body = _body(callee)
+    returns = [n for n in ast.walk(ast.Module(body, [])) if isinstance(n, ast.Return)]
+    if any(r is not body[-1] for r in returns) or len(value.args) != len(parse(callee).tree.args.args):
+        return None
+    return callee
+
+
+def _is_fields(obj: object) -> bool:
+    return obj is not MISSING and bool(fields_of(obj))
+
+
+def _body(callee: Any) -> list[ast.stmt]:
+    body = parse(callee).tree.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    return body
+
+
+def _writes_fields(callee: Any, seen: set[int]) -> bool:
+    """Whether a func writes a global field, itself or through the funcs it calls."""
+    if id(callee) in seen:
+        return False
+    seen.add(id(callee))
+    parsed = parse(callee)
+    for node in ast.walk(parsed.tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if isinstance(node, ast.Call) and node.args and \
+                getattr(resolve(node.func, parsed.namespace), "__name__", "").startswith("atomic_"):
+            targets = [node.args[0]]
+        for target in targets:
+            root = target
+            while isinstance(root, (ast.Subscript, ast.Attribute)):
+                root = root.value
+            if isinstance(root, ast.Name) and isinstance(resolve(root, parsed.namespace), Field):
+                return True
+        if isinstance(node, ast.Call):
+            inner = resolve(node.func, parsed.namespace)
+            if inner is not MISSING and is_taichi_func(inner) and _writes_fields(inner, seen):
+                return True
+    return False
+
+
+def _inline_block_of(node: ast.AST, namespace: dict[str, Any], fields: set[str], namer: Namer) -> bool:
+    """Inline the sites in every statement list under ``node``; whether any was."""
+    done = False
+    for child in ast.walk(node):
+        for attr in ("body", "orelse"):
+            stmts = getattr(child, attr, None)
+            if not isinstance(stmts, list) or not stmts or not isinstance(stmts[0], ast.stmt):
+                continue
+            out: list[ast.stmt] = []
+            for stmt in stmts:
+                if isinstance(stmt, ast.While) and any(isinstance(n, ast.Call) and _site(ast.Expr(n), namespace, fields)
+                                                       for n in ast.walk(stmt.test)):
+                    test = namer.fresh("test")  # c = test; while c: body; c = test (its calls are inlined next)
+                    out += [ast.Assign([ast.Name(test, ast.Store())], stmt.test),
+                            ast.While(ast.Name(test, ast.Load()), stmt.body + [
+                                ast.Assign([ast.Name(test, ast.Store())], copy.deepcopy(stmt.test))], stmt.orelse)]
+                    done = True
+                    continue
+                for hoisted in [*_hoisted(stmt, namespace, fields, namer), stmt]:
+                    callee = _site(hoisted, namespace, fields)
+                    if callee is None:
+                        out.append(hoisted)
+                        continue
+                    out += _written_out(hoisted, callee, namespace, fields, namer)
+                    done = True
+            setattr(child, attr, out)
+    return done
+
+
+def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], fields: set[str], namer: Namer) -> list[ast.stmt]:
+    """``v = f(...)`` for each call to inline inside the expressions of a simple statement or a branch's test
+    (evaluated once, before the rest of it), the call replaced by ``v`` there; a while loop's test, a
+    conditional expression and ``and`` / ``or`` are left alone."""
+    out: list[ast.stmt] = []
+
+    class Hoist(ast.NodeTransformer):
+        def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
+            return node
+
+        def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
+            return node
+
+        def visit_Call(self, node: ast.Call) -> ast.AST:
+            self.generic_visit(node)
+            fresh = namer.fresh("inlined")
+            assignment = ast.Assign([ast.Name(fresh, ast.Store())], node)
+            if _site(assignment, namespace, fields) is None:
+                return node
+            out.append(assignment)
+            return ast.Name(fresh, ast.Load())
+
+    hoist = Hoist()
+    if isinstance(stmt, (ast.Expr, ast.Assign)) and isinstance(stmt.value, ast.Call):
+        stmt.value.args = [hoist.visit(arg) for arg in stmt.value.args]  # the call itself is a site
+    elif isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)) and stmt.value is not None:
+        stmt.value = hoist.visit(stmt.value)
+    elif isinstance(stmt, ast.If):
+        stmt.test = hoist.visit(stmt.test)
+    return out
+
+
+def _written_out(stmt: ast.Expr | ast.Assign, callee: Any, namespace: dict[str, Any], fields: set[str],
+                 namer: Namer) -> list[ast.stmt]:
+    """The statements a call site stands for (see the NOTE)."""
+    call = stmt.value
+    assert isinstance(call, ast.Call)
+    parsed = parse(callee)
+    params = [a.arg for a in parsed.tree.args.args]
+    templates = _template_parameters(parsed.tree, parsed.namespace)
+    local = set(params) | {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name)
+                           and isinstance(n.ctx, ast.Store)}
+    renamed: dict[str, ast.expr] = {}
+    prologue: list[ast.stmt] = []
+    for param, arg in zip(params, call.args, strict=True):
+        if param in templates and isinstance(arg, (ast.Name, ast.Attribute, ast.Constant)):
+            renamed[param] = arg  # as written: a field (by name or attribute chain), a number Taichi specializes on
+            continue
+        fresh = namer.fresh(param)
+        renamed[param] = ast.Name(fresh, ast.Load())
+        prologue.append(ast.Assign([ast.Name(fresh, ast.Store())], copy.deepcopy(arg)))
+    for name in sorted(local - set(params)):
+        renamed[name] = ast.Name(namer.fresh(name), ast.Load())
+    for name in sorted({n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name)} - local):
+        obj = resolve(ast.Name(name, ast.Load()), parsed.namespace)
+        if obj is MISSING or namespace.get(name, MISSING) is obj:
+            continue
+        fresh = name if name not in namespace and name not in namer.taken else namer.fresh(name)
+        namer.taken.add(fresh)
+        namespace[fresh] = obj
+        renamed[name] = ast.Name(fresh, ast.Load())
+    body = [_Renamed(renamed).visit(copy.deepcopy(s)) for s in _body(callee)]
+    if body and isinstance(body[-1], ast.Return):
+        value = body.pop().value
+        if value is not None:
+            target = stmt.targets[0] if isinstance(stmt, ast.Assign) else ast.Name(namer.fresh("unused"), ast.Store())
+            body.append(ast.Assign([copy.deepcopy(target)], value))
+    return prologue + body or [ast.Pass()]
+
+
+class _Renamed(ast.NodeTransformer):
+    """Names replaced: a parameter by its argument, a local or a global by its fresh name."""
+
+    def __init__(self, renamed: dict[str, ast.expr]) -> None:
+        self.renamed = renamed
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        new = self.renamed.get(node.id)
+        if new is None:
+            return node
+        if isinstance(new, ast.Name):
+            return ast.copy_location(ast.Name(new.id, node.ctx), node)
+        return ast.copy_location(copy.deepcopy(new), node)
+
