@@ -296,22 +296,29 @@ def test_a_kernel_breaking_out_of_an_inner_loop_is_reversed_by_tidiff():
     assert not xr.to_numpy().any() and yr[None] == 0.0
 
 
-@ti.func
-def add_into(y: ti.template(), v: ti.f64):
-    y[None] += v
+@ti.kernel
+def seed_product():
+    yr[None] = 2.0
 
 
 @ti.kernel
-def with_tan_through_a_func():
-    for i in xr:
-        add_into(yr, xr[i] ** 2 + ti.tan(xr[i]))  # a field passed on: Taichi's reverse mode, which refuses ti.tan
+def with_tan_product():
+    ti.loop_config(serialize=True)
+    for i in range(4):
+        yr[None] *= 1.0 + ti.tan(xr[i])  # a product into a field: Taichi's reverse mode, which refuses ti.tan
+
+
+def tan_product():
+    seed_product()
+    with_tan_product()
 
 
 def test_reverse_mode_names_the_kernel_taichi_cannot_reverse_and_forward_mode_works():
-    F = td.function(with_tan_through_a_func, inputs=[xr], outputs=[yr])
+    F = td.function(tan_product, inputs=[xr], outputs=[yr])
     x = np.array([0.3, -0.7, 1.1, 0.45])
-    with pytest.raises(td.TransformError, match=r"the kernel `with_tan_through_a_func` in reverse mode: .*ti\.tan"):
+    with pytest.raises(td.TransformError, match=r"the kernel `with_tan_product` in reverse mode: .*ti\.tan"):
         td.grad(F)(x)
     _, dy = td.jvp(F, (x,), (np.ones(4),))
-    assert dy == pytest.approx((2 * x + 1 / np.cos(x) ** 2).sum(), rel=1e-12)
+    product = 2.0 * np.prod(1.0 + np.tan(x))
+    assert dy == pytest.approx(product * np.sum(1 / np.cos(x) ** 2 / (1.0 + np.tan(x))), rel=1e-12)
     assert not xr.to_numpy().any() and yr[None] == 0.0
