@@ -6,6 +6,7 @@ final positions weighted by a fixed vector (its gradient reaches every input).
 """
 import numpy as np
 import taichi as ti
+from taped import tape
 
 DT = 0.01
 DAMPING = 0.995
@@ -177,7 +178,7 @@ class Trajectory:
         self.x.from_numpy(x)
         self.v.from_numpy(v)
         self.k.from_numpy(k0)
-        with ti.ad.Tape(loss=self.loss):
+        with tape(self.loss, self.x, self.v, self.force, self.k):
             self.run()
         return self.loss[None], self.x.grad.to_numpy()[0], self.v.grad.to_numpy()[0], self.k.grad.to_numpy()
 

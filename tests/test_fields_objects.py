@@ -7,6 +7,7 @@ against reverse mode.
 import numpy as np
 import pytest
 import taichi as ti
+from taped import tape
 
 import tidiff as td
 
@@ -65,7 +66,7 @@ def tape_gradient(v0, k=None):
     if k is not None:
         sim.k.from_numpy(k)
     sim.v0.from_numpy(v0)
-    with ti.ad.Tape(loss=sim.loss):
+    with tape(sim.loss, sim.x, sim.v0, sim.k, *sim.scratch):
         sim.run()
     return sim.loss[None], sim.v0.grad.to_numpy(), sim.k.grad.to_numpy()
 

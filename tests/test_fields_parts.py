@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import taichi as ti
+from taped import tape
 
 import tidiff as td
 
@@ -48,7 +49,7 @@ def test_first_slice_as_input_equals_tape():
     value, grad = td.value_and_grad(F)(V0)
     v, loss, run = make_trajectory(needs_grad=True)
     v.from_numpy(np.concatenate([V0[None], np.zeros((T - 1, N, 2))]))
-    with ti.ad.Tape(loss=loss):
+    with tape(loss, v):
         run()
     assert value == loss[None]
     np.testing.assert_allclose(grad, v.grad.to_numpy()[0], rtol=1e-13)  # tidiff's adjoint, rounded its own way

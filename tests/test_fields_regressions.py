@@ -9,6 +9,7 @@ compiled kernel of the process.
 import numpy as np
 import pytest
 import taichi as ti
+from taped import tape
 
 import tidiff as td
 
@@ -186,7 +187,7 @@ def test_grad_replaced_is_the_gradient_as_with_tape():
     tape_scale = ti.ad.grad_replaced(lambda k: m(k))
     ti.ad.grad_for(tape_scale)(lambda k: mg(k))
     xt.from_numpy(x)
-    with ti.ad.Tape(loss=ot):
+    with tape(ot, xt, yt):
         tape_scale(2.0)
         tot()
     assert value == ot[None]

@@ -6,6 +6,7 @@ pitfalls] in tests/conformance/checks.py), and docs/limits.md lists them.
 """
 import numpy as np
 import taichi as ti
+from taped import tape
 
 M22 = ti.types.matrix(2, 2, ti.f64)
 V1 = ti.types.vector(1, ti.f64)
@@ -190,7 +191,7 @@ def cube_reading_the_field():
 
 def _tape_gradient(kernel):
     x_field.from_numpy(np.array([0.7]))
-    with ti.ad.Tape(loss=loss_field):
+    with tape(loss_field, x_field):
         kernel()
     return x_field.grad.to_numpy()[0]
 
@@ -453,7 +454,7 @@ def test_reverse_mode_of_a_vector_local_in_a_runtime_loop_is_wrong():
     reverse mode against its own forward mode before trusting it (tests/test_reverse_checked.py)."""
     x = np.array([[0.1, -0.4], [0.9, 0.3], [-0.5, 0.2]])
     points.from_numpy(x)
-    with ti.ad.Tape(loss=pair_loss):
+    with tape(pair_loss, points):
         pair_products()
     right = pair_products_gradient(x)  # central differences of the kernel agree to 1e-9
     np.testing.assert_allclose(points.grad.to_numpy(), right / 2, rtol=1e-13)  # Taichi 1.7.4: half of it

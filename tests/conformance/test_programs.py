@@ -26,6 +26,7 @@ import taichi as ti
 import torch
 from hypothesis import given, reject
 from taichi.lang import impl
+from taped import tape
 
 import tidiff as td
 from tidiff._adjoint.kernels import KernelAdjoint, vjp_kernel
@@ -157,7 +158,7 @@ def taichi_tape_gradient(case: Case, x, w, variant: str):
     render_taichi.compile_text(FIELD_KERNELS.format(apply=APPLY[variant]), "apply", ns, "tape")
     fields["x"].from_numpy(x)
     fields["w"].from_numpy(w)
-    with ti.ad.Tape(loss=fields["loss"]):
+    with tape(fields["loss"], *fields.values()):
         ns["apply"]()
         ns["mix"]()
         ns["reduce"]()
