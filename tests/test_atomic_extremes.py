@@ -172,3 +172,24 @@ def test_hessian_is_the_winners_split_as_torch(x, wv):
     v = np.linspace(-1.0, 1.0, N)
     np.testing.assert_allclose(td.hvp(E, (x, np.float64(wv)), (v, np.float64(0.0)))[1][0], want @ v,
                                rtol=1e-13, atol=1e-14)
+
+
+side = ti.field(ti.f64, shape=N)
+top = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def extreme_beside_writes():
+    for i in xs:
+        v = ti.Vector([xs[i], 2.0 * xs[i]])
+        ti.atomic_sub(side[i], v[1] * v[0])  # a write the loops settling the extreme must not do again
+        ti.atomic_max(top[None], v.sum())
+
+
+def test_forward_mode_does_the_loops_other_writes_once():
+    G = td.function(extreme_beside_writes, inputs=[xs], outputs=[side, top])
+    x, t = np.array([0.2, -0.5, 1.2, 0.6, -1.4, 0.9]), np.linspace(1.0, 2.0, N)
+    (s, m), (ds, dm) = td.jvp(G, (x,), (t,))
+    np.testing.assert_allclose(s, -2 * x * x, rtol=1e-15)
+    np.testing.assert_allclose(ds, -4 * x * t, rtol=1e-14)
+    assert m == 3 * 1.2 and dm == pytest.approx(3 * t[2], rel=1e-14)

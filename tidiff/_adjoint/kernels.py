@@ -453,10 +453,10 @@ class KernelReverser(FieldReverser):
         """A field ``ti.atomic_max`` (or min) writes is written by nothing else in the kernel (``kind``
         "store") and read by nothing else in the parallel loop holding the atomic ("load"), whose iterations
         race it: the adjoint reads what won from the field as the kernel left it (later loops read it too)."""
-        extremes = {id(a) for a in self.extremes}
+        own = {id(a) for a in self.extremes}
         targets = {id(self.field_key(field)): field for _, field in ties}
         for access in accesses:
-            if access.kind == kind and id(access) not in extremes and id(access.field) in targets:
+            if access.kind == kind and id(access) not in own and id(access.field) in targets:
                 raise NotReversible(f"the field `{targets[id(access.field)]}`, read or written besides "
                                     "ti.atomic_max / ti.atomic_min in one kernel")
 

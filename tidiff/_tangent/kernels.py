@@ -255,8 +255,9 @@ class _Recomputed(ast.NodeTransformer):
     counting (``which`` 0) or adding (1) statement, every other write into a field (and call of a func, which
     may write one) dropped; locals are computed as before (NOTE: [Atomic extremes forward])."""
 
-    def __init__(self, sites: dict[str, tuple[ast.stmt, ast.stmt]], which: int, fields: set[str]) -> None:
-        self.sites, self.which, self.fields = sites, which, fields
+    def __init__(self, sites: dict[str, tuple[ast.stmt, ast.stmt]], which: int, fields: set[str],
+                 local: set[str]) -> None:
+        self.sites, self.which, self.fields, self.local = sites, which, fields, local
 
     def writes_field(self, target: ast.expr) -> bool:
         roots = root_names(target)
@@ -267,15 +268,12 @@ class _Recomputed(ast.NodeTransformer):
         if site is not None:
             return copy.deepcopy(site[self.which])
         value = node.value
-        if not isinstance(value, ast.Call):
-            return node
-        if isinstance(value.func, ast.Attribute) and isinstance(value.func.value, ast.Name) \
-                and value.func.value.id not in self.fields and value.func.attr != "atomic_add":
-            return node  # a method of a local (v.fill(0))
-        if value.args and not self.writes_field(value.args[0]) and isinstance(value.func, ast.Attribute) \
-                and value.func.attr.startswith("atomic_"):
-            return node  # an atomic on a local
-        return None
+        if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Attribute):
+            return node if not isinstance(value, ast.Call) else None  # a call of a func may write a field
+        if value.func.attr.startswith("atomic_"):
+            return None if not value.args or self.writes_field(value.args[0]) else node  # kept on a local
+        receiver = root_names(value.func.value)
+        return node if receiver and receiver[0] in self.local else None  # a method of a local (v.fill(0))
 
     def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
         return None if any(self.writes_field(t) for t in node.targets) else node
@@ -443,6 +441,9 @@ class KernelTransformer(Transformer):
             elif any(tangents.touches(c) for c in _callees(obj)):  # a func, helper or table of them
                 self.sources.add(name)
         self._field_names = set(self.fields) | set(self.paired)
+        self.parallel_node: ast.For | None = None  # the kernel's parallel loop being transformed
+        self.extremes: list[tuple[ast.stmt, ast.stmt, ast.stmt, ast.expr, str]] = []  # its atomic max / min:
+        # (the atomic, its counting and adding statements, the tangent entry, the counts' name)
         self.active = self._activity()
 
     def _jvp_of(self, callee: Any, active: Sequence[bool]) -> Any:
@@ -566,15 +567,13 @@ class KernelTransformer(Transformer):
 
     # --- statements ----------------------------------------------------------
     def stmt_For(self, node: ast.For) -> None:
-        if self.is_kernel and self.depth == 0:
-            self.extremes: list[tuple[ast.stmt, ast.stmt, ast.stmt, ast.expr, str]] = []
-            self.parallel_node = node
-            self.parallel_for(node)
-            if self.extremes:
-                self.settle_extremes(self.block[-1])
-            self.extremes = []
-            return
+        if not (self.is_kernel and self.depth == 0):
+            return self.parallel_for(node)
+        self.parallel_node = node  # a parallel loop: it settles the atomic extremes in it
         self.parallel_for(node)
+        if self.extremes:
+            self.settle_extremes(self.block[-1])
+        self.parallel_node, self.extremes = None, []
 
     def parallel_for(self, node: ast.For) -> None:
         iterated = node.iter.args[0] if isinstance(node.iter, ast.Call) and len(node.iter.args) == 1 \
@@ -697,7 +696,7 @@ class KernelTransformer(Transformer):
         root = root_names(target)[0] if target is not None and root_names(target) else None
         field = self.fields.get(root) if root is not None else None
         if target is None or not isinstance(target, ast.Subscript) or not isinstance(field, ScalarField) \
-                or not self.is_kernel or self.depth == 0 or getattr(self, "extremes", None) is None:
+                or self.parallel_node is None:
             raise self.error(node, f"`{ast.unparse(node)}`",
                              f"ti.atomic_{kind} has a derivative into a scalar global field, in a parallel loop "
                              "of a kernel, its result unused")
@@ -726,7 +725,8 @@ class KernelTransformer(Transformer):
         for *_, ties in self.extremes:  # zero first: the counts outlive the kernel, for its adjoint
             self.block += extremes.zeroed(ties, self.helpers[ties].shape, self.namer.fresh)
         for k in (0, 1):  # the counting loop, then (once cleared) the loop adding the winners' tangents
-            recompute = _Recomputed(sites, k, self._field_names | set(self.helpers)).visit(copy.deepcopy(loop))
+            recompute = _Recomputed(sites, k, self._field_names | set(self.helpers), self.locals).visit(
+                copy.deepcopy(loop))
             if k == 1:
                 for *_, tangent, ties in self.extremes:
                     assert isinstance(tangent, ast.Subscript)
