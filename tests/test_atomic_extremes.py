@@ -193,3 +193,36 @@ def test_forward_mode_does_the_loops_other_writes_once():
     np.testing.assert_allclose(s, -2 * x * x, rtol=1e-15)
     np.testing.assert_allclose(ds, -4 * x * t, rtol=1e-14)
     assert m == 3 * 1.2 and dm == pytest.approx(3 * t[2], rel=1e-14)
+
+
+pair_top = ti.field(ti.f64, shape=2)
+
+
+@ti.kernel
+def two_sites():
+    for i in xs:
+        ti.atomic_max(pair_top[i % 2], xs[i])  # two atomics into one field: the winners of both are counted
+        ti.atomic_max(pair_top[(i + 1) % 2], 0.5 * xs[i])  # together
+
+
+def test_two_atomics_into_one_field_share_their_winners():
+    G = td.function(two_sites, inputs=[xs], outputs=[pair_top])
+    # first: entry 0 is 1.0 three ways, x[0] and x[2] at one site, 0.5 * x[1] at the other; second: entry 1 is
+    # 1.0 two ways, x[1] and 0.5 * x[0] (which also wins entry 0 alone)
+    x = np.array([1.0, 2.0, 1.0, 0.5, 0.4, 1.6])
+    assert sorted(np.concatenate([x[0::2], 0.5 * x[1::2]]))[-3:] == [1.0, 1.0, 1.0]
+
+    def twin(xt):
+        return torch.stack([torch.amax(torch.stack([torch.zeros((), dtype=torch.float64)]
+                                                   + [xt[i] for i in range(N) if i % 2 == j]
+                                                   + [0.5 * xt[i] for i in range(N) if (i + 1) % 2 == j]))
+                            for j in range(2)])
+
+    for a in (x, np.array([2.0, 1.0, 0.3, 0.2, 1.0, 0.7])):
+        np.testing.assert_allclose(G(a), twin(torch.tensor(a)).numpy(), rtol=1e-15)
+        c, t = np.array([1.0, -2.0]), np.linspace(1.0, 2.0, N)
+        xt = torch.tensor(a, requires_grad=True)
+        (twin(xt) * torch.tensor(c)).sum().backward()
+        np.testing.assert_allclose(td.vjp(G, a)[1](c)[0], xt.grad.numpy(), rtol=1e-14)
+        _, want = torch.func.jvp(twin, (torch.tensor(a),), (torch.tensor(t),))
+        np.testing.assert_allclose(td.jvp(G, (a,), (t,))[1], want.numpy(), rtol=1e-14)

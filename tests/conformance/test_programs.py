@@ -3,7 +3,8 @@
 Each example draws a scalar ``@ti.func`` ``f(a, b)`` from the grammar and
 builds around it (NOTE: [Programs around a function]):
 
-- a field program of three kernels: ``y[i] = f(x[i], w[i])`` (a struct-for),
+- a field program of three kernels: ``y[i] = f(x[i], w[i])`` (a struct-for; or the same through funcs
+  given the fields, or ``y`` the atomic maximum of 0, ``f`` there and ``f`` of the entry before less 0.5),
   ``z[i] = y[i] * cos(y[i + 1])`` (reads a neighbour), and ``loss += z[i]**2``
   (an atomic sum into a scalar field); inputs ``x`` and ``w``, outputs ``loss``
   (a scalar: grad, hvp) or ``z`` (a vector: jacobian, jvp, vjp);
@@ -11,9 +12,10 @@ builds around it (NOTE: [Programs around a function]):
 
 The torch twin applies the function's twin element by element.
 
-NOTE: [Programs around a function] Field programs and ndarray kernels
-differentiate in reverse with Taichi's own autodiff (over tidiff's twins of
-the fields), which has no rule for some ops (``known.FIELD_REVERSE_GAPS``:
+NOTE: [Programs around a function] Field programs differentiate in reverse
+with tidiff's adjoint kernels where the transform takes every kernel, else
+(and ndarray kernels always) with Taichi's own autodiff (over tidiff's twins
+of the fields), which has no rule for some ops (``known.FIELD_REVERSE_GAPS``:
 the element function is drawn without them) and cannot apply
 ``td.stop_gradient`` or custom rules: reverse mode of code reaching those is
 refused (NOTE: [Rules Taichi's reverse mode cannot see] in
@@ -48,7 +50,31 @@ APPLY = {
     "by name": "y[i] = f(x[i], w[i])",
     "a func writing into a field given to it": "put(y, i, f(x[i], w[i]))",
     "a func reading the fields given to it": "y[i] = f(take(x, i), take(w, i))",
+    # y[i] = max(0, f(x[i], w[i]), f(x[i - 1], w[i - 1]) - 0.5): the derivative to the winner (NOTE: [Atomic
+    # extremes in reverse]); y starts at 0
+    "atomic maxima": "v = f(x[i], w[i])\n        ti.atomic_max(y[i], v)\n"
+                     "        ti.atomic_max(y[(i + 1) % N], v - 0.5)",
+    # v = f(x[i], w[i]) grown by half until past 1, at most three times (NOTE: [Break as a flag])
+    "a loop that breaks": "v = f(x[i], w[i])\n        for _ in range(3):\n            if v > 1.0:\n"
+                          "                break\n            v = v * 1.5\n        y[i] = v",
 }
+
+
+def y_twin(variant: str, f_values):
+    """What the apply kernel leaves in ``y``, from the element function's values."""
+    if variant == "atomic maxima":
+        zero = torch.zeros_like(f_values)
+        return torch.amax(torch.stack([zero, f_values, torch.roll(f_values, 1) - 0.5]), dim=0)
+    if variant == "a loop that breaks":
+        grown = []
+        for v in f_values:
+            for _ in range(3):
+                if v > 1.0:
+                    break
+                v = v * 1.5
+            grown.append(v)
+        return torch.stack(grown)
+    return f_values
 
 FIELD_KERNELS = """
 @ti.func
@@ -139,7 +165,7 @@ def field_program(case: Case, variant: str):
     G = td.function(program, inputs=[fields["x"], fields["w"]], outputs=[fields["z"]])
 
     def z_twin(x, w):
-        y = torch.stack([case.twin(x[i], w[i]) for i in range(N)])
+        y = y_twin(variant, torch.stack([case.twin(x[i], w[i]) for i in range(N)]))
         return y * torch.cos(torch.roll(y, -1))
 
     return F, G, lambda x, w: (z_twin(x, w) ** 2).sum(), z_twin

@@ -299,8 +299,12 @@ class FieldReverser(Reverser):
                                 "parallel loop of the kernel)")
         index = self.field_index(target)
         stored = self.operand(value)
-        ties = self.namer.fresh(f"{field}_ties")
-        self.helpers[ties] = ti.field(ti.i32, shape=obj.shape)
+        ties = next((t for t, f in self.ties if f == field), None)  # one count of winners per field and loop
+        if ties is None:
+            ties = self.namer.fresh(f"{field}_ties")
+            self.helpers[ties] = ti.field(ti.i32, shape=obj.shape)
+            self.ties.append((ties, field))
+            self.ties_made.append((ties, field))
         at = ast.Subscript(name(field), copy.deepcopy(index), ast.Load())
         self.forward.append(extremes.counted(stored, field, at, ties))  # run by the counting loop only
         key = self.field_key(field)
@@ -308,8 +312,6 @@ class FieldReverser(Reverser):
                           Access("load", key, index, self.scalar_params())]  # the adjoint reads what won
         self.accesses += self.extremes[-2:]
         self.ops.append(Store(self.gradients[field], index, stored, kind, extremes.won(stored, field, at), ties))
-        self.ties.append((ties, field))
-        self.ties_made.append((ties, field))
 
     def scalar_params(self) -> list[str]:
         """The kernel's number parameters still holding their values (a func's: none; its calls vary them)."""

@@ -444,6 +444,7 @@ class KernelTransformer(Transformer):
         self.parallel_node: ast.For | None = None  # the kernel's parallel loop being transformed
         self.extremes: list[tuple[ast.stmt, ast.stmt, ast.stmt, ast.expr, str]] = []  # its atomic max / min:
         # (the atomic, its counting and adding statements, the tangent entry, the counts' name)
+        self.extremes_fields: dict[str, str] = {}  # the counts' name -> the field whose winners it counts
         self.active = self._activity()
 
     def _jvp_of(self, callee: Any, active: Sequence[bool]) -> Any:
@@ -710,8 +711,12 @@ class KernelTransformer(Transformer):
         self.emit(primal)
         if root not in self.sources:
             return  # a field without a tangent: a constant
-        ties = self.namer.fresh(f"{root}_ties")
-        self.helpers[ties] = ti.field(ti.i32, shape=field.shape)
+        ties = next((e[4] for e in self.extremes if self.extremes_fields[e[4]] == root), None)  # one count of
+        # winners per field and loop
+        if ties is None:
+            ties = self.namer.fresh(f"{root}_ties")
+            self.helpers[ties] = ti.field(ti.i32, shape=field.shape)
+            self.extremes_fields[ties] = root
         count = extremes.counted(p, root, target, ties)
         tangent = retarget(target, self.namer.tangent(root))
         add = if_(extremes.won(p, root, target), [statement(call(taichi("atomic_add"), tangent, extremes.share(
@@ -722,13 +727,16 @@ class KernelTransformer(Transformer):
         """After a parallel loop with atomic extremes, the loops giving their targets' tangents (see the NOTE)."""
         assert isinstance(loop, ast.For)
         sites = {ast.dump(primal): (count, add) for primal, count, add, *_ in self.extremes}
-        for *_, ties in self.extremes:  # zero first: the counts outlive the kernel, for its adjoint
+        counts = list(dict.fromkeys(ties for *_, ties in self.extremes))  # a field's sites share its counts
+        for ties in counts:  # zero first: the counts outlive the kernel, for its adjoint
             self.block += extremes.zeroed(ties, self.helpers[ties].shape, self.namer.fresh)
         for k in (0, 1):  # the counting loop, then (once cleared) the loop adding the winners' tangents
             recompute = _Recomputed(sites, k, self._field_names | set(self.helpers), self.locals).visit(
                 copy.deepcopy(loop))
             if k == 1:
-                for *_, tangent, ties in self.extremes:
+                tangents = {ties: tangent for *_, tangent, ties in self.extremes}
+                for ties in counts:
+                    tangent = tangents[ties]
                     assert isinstance(tangent, ast.Subscript)
                     self.block += extremes.lost(ties, self.helpers[ties].shape, self.namer.fresh, tangent.value)
             self.emit(recompute)
