@@ -55,10 +55,14 @@ class LaunchGuard:
         self.ruled: set[tuple[Any, ...]] = set()  # launch sequences found to keep the access rules: a warm call
         # repeating one is not logged again
 
+    def owned(self, kernel: Any) -> Any:
+        """The rebuilt ``@ti.kernel`` whose launch reached the tape as ``kernel``, or None."""
+        return self._owned.get(id(kernel))
+
     def adjoint(self, kernel: Any, args: tuple[Any, ...]) -> KernelAdjoint | None:
         """tidiff's adjoint of a launch (NOTE: [Reverse of a kernel]), or None where the transform does not
         take the kernel or these arguments (Taichi's ``kernel.grad`` is replayed instead)."""
-        owned = self._owned.get(id(kernel))
+        owned = self.owned(kernel)
         if owned is None:
             return None
         found = vjp_kernel(owned, args[0] if getattr(owned, "_is_classkernel", False) and args else None)

@@ -103,6 +103,38 @@ def _save(stores: ti.template(), slot: ti.i32, srcs: ti.template(), like: ti.tem
                 stores[k][slot, index] = srcs[k][index]
 
 
+@ti.kernel
+def _copy_slot(dsts: ti.template(), to: ti.i32, srcs: ti.template(), at: ti.i32,  # type: ignore[valid-type]
+               likes: ti.template()):  # type: ignore[valid-type]
+    """Slot ``to`` of each of ``dsts`` from slot ``at`` of ``srcs`` (``likes``: fields of one slot's shape)."""
+    for k in ti.static(range(len(dsts))):
+        for index in ti.grouped(likes[k]):
+            dsts[k][to, index] = srcs[k][at, index]
+
+
+@ti.kernel
+def _clear(slotted: ti.template(), lo: ti.i32, hi: ti.i32, stepped: ti.template(),  # type: ignore[valid-type]
+           first: ti.i32, last: ti.i32, zeros: ti.template(), fills: ti.template(),  # type: ignore[valid-type]
+           snapshots: ti.template()):  # type: ignore[valid-type]
+    """Zero slots ``lo..hi-1`` of ``slotted`` and ``first..last-1`` of ``stepped``, all of ``zeros``; every slot of
+    ``fills`` from its snapshot."""
+    for k in ti.static(range(len(slotted))):
+        for index in ti.grouped(slotted[k]):
+            if lo <= index[0] and index[0] < hi:
+                slotted[k][index] = ti.zero(slotted[k][index])
+    for k in ti.static(range(len(stepped))):
+        for index in ti.grouped(stepped[k]):
+            if first <= index[0] and index[0] < last:
+                stepped[k][index] = ti.zero(stepped[k][index])
+    for k in ti.static(range(len(zeros))):
+        for index in ti.grouped(zeros[k]):
+            zeros[k][index] = ti.zero(zeros[k][index])
+    for k in ti.static(range(len(fills))):
+        for index in ti.grouped(snapshots[k]):
+            for s in range(fills[k].shape[0]):
+                fills[k][s, index] = snapshots[k][index]
+
+
 def one_shape(*groups):
     """A field whose shape every field of ``groups`` has (NOTE: [One loop for fields of one shape]), or None.
 
@@ -137,26 +169,30 @@ def _written(program: Any) -> set[int] | None:
     return written
 
 
-def _like(field: Any, leading: tuple[int, ...] = ()) -> tuple[Any, Any]:
-    """An unplaced field of ``field``'s kind and dtype, and how to place it with ``leading`` axes first."""
-    new = _new_like(field, False)
+def _like(field: Any, leading: tuple[int, ...] = (), grads: bool = False) -> tuple[Any, Any]:
+    """An unplaced field of ``field``'s kind and dtype (with a gradient where ``grads`` and it is real), and how
+    to place it with ``leading`` axes first."""
+    real = grads and is_real(field)
+    new = _new_like(field, real)
     shape = tuple(field.shape)
     offset = [0] * len(leading) + (list(field.snode.ptr.offset) or [0] * len(shape))
 
     def place(builder: Any) -> None:
-        builder.dense(ti.axes(*range(len(offset))), leading + shape).place(new, offset=offset or None)
+        for member in (new, new.grad) if real else (new,):
+            builder.dense(ti.axes(*range(len(offset))), leading + shape).place(member, offset=offset or None)
 
     return new, place
 
 
-def _tree(fields: Sequence[Any], leading: tuple[int, ...] = ()) -> list[Any]:
-    """Fields like ``fields`` (with ``leading`` axes first), placed in one tree that lives as long as they do."""
+def _tree(fields: Sequence[Any], leading: tuple[int, ...] = (), grads: bool = False) -> list[Any]:
+    """Fields like ``fields`` (with ``leading`` axes first; with gradients where ``grads``), placed in one tree
+    that lives as long as they do."""
     if not fields:
         return []
     builder = fields_builder("the checkpoints of a time loop")
     made = []
     for f in fields:
-        new, place = _like(f, leading)
+        new, place = _like(f, leading, grads)
         place(builder)
         made.append(new)
     builder.finalize(raise_warning=False)
@@ -216,7 +252,7 @@ class FieldStepper:
         self.length = length
         self.each = [(j, self.where[j]) for j, e in enumerate(each) if e]  # (output of fn, of the program)
         self.each_twins = tuple(twin(program.outputs[o].field) for _, o in self.each if o is not None)
-        self.each_store = tuple(_tree(self.each_twins, (length,)))
+        self.each_store: tuple = ()  # made at the first call (a stepper keeping them elsewhere never makes it)
         self.each_grads = tuple(t.grad for t in self.each_twins if t.grad is not None)
         self.each_cts: tuple = ()  # fields of ``length`` slots for their cotangents, made at the first seed
         self.like = {"feed": one_shape(self.ins + self.reset_twins, self.outs + self.snapshots, self.zeroed),
@@ -232,6 +268,8 @@ class FieldStepper:
         program = self.program
         program._prepare(program._convert_args("primal", batch.arrays))
         move(self.snapshots, self.reset_twins, ())
+        if self.each_twins and not self.each_store:
+            self.each_store = tuple(_tree(self.each_twins, (self.length,)))
         if slots > self.capacity:  # once per loop: the schedule's slot count is fixed
             self.store = tuple(_tree(self.carried, (slots,)))
             self.capacity = slots

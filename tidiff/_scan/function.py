@@ -27,6 +27,7 @@ from .._protocol import Function, as_function
 from .._reverse_check import pushed_vjp, verified, wrong_reverse
 from .._signature import ArgSpec
 from .._tree import Tree
+from .axis_stepper import AxisStepper
 from .fields import FieldStepper
 from .host import HostStepper
 from .schedule import Schedule, keep_checkpoints, pull_back, run
@@ -61,23 +62,30 @@ class Scan(Function):
         return [ArgSpec(o.name, (self.length,) + o.shape, o.dtype) if e else o
                 for o, e in zip(outs, self.each, strict=True)], tree
 
-    def stepper(self) -> Any:
-        """The stepper (made once): the carry in fields for a field program, else on the host."""
+    def stepper(self, batch: Batch) -> Any:
+        """The stepper (made once, at the first call): a field program's kernels over buffers with a time axis
+        (NOTE: [A time loop over buffers]) where they take it, else the carry in the program's fields, else on
+        the host."""
         if self._stepper is None:
-            kind = FieldStepper if FieldStepper.fits(self.step) else HostStepper
-            self._stepper = kind(self.step, self.carry, self.each, self.length)
+            if AxisStepper.fits(self.step):
+                self._stepper = AxisStepper.made(self.step, self.carry, self.each, self.length, self.schedule, batch)
+            if self._stepper is None:
+                kind = FieldStepper if FieldStepper.fits(self.step) else HostStepper
+                self._stepper = kind(self.step, self.carry, self.each, self.length)
         return self._stepper
 
     def evaluate(self, batch: Batch) -> list[Any]:
         self.signature(batch.specs)
-        stepper = self.stepper()
+        stepper = self.stepper(batch)
         stepper.begin(batch, 0)
+        if isinstance(stepper, AxisStepper):
+            return stepper.run_loop()
         return run(stepper, self.length)
 
     def _wrong_reverse(self, batch: Batch) -> str | None:
         """Why the step's Taichi reverse mode, which a field stepper replays, is not used (NOTE: [Checking
         Taichi's reverse mode]); a host stepper calls the step's vjp, which is checked itself."""
-        if not isinstance(self.stepper(), FieldStepper):
+        if not isinstance(self.stepper(batch), FieldStepper):
             return None
         return verified(self.step, batch, f"the step `{self.step.name}` of `{self.name}`")
 
@@ -89,9 +97,11 @@ class Scan(Function):
         wrong = self._wrong_reverse(batch)
         if wrong is not None:
             return pushed_vjp(self, batch, cotangents, wrong)
-        stepper = self.stepper()
+        stepper = self.stepper(batch)
         stepper.begin(batch, self.schedule.slots)
         self._holder = None
+        if isinstance(stepper, AxisStepper):
+            return stepper.pull_back_all(cotangents, kept=False)
         return pull_back(stepper, self.schedule, cotangents)
 
     def linearize(self, batch: Batch) -> tuple[list[Any], Callable[[Sequence[Any]], list[Any]]]:
@@ -102,9 +112,11 @@ class Scan(Function):
         still this linearization's; else it takes them again.
         """
         self.signature(batch.specs)
-        stepper = self.stepper()
+        stepper = self.stepper(batch)
         stepper.begin(batch, self.schedule.slots)
-        outs = keep_checkpoints(stepper, self.schedule, to_the_end=True)
+        axis = isinstance(stepper, AxisStepper)
+        outs = stepper.run_loop(keep=True) if axis else \
+            keep_checkpoints(stepper, self.schedule, to_the_end=True)
         assert outs is not None
         self._holder = holder = object()
 
@@ -114,7 +126,8 @@ class Scan(Function):
                 return pushed_vjp(self, batch, cotangents, wrong)
             kept = self._holder is holder
             stepper.begin(batch, self.schedule.slots)
-            grads = pull_back(stepper, self.schedule, cotangents, kept=kept)
+            grads = stepper.pull_back_all(cotangents, kept) if axis else \
+                pull_back(stepper, self.schedule, cotangents, kept=kept)
             self._holder = holder
             return grads
 

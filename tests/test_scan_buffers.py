@@ -1,0 +1,130 @@
+"""td.scan over buffers with a time axis (NOTE: [A time loop over buffers]): the step's kernels rewritten to
+read slot r and write slot r + 1, reversed by their adjoints without running forward again. Against torch
+running the same steps (float64), for every checkpoint count, a pullback called again after other calls, and
+steps whose kernels the rewrite does not take (they keep the program's own fields, with the same results)."""
+import numpy as np
+import pytest
+import taichi as ti
+import torch
+from taichi.lang import impl
+
+if impl.get_runtime().prog is None:
+    ti.init(arch=ti.cpu, default_fp=ti.f64)
+
+from mass_spring import MassSpring  # noqa: E402
+
+import tidiff as td  # noqa: E402
+from tidiff._scan.axis_stepper import AxisStepper  # noqa: E402
+from tidiff._scan.fields import FieldStepper  # noqa: E402
+
+N, T = 5, 11
+
+
+@pytest.fixture(scope="module")
+def system():
+    return MassSpring(N)
+
+
+@pytest.fixture(scope="module")
+def step(system):
+    return system.step_function(td)
+
+
+def torch_vjp(system, args, cotangents, steps=T):
+    """The final (x, v) and their vjp by (x0, v0, k), by torch autograd over the same steps."""
+    x0, v0, k = (torch.tensor(a, requires_grad=True) for a in args)
+    x, v, _ = system.torch_steps(torch, x0, v0, k, steps)
+    grads = torch.autograd.grad((x, v), (x0, v0, k), [torch.tensor(c) for c in cotangents])
+    return [x.detach().numpy(), v.detach().numpy()], [g.numpy() for g in grads]
+
+
+@pytest.mark.parametrize("checkpoints", [None, 1, 2, 4, T - 1, T], ids=lambda k: f"K={k}")
+def test_the_loop_over_buffers_is_torch_s_loop(system, step, checkpoints):
+    sim = td.scan(step, T, checkpoints=checkpoints)
+    args = system.arguments(1)
+    rng = np.random.default_rng(2)
+    cts = (rng.normal(size=(N, 2)), rng.normal(size=(N, 2)))
+    outs, vjp_fn = td.vjp(sim, *args)
+    assert isinstance(sim._stepper, AxisStepper)
+    expected_outs, expected = torch_vjp(system, args, cts)
+    for got, want in zip(outs, expected_outs, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    for got, want in zip(vjp_fn(cts), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for got, want in zip(td.vjp(sim, *args)[1](cts), expected, strict=True):  # vjp without linearize's run
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_a_pullback_called_again_after_other_calls(system, step):
+    """The slots hold the last segment only right after the run that kept the checkpoints: a second pullback,
+    and one after another call of the loop, refill it."""
+    sim = td.scan(step, T, checkpoints=3)
+    args, other = system.arguments(3), system.arguments(4)
+    cts = (np.ones((N, 2)), np.zeros((N, 2)))
+    _, expected = torch_vjp(system, args, cts)
+    _, vjp_fn = td.vjp(sim, *args)
+    first = vjp_fn(cts)
+    second = vjp_fn(cts)
+    sim(*other)
+    td.vjp(sim, *other)[1](cts)
+    third = vjp_fn(cts)
+    for grads in (first, second, third):
+        for got, want in zip(grads, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_the_loop_keeps_sqrt_t_carries(system, step):
+    """T = 400 steps, 20 checkpoints: the checkpoints, then 21 carries and 20 forces of one segment, each with
+    its gradient; the stored trajectory would keep 400 of each."""
+    long, k = 400, 20
+    sim = td.scan(step, long)
+    td.vjp(sim, *system.arguments())[1]((np.ones((N, 2)), np.ones((N, 2))))
+    carry, force = 2 * N * 2 * 8, N * 2 * 8  # (x, v) and the force, float64
+    assert sim._stepper.kept_bytes() == k * carry + (k + 1) * carry * 2 + k * force * 2
+
+
+# --- steps the rewrite does not take -----------------------------------------------------------------
+
+x = ti.field(ti.f64, 4)
+x_next = ti.field(ti.f64, 4)
+rate = ti.field(ti.f64, ())
+
+
+@ti.func
+def read_x(i):
+    return x[i]
+
+
+@ti.kernel
+def through_a_func():
+    for i in x:
+        x_next[i] = ti.sin(read_x(i)) * rate[None] + x[i]
+
+
+@ti.kernel
+def given_fields(src: ti.template(), dst: ti.template()):
+    for i in src:
+        dst[i] = ti.sin(src[i]) * rate[None] + src[i]
+
+
+def template_step():
+    given_fields(x, x_next)
+
+
+@pytest.mark.parametrize("program", [through_a_func, template_step], ids=["a func reaching x", "template kernel"])
+def test_kernels_the_rewrite_does_not_take_keep_the_program_fields(program):
+    sim = td.scan(td.function(program, inputs=[x, rate], outputs=[x_next]), 6, checkpoints=2)
+    x0, r = np.linspace(0.2, 1.1, 4), 0.3
+    xs = torch.tensor(x0, requires_grad=True)
+    rs = torch.tensor(r, dtype=torch.float64, requires_grad=True)
+    y = xs
+    for _ in range(6):
+        y = torch.sin(y) * rs + y
+    ct = np.array([1.0, -2.0, 0.5, 3.0])
+    gx, gr = torch.autograd.grad(y, (xs, rs), torch.tensor(ct))
+    out, vjp_fn = td.vjp(sim, x0, r)
+    assert type(sim._stepper) is FieldStepper
+    np.testing.assert_allclose(out, y.detach().numpy(), rtol=1e-13)
+    got_x, got_r = vjp_fn(ct)
+    np.testing.assert_allclose(got_x, gx.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(got_r, gr.numpy(), rtol=1e-10)
