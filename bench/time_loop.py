@@ -7,7 +7,9 @@ velocities and every spring's stiffness. Contenders, each in a fresh process (pe
 - tape:      the trajectory stored in (T+1, n) fields with needs_grad, ti.ad.Tape (DiffTaichi's way);
 - program:   tidiff's field program over the same stored trajectory (td.part(x, 0) inputs);
 - scan:      td.compose(loss, td.scan(step, T)) over state fields without a time axis, sqrt(T) checkpoints;
-- scan K=T:  the same keeping every carry (no recomputation).
+- scan K=T:  the same keeping every carry (no recomputation);
+- warp:      NVIDIA Warp's CPU tape over the same system written the Warp way (one array per step),
+             where ``warp-lang`` is installed (bench/workloads/warp_mass_spring.py).
 
 Forward mode (issue 36, item 3): the loop's own forward pass (``sim(x0, v0, k)``) against ``td.jvp`` of
 the loop with a tangent on every input (the state and its tangent pushed together, nothing kept); the
@@ -35,6 +37,12 @@ from common import first_and_warm  # bench/ is the script's own folder: on sys.p
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONTENDERS = ["tape", "program", "scan", "scan K=T"]
+try:
+    import warp  # noqa: F401
+
+    CONTENDERS.append("warp")
+except ImportError:
+    pass
 
 
 def run_one(contender, steps, masses, out):
@@ -48,7 +56,19 @@ def run_one(contender, steps, masses, out):
 
     system = MassSpring(masses)
     args = system.arguments()
-    if contender == "tape":
+    if contender == "warp":
+        sys.path.insert(0, str(ROOT / "bench" / "workloads"))
+        from mass_spring import layout
+        from warp_mass_spring import WarpMassSpring
+
+        _, ends, rest = layout(masses)
+        sim = WarpMassSpring(ends, rest, system.weights.to_numpy(), steps)
+
+        def call():
+            return sim.gradients(*args)
+
+        t_bytes = 8 * 2 * ((steps + 1) * masses * 2 * 2 + steps * masses * 2)
+    elif contender == "tape":
         traj = Trajectory(masses, steps)
 
         def call():
@@ -84,8 +104,11 @@ def run_one(contender, steps, masses, out):
             value, grads = F(*args)
             return (value, *grads)
 
-        t_bytes = 8 * sim.schedule.slots * masses * 2 * 2
+        t_bytes = None
     first, warm, result = first_and_warm(call, 3)
+    if t_bytes is None:  # the loop's own count: checkpoints and a segment's slots with their gradients
+        t_bytes = sim._stepper.kept_bytes() if hasattr(sim._stepper, "kept_bytes") else \
+            8 * sim.schedule.slots * masses * 2 * 2
     np.savez(out, *[np.asarray(r) for r in result])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"first": first, "warm": warm, "t_bytes": t_bytes, "rss_mb": rss}))

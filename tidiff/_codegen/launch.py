@@ -14,6 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from taichi.lang import impl
+from taichi.lang.util import cook_dtype
+from taichi.types import primitive_types
+from taichi.types.utils import is_signed
 
 
 class DirectLaunch:
@@ -30,3 +33,56 @@ class DirectLaunch:
         if self.compiled is None:
             self.compiled = self.kernel.compiled_kernels[self.kernel.ensure_compiled(*args)]
         return self.kernel.launch_kernel(self.compiled, *args)
+
+
+class NumberLaunch:
+    """``kernel(*numbers)`` for a kernel (or its ``.grad``) whose parameters are all numbers, launched past
+    Taichi's per-call argument handling after a first call through Taichi's own.
+
+    NOTE: [Number launches] A time loop launches the same few kernels with a slot and a step index thousands of
+    times (NOTE: [A time loop over buffers]). Taichi's call reads each argument's features, looks the compiled
+    instance up, materializes the field trees and sets each argument through a generic recursive setter: about
+    70 us a launch on a 2-core CPU, as much as the launch of a small kernel itself. After the first call, a
+    kernel taking only numbers needs only a launch context with the numbers set (integers and floats as its
+    annotations say) and the compiled kernel Taichi handed back: about a third of that. A kernel that prints or
+    returns a value, a parameter of another type, or a launch Taichi must see (a tape or a forward-mode manager
+    recording) goes through Taichi's call.
+    """
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = getattr(kernel, "_primal", kernel)
+        self.floats: list[bool] = []  # per parameter, whether it is a float
+        self.looked = False  # whether the first call looked at the kernel
+        self.direct = False
+        self.compiled: Any = None
+        self.data: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        runtime = impl.get_runtime()
+        if not self.direct or runtime.target_tape is not None or runtime.fwd_mode_manager is not None:
+            result = self.kernel(*args)
+            if not self.looked:
+                self.looked = True
+                self._prepare(args)
+            return result
+        context = self.compiled.make_launch_context()
+        for i, (real, value) in enumerate(zip(self.floats, args, strict=True)):
+            if real:
+                context.set_arg_float((i,), float(value))
+            else:
+                context.set_arg_int((i,), int(value))
+        runtime.prog.launch_kernel(self.data, context)
+        return None
+
+    def _prepare(self, args: tuple[Any, ...]) -> None:
+        kernel = self.kernel
+        annotations = [a.annotation for a in kernel.arguments]
+        self.floats = [id(a) in primitive_types.real_type_ids for a in annotations]
+        signed = all(id(a) in primitive_types.real_type_ids or (id(a) in primitive_types.integer_type_ids
+                                                                and is_signed(cook_dtype(a))) for a in annotations)
+        if not signed or kernel.return_type is not None or kernel.has_print:
+            return
+        self.compiled = kernel.compiled_kernels[kernel.ensure_compiled(*args)]
+        prog = impl.get_runtime().prog
+        self.data = prog.compile_kernel(prog.config(), prog.get_device_caps(), self.compiled)
+        self.direct = True

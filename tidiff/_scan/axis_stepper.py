@@ -40,6 +40,7 @@ from taichi.lang.exception import TaichiCompilationError
 from .._adjoint.kernels import KernelAdjoint, vjp_kernel
 from .._arrays import Batch, of_dtype
 from .._cache import uses
+from .._codegen.launch import NumberLaunch
 from .._fields.tape import is_taichi_helper
 from .._fields.twins import fields_builder, full_shape, is_real, load, numpy_dtype, read, zero
 from .fields import FieldStepper, _clear, _copy_slot, _like, _restore_and_move, _save, _tree, move
@@ -138,7 +139,8 @@ class AxisStepper(FieldStepper):
         own = vjp_kernel(lifted)
         if not isinstance(own, KernelAdjoint) and isinstance(vjp_kernel(owned, owner), KernelAdjoint):
             raise NotLifted(f"tidiff reverses `{owned.__name__}` but not its rewrite over buffers: {own}")
-        return lifted, tuple(numbers), own.kernel if isinstance(own, KernelAdjoint) else lifted.grad
+        adjoint = own.kernel if isinstance(own, KernelAdjoint) else lifted.grad
+        return NumberLaunch(lifted), tuple(numbers), NumberLaunch(adjoint)  # NOTE: [Number launches]
 
     def _check_one_step(self) -> None:
         """One step over the buffers from the carry the recorded run started at gives that run's outputs (a
