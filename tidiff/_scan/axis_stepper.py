@@ -92,7 +92,7 @@ class AxisStepper(FieldStepper):
         inputs = {id(self.program.twin(p.field)) for p in self.program.inputs}
         if any(id(t) in inputs for t in self.reset_twins):
             raise NotLifted("the step writes a parameter")
-        calls = self._recorded(batch)
+        calls, keeps_the_rules = self._recorded(batch)
         # keeping every carry is one segment of the whole loop: the stored trajectory, no refill
         self.schedule = Schedule(length, length if schedule.every == 1 else schedule.every)
         self.every = every = self.schedule.every
@@ -107,7 +107,11 @@ class AxisStepper(FieldStepper):
         for twins, buffers in ((self.state_twins, self.state_buffers), (self.reset_twins, self.reset_buffers)):
             axes.update((id(t), Axis(b, "slot")) for t, b in zip(twins, buffers, strict=True))
         axes.update((id(t), Axis(b, "step")) for t, b in zip(self.each_twins, self.step_buffers, strict=True))
-        self.launches = [self._lifted(kernel, args, axes) for kernel, args in calls]
+        lifted = [self._lifted(kernel, args, axes) for kernel, args in calls]
+        self.launches = [launch for launch, _ in lifted]
+        # NOTE: [Launches that keep the access rules]: each slot is written by one step and read after it, so the
+        # loop keeps the rules where one step does; with tidiff's adjoints, no check of Taichi's reverse mode
+        self.exact = keeps_the_rules and all(own for _, own in lifted)
         self._check_one_step()
         self.last_in_slots = False  # whether the slots hold the last segment of the checkpoints' run
         real = [k for k, (_, i) in enumerate(self.pairs) if is_real(i)]
@@ -116,11 +120,13 @@ class AxisStepper(FieldStepper):
         self.real_out_grads = tuple(self.outs[k].grad for k in real)
         self.inner_grads = tuple(b.grad for b in self.state_buffers + self.reset_buffers if is_real(b))
 
-    def _recorded(self, batch: Batch) -> list[tuple[Any, tuple[Any, ...]]]:
-        """The launches of one run of the program at the call's arguments (its results stay in the twins)."""
+    def _recorded(self, batch: Batch) -> tuple[list[tuple[Any, tuple[Any, ...]]], bool]:
+        """The launches of one run of the program at the call's arguments (its results stay in the twins), and
+        whether tidiff reverses them all, keeping the access rules."""
         program = self.program
         program._prepare(program._convert_args("primal", batch.arrays))
-        calls = program.run().calls
+        recorder = program.run()
+        calls = recorder.calls
         for kernel, args in calls:
             owned = program._guard.owned(kernel)
             if owned is None or is_taichi_helper(kernel):
@@ -128,10 +134,12 @@ class AxisStepper(FieldStepper):
             numbers = args[1:] if getattr(owned, "_is_classkernel", False) else args
             if any(type(a) not in (int, float, bool) for a in numbers):
                 raise NotLifted(f"the step passes `{owned.__name__}` an argument other than a number")
-        return calls
+        return calls, recorder.keeps_the_rules
 
-    def _lifted(self, kernel: Any, args: tuple[Any, ...], axes: dict[int, Axis]) -> tuple[Any, tuple[Any, ...], Any]:
-        """``(kernel over buffers, its arguments, its adjoint)`` for a recorded launch."""
+    def _lifted(self, kernel: Any, args: tuple[Any, ...],
+                axes: dict[int, Axis]) -> tuple[tuple[Any, tuple[Any, ...], Any], bool]:
+        """``(kernel over buffers, its arguments, its adjoint)`` for a recorded launch, and whether the adjoint is
+        tidiff's."""
         owned = self.program._guard.owned(kernel)
         bound = getattr(owned, "_is_classkernel", False)
         owner, numbers = (args[0], args[1:]) if bound else (None, args)
@@ -140,7 +148,8 @@ class AxisStepper(FieldStepper):
         if not isinstance(own, KernelAdjoint) and isinstance(vjp_kernel(owned, owner), KernelAdjoint):
             raise NotLifted(f"tidiff reverses `{owned.__name__}` but not its rewrite over buffers: {own}")
         adjoint = own.kernel if isinstance(own, KernelAdjoint) else lifted.grad
-        return NumberLaunch(lifted), tuple(numbers), NumberLaunch(adjoint)  # NOTE: [Number launches]
+        launch = (NumberLaunch(lifted), tuple(numbers), NumberLaunch(adjoint))  # NOTE: [Number launches]
+        return launch, isinstance(own, KernelAdjoint)
 
     def _check_one_step(self) -> None:
         """One step over the buffers from the carry the recorded run started at gives that run's outputs (a
