@@ -128,3 +128,61 @@ def test_kernels_the_rewrite_does_not_take_keep_the_program_fields(program):
     got_x, got_r = vjp_fn(ct)
     np.testing.assert_allclose(got_x, gx.numpy(), rtol=1e-10)
     np.testing.assert_allclose(got_r, gr.numpy(), rtol=1e-10)
+
+
+# --- what DiffTaichi kernels use, over buffers ---------------------------------------------------------------
+
+@ti.data_oriented
+class Grid:
+    """A 2-D heat-like step as a class: struct-fors over a 2-D field, ti.grouped, x.shape, a float parameter,
+    a state field it accumulates into and a per-step output."""
+
+    def __init__(self, n, m):
+        self.u = ti.field(ti.f64, (n, m))
+        self.u_next = ti.field(ti.f64, (n, m))
+        self.flux = ti.field(ti.f64, (n, m))
+        self.c = ti.field(ti.f64, ())
+        self.total = ti.field(ti.f64, ())
+
+    @ti.kernel
+    def diffuse(self, rate: ti.f64):
+        for i, j in self.u:
+            left = self.u[(i + self.u.shape[0] - 1) % self.u.shape[0], j]
+            self.flux[i, j] += rate * self.c[None] * (left - self.u[i, j])
+        for I in ti.grouped(self.u_next):
+            self.u_next[I] = self.u[I] + self.flux[I] + 0.01 * ti.sin(self.u[I])
+            self.total[None] += self.u_next[I] ** 2
+
+    def step(self):
+        self.diffuse(0.3)
+
+
+def torch_grid(u, c, steps):
+    totals = []
+    for _ in range(steps):
+        flux = 0.3 * c * (torch.roll(u, 1, 0) - u)
+        u = u + flux + 0.01 * torch.sin(u)
+        totals.append((u ** 2).sum())
+    return u, torch.stack(totals)
+
+
+def test_class_kernels_struct_fors_and_shapes_run_over_buffers():
+    grid = Grid(4, 3)
+    steps = 7
+    sim = td.scan(td.function(grid.step, inputs=[grid.u, grid.c], outputs=[grid.u_next, grid.total],
+                              state=[grid.flux]), steps, checkpoints=3, per_step=1)
+    u0, c = np.random.default_rng(5).normal(size=(4, 3)), 0.7
+    (uT, totals), vjp_fn = td.vjp(sim, u0, c)
+    assert isinstance(sim._stepper, AxisStepper)
+    us = torch.tensor(u0, requires_grad=True)
+    cs = torch.tensor(c, dtype=torch.float64, requires_grad=True)
+    want_u, want_totals = torch_grid(us, cs, steps)
+    np.testing.assert_allclose(uT, want_u.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(totals, want_totals.detach().numpy(), rtol=1e-12)
+    cu, ct = np.random.default_rng(6).normal(size=(4, 3)), np.random.default_rng(7).normal(size=steps)
+    gu, gc = torch.autograd.grad((want_u, want_totals), (us, cs), (torch.tensor(cu), torch.tensor(ct)))
+    got_u, got_c = vjp_fn((cu, ct))
+    np.testing.assert_allclose(got_u, gu.numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got_c, gc.numpy(), rtol=1e-9)
+    _, (du, dtotals) = td.jvp(sim, (u0, c), (cu, 1.0))  # forward mode against the vjp: <c, J t> = <J^T c, t>
+    assert np.isclose(np.sum(du * cu) + np.sum(dtotals * ct), np.sum(got_u * cu) + got_c, rtol=1e-9)
