@@ -149,9 +149,9 @@ class Grid:
         for i, j in self.u:
             left = self.u[(i + self.u.shape[0] - 1) % self.u.shape[0], j]
             self.flux[i, j] += rate * self.c[None] * (left - self.u[i, j])
-        for I in ti.grouped(self.u_next):
-            self.u_next[I] = self.u[I] + self.flux[I] + 0.01 * ti.sin(self.u[I])
-            self.total[None] += self.u_next[I] ** 2
+        for at in ti.grouped(self.u_next):
+            self.u_next[at] = self.u[at] + self.flux[at] + 0.01 * ti.sin(self.u[at])
+            self.total[None] += self.u_next[at] ** 2
 
     def step(self):
         self.diffuse(0.3)
@@ -186,3 +186,32 @@ def test_class_kernels_struct_fors_and_shapes_run_over_buffers():
     np.testing.assert_allclose(got_c, gc.numpy(), rtol=1e-9)
     _, (du, dtotals) = td.jvp(sim, (u0, c), (cu, 1.0))  # forward mode against the vjp: <c, J t> = <J^T c, t>
     assert np.isclose(np.sum(du * cu) + np.sum(dtotals * ct), np.sum(got_u * cu) + got_c, rtol=1e-9)
+
+
+xs = [ti.field(ti.f64, 3), ti.field(ti.f64, 3)]
+xs_next = [ti.field(ti.f64, 3), ti.field(ti.f64, 3)]
+
+
+@ti.kernel
+def through_a_list():
+    for i in range(3):
+        for k in ti.static(range(2)):
+            xs_next[k][i] = xs[k][i] + 0.1 * ti.sin(xs[1 - k][i])
+
+
+def test_fields_in_a_list_keep_the_program_fields():
+    """``xs[k][i]`` in a static loop reaches the field, not its buffer: the loop keeps the program's fields."""
+    sim = td.scan(td.function(through_a_list, inputs=xs, outputs=xs_next), 5, checkpoints=2)
+    a, b = np.array([0.1, 0.5, 0.9]), np.array([-0.3, 0.2, 0.7])
+    ta, tb = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    ya, yb = ta, tb
+    for _ in range(5):
+        ya, yb = ya + 0.1 * torch.sin(yb), yb + 0.1 * torch.sin(ya)
+    (got_a, got_b), vjp_fn = td.vjp(sim, a, b)
+    assert type(sim._stepper) is FieldStepper
+    np.testing.assert_allclose(got_a, ya.detach().numpy(), rtol=1e-13)
+    np.testing.assert_allclose(got_b, yb.detach().numpy(), rtol=1e-13)
+    seeds = (torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
+    ga, gb = torch.autograd.grad((ya, yb), (ta, tb), seeds)
+    for got, want in zip(vjp_fn((np.ones(3), np.zeros(3))), (ga, gb), strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-10)

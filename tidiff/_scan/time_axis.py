@@ -44,7 +44,7 @@ from .._fields.graph import CodeGraph
 from .._lang.callees import is_helper, is_taichi_func
 from .._lang.compile import compile_source
 from .._lang.naming import Namer, names_in
-from .._lang.objects import Unbound, bind
+from .._lang.objects import Unbound, bind, static_value
 from .._lang.parse import parse, resolve
 
 
@@ -162,10 +162,21 @@ class _Rewriter(ast.NodeTransformer):
         n = self._field(node.value)
         if n is not None and node.attr == "shape":
             return ast.copy_location(ast.Tuple([ast.Constant(s) for s in self._shape(n)], ast.Load()), node)
+        self._no_container(node)
         return self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if node.id in self.buffered:
             raise NotLifted(f"the kernel `{self.kernel}` uses the field `{node.id}` other than by its entries, "
                             "its loop or its shape")
+        self._no_container(node)
         return node
+
+    def _no_container(self, node: ast.Name | ast.Attribute) -> None:
+        """A list, tuple or dict holding a buffered field (``xs[k][i]`` in a static loop) would reach the field,
+        not its buffer."""
+        value = static_value(node, self.namespace, self.local)
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        if any(id(v) in self.ids for v in items):
+            raise NotLifted(f"the kernel `{self.kernel}` reaches a field the loop keeps a slot of through "
+                            f"`{ast.unparse(node)}`")
