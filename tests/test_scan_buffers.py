@@ -83,7 +83,7 @@ def test_the_loop_keeps_sqrt_t_carries(system, step):
     assert sim._stepper.kept_bytes() == k * carry + (k + 1) * carry * 2 + k * force * 2
 
 
-# --- steps the rewrite does not take -----------------------------------------------------------------
+# --- funcs reaching carried fields, and steps the rewrite does not take ---------------------------------------
 
 x = ti.field(ti.f64, 4)
 x_next = ti.field(ti.f64, 4)
@@ -111,8 +111,9 @@ def template_step():
     given_fields(x, x_next)
 
 
-@pytest.mark.parametrize("program", [through_a_func, template_step], ids=["a func reaching x", "template kernel"])
-def test_kernels_the_rewrite_does_not_take_keep_the_program_fields(program):
+@pytest.mark.parametrize("program, kind", [(through_a_func, AxisStepper), (template_step, FieldStepper)],
+                         ids=["a func reading x, inlined", "template kernel"])
+def test_funcs_reading_carried_fields_are_inlined_and_template_kernels_keep_the_fields(program, kind):
     sim = td.scan(td.function(program, inputs=[x, rate], outputs=[x_next]), 6, checkpoints=2)
     x0, r = np.linspace(0.2, 1.1, 4), 0.3
     xs = torch.tensor(x0, requires_grad=True)
@@ -123,7 +124,7 @@ def test_kernels_the_rewrite_does_not_take_keep_the_program_fields(program):
     ct = np.array([1.0, -2.0, 0.5, 3.0])
     gx, gr = torch.autograd.grad(y, (xs, rs), torch.tensor(ct))
     out, vjp_fn = td.vjp(sim, x0, r)
-    assert type(sim._stepper) is FieldStepper
+    assert type(sim._stepper) is kind
     np.testing.assert_allclose(out, y.detach().numpy(), rtol=1e-13)
     got_x, got_r = vjp_fn(ct)
     np.testing.assert_allclose(got_x, gx.numpy(), rtol=1e-10)

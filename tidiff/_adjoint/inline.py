@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import ast
 import copy
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import taichi as ti
@@ -46,17 +48,27 @@ from .._lang.parse import MISSING, Parsed, parse, resolve
 DEEPEST = 8
 
 
-def inlined(parsed: Parsed) -> Parsed:
+@dataclass(frozen=True)
+class _Sites:
+    """Which calls are inlined: of funcs given one of ``fields`` (template parameters), writing fields, or for
+    which ``also`` says so."""
+
+    fields: set[str]
+    also: Callable[[Any], bool] | None = None
+
+
+def inlined(parsed: Parsed, also: Callable[[Any], bool] | None = None) -> Parsed:
     """``parsed`` (a kernel) with its calls of funcs that write fields or are given one written out (see the
-    NOTE): a new Parsed over a copy, or ``parsed`` itself where there are none."""
-    fields = _template_parameters(parsed.tree, parsed.namespace)
-    if not any(isinstance(node, ast.Call) and _site(ast.Expr(node), parsed.namespace, fields)
+    NOTE), and of funcs for which ``also`` is true: a new Parsed over a copy, or ``parsed`` itself where there
+    are none."""
+    sites = _Sites(_template_parameters(parsed.tree, parsed.namespace), also)
+    if not any(isinstance(node, ast.Call) and _site(ast.Expr(node), parsed.namespace, sites)
                for node in ast.walk(parsed.tree)):
         return parsed
     tree, namespace = copy.deepcopy(parsed.tree), dict(parsed.namespace)
     namer = Namer(names_in(tree) | set(namespace))
     for _ in range(DEEPEST):
-        if not _inline_block_of(tree, namespace, fields, namer):
+        if not _inline_block_of(tree, namespace, sites, namer):
             break
     return Parsed(ast.fix_missing_locations(tree), parsed.filename, parsed.first_line, namespace, parsed.form)
 
@@ -71,7 +83,7 @@ def _template_parameters(tree: ast.FunctionDef, namespace: dict[str, Any]) -> se
     return found
 
 
-def _site(stmt: ast.AST, namespace: dict[str, Any], fields: set[str]) -> Any:
+def _site(stmt: ast.AST, namespace: dict[str, Any], sites: _Sites) -> Any:
     """The func a statement calls, where the statement is a call to inline (``f(...)`` or ``v = f(...)``)."""
     if isinstance(stmt, ast.Expr):
         value = stmt.value
@@ -84,9 +96,9 @@ def _site(stmt: ast.AST, namespace: dict[str, Any], fields: set[str]) -> Any:
     callee = resolve(value.func, namespace)
     if callee is MISSING or not is_taichi_func(callee) or getattr(callee, "_is_real_function", False):
         return None
-    given = any(isinstance(a, ast.Name) and (a.id in fields or _is_fields(resolve(a, namespace)))
+    given = any(isinstance(a, ast.Name) and (a.id in sites.fields or _is_fields(resolve(a, namespace)))
                 for a in value.args)
-    if not given and not _writes_fields(callee, set()):
+    if not given and not _writes_fields(callee, set()) and not (sites.also is not None and sites.also(callee)):
         return None
     body = _body(callee)
     returns = [n for n in ast.walk(ast.Module(body, [])) if isinstance(n, ast.Return)]
@@ -131,7 +143,7 @@ def _writes_fields(callee: Any, seen: set[int]) -> bool:
     return False
 
 
-def _inline_block_of(node: ast.AST, namespace: dict[str, Any], fields: set[str], namer: Namer) -> bool:
+def _inline_block_of(node: ast.AST, namespace: dict[str, Any], sites: _Sites, namer: Namer) -> bool:
     """Inline the sites in every statement list under ``node``; whether any was."""
     done = False
     for child in ast.walk(node):
@@ -141,7 +153,7 @@ def _inline_block_of(node: ast.AST, namespace: dict[str, Any], fields: set[str],
                 continue
             out: list[ast.stmt] = []
             for stmt in stmts:
-                if isinstance(stmt, ast.While) and any(isinstance(n, ast.Call) and _site(ast.Expr(n), namespace, fields)
+                if isinstance(stmt, ast.While) and any(isinstance(n, ast.Call) and _site(ast.Expr(n), namespace, sites)
                                                        for n in ast.walk(stmt.test)):
                     test = namer.fresh("test")  # c = test; while c: body; c = test (its calls are inlined next)
                     out += [ast.Assign([ast.Name(test, ast.Store())], stmt.test),
@@ -149,18 +161,18 @@ def _inline_block_of(node: ast.AST, namespace: dict[str, Any], fields: set[str],
                                 ast.Assign([ast.Name(test, ast.Store())], copy.deepcopy(stmt.test))], stmt.orelse)]
                     done = True
                     continue
-                for hoisted in [*_hoisted(stmt, namespace, fields, namer), stmt]:
-                    callee = _site(hoisted, namespace, fields)
+                for hoisted in [*_hoisted(stmt, namespace, sites, namer), stmt]:
+                    callee = _site(hoisted, namespace, sites)
                     if callee is None:
                         out.append(hoisted)
                         continue
-                    out += _written_out(hoisted, callee, namespace, fields, namer)
+                    out += _written_out(hoisted, callee, namespace, namer)
                     done = True
             setattr(child, attr, out)
     return done
 
 
-def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], fields: set[str], namer: Namer) -> list[ast.stmt]:
+def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], sites: _Sites, namer: Namer) -> list[ast.stmt]:
     """``v = f(...)`` for each call to inline inside the expressions of a simple statement or a branch's test
     (evaluated once, before the rest of it), the call replaced by ``v`` there; a while loop's test, a
     conditional expression and ``and`` / ``or`` are left alone."""
@@ -177,7 +189,7 @@ def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], fields: set[str], namer:
             self.generic_visit(node)
             fresh = namer.fresh("inlined")
             assignment = ast.Assign([ast.Name(fresh, ast.Store())], node)
-            if _site(assignment, namespace, fields) is None:
+            if _site(assignment, namespace, sites) is None:
                 return node
             out.append(assignment)
             return ast.Name(fresh, ast.Load())
@@ -192,8 +204,7 @@ def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], fields: set[str], namer:
     return out
 
 
-def _written_out(stmt: ast.Expr | ast.Assign, callee: Any, namespace: dict[str, Any], fields: set[str],
-                 namer: Namer) -> list[ast.stmt]:
+def _written_out(stmt: ast.Expr | ast.Assign, callee: Any, namespace: dict[str, Any], namer: Namer) -> list[ast.stmt]:
     """The statements a call site stands for (see the NOTE)."""
     call = stmt.value
     assert isinstance(call, ast.Call)

@@ -19,8 +19,9 @@ slots, and each access gets the slot in front of its indices:
 ``for i in x`` becomes ``for i in range(n)`` (``ti.ndrange`` for several
 indices), ``ti.grouped(x)`` ``ti.grouped(ti.ndrange(...))`` and ``x.shape``
 the field's shape. The kernel takes ``slot`` and ``step`` after its own
-parameters. Funcs that write fields are inlined first (NOTE: [Funcs that
-write fields, inlined]); a func that still reaches a buffered field, the
+parameters. Funcs that write fields or reach a buffered one are inlined
+first (NOTE: [Funcs that write fields, inlined]); a func that still reaches
+a buffered field (one returning early, a method of an object), the
 field used whole (passed on, ``x.grad``, ``x.fill``), a field with an
 offset, a ``ti.template()`` parameter or a kernel returning a value is not
 taken (:class:`NotLifted`, and the loop keeps its carry in the program's
@@ -66,7 +67,9 @@ def with_time_axis(kernel: Any, owner: object, axes: Mapping[int, Axis]) -> Any:
     buffers of ``axes`` (``id(field) -> Axis``): a kernel taking the kernel's parameters, then ``slot`` and
     ``step`` (see the NOTE). Raises :class:`NotLifted`."""
     bound = getattr(kernel, "_is_classkernel", False)
-    parsed = inlined(bind(parse(Unbound(kernel)) if bound else parse(kernel), owner))
+    ids = {id(a.buffer) for a in axes.values()} | set(axes)
+    parsed = inlined(bind(parse(Unbound(kernel)) if bound else parse(kernel), owner),
+                     also=lambda callee: _reaches(callee, ids))
     tree, namespace = copy.deepcopy(parsed.tree), dict(parsed.namespace)
     name = tree.name
     if tree.returns is not None:
@@ -93,6 +96,11 @@ def with_time_axis(kernel: Any, owner: object, axes: Mapping[int, Axis]) -> Any:
     tree.decorator_list = [ast.Attribute(ast.Name(taichi, ast.Load()), "kernel", ast.Load())]
     tree.name = f"{name}_in_time"
     return compile_source(ast.fix_missing_locations(tree), tree.name, namespace, tag="time-axis")
+
+
+def _reaches(callee: Any, ids: set[int]) -> bool:
+    """Whether a func reaches one of the fields of ``ids`` (itself or through its callees)."""
+    return any(i in ids for i in CodeGraph(callee).fields)
 
 
 def _passes_memory(annotation: ast.expr | None, namespace: dict[str, Any]) -> bool:
@@ -153,7 +161,7 @@ class _Rewriter(ast.NodeTransformer):
         if func is ti.grouped and len(node.args) == 1 and (n := self._field(node.args[0])) is not None:
             ranges = ast.Call(self._ti("ndrange"), [ast.Constant(s) for s in self._shape(n)], [])
             return ast.copy_location(ast.Call(node.func, [ranges], []), node)
-        if (is_taichi_func(func) or is_helper(func)) and any(i in self.ids for i in CodeGraph(func).fields):
+        if (is_taichi_func(func) or is_helper(func)) and _reaches(func, self.ids):
             raise NotLifted(f"the kernel `{self.kernel}` calls `{ast.unparse(node.func)}`, which reaches a field "
                             "the loop keeps a slot of per step")
         return self.generic_visit(node)
