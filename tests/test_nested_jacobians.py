@@ -95,7 +95,7 @@ def nested_in_kernel(W: ti.types.ndarray(dtype=ti.f64, ndim=2), x: ti.types.ndar
         xv = ti.Vector([x[e, j] for j in ti.static(range(4))], dt=ti.f64)
         bv = ti.Vector([b[i] for i in ti.static(range(3))], dt=ti.f64)
         block = H(Wm, xv, bv)  # flat past rank 2 (docs/in-kernel.md)
-        for k in ti.static(range(3 * 3 * 4 * 3 * 4)):
+        for k in range(3 * 3 * 4 * 3 * 4):  # a runtime loop: unrolled, the 432 copies took Taichi 20 s to compile
             out_in_kernel[e, k // 144, k // 48 % 3, k // 12 % 4, k // 4 % 3, k % 4] = block[k]
 
 
