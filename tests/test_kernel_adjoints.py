@@ -440,3 +440,32 @@ def test_kernels_with_continue_are_reversed_by_tidiff():
     (want,) = torch.autograd.grad((y * torch.tensor(c)).sum(), [xt])
     np.testing.assert_allclose(td.vjp(fn, x)[1](c)[0], want.numpy(), rtol=1e-12)
     np.testing.assert_allclose(td.jvp(fn, (x,), (np.ones(N),))[1], td.jacrev(fn)(x).sum(1), rtol=1e-12)
+
+
+def test_the_tangent_of_a_determinant_is_reversed_by_tidiff():
+    """The determinant's tangent calls the cofactors helper (``for i, j in ti.static(ti.ndrange(3, 3))``,
+    ``i1, i2 = ti.static(...)``, ``r0, r1, r2 = ti.static(OTHERS[i])``): tidiff reverses the tangent kernel
+    itself, so Hessian-vector products of a program over determinants need no kernel.grad."""
+    a3, a4 = ti.Matrix.field(3, 3, ti.f64, 2), ti.Matrix.field(4, 4, ti.f64, 2)
+    loss = ti.field(ti.f64, ())
+
+    @ti.kernel
+    def determinants():
+        for i in a3:
+            loss[None] += a3[i].determinant() ** 2 + ti.sin(a4[i].determinant())
+
+    f = td.function(determinants, inputs=[a3, a4], outputs=[loss])
+    rng = np.random.default_rng(11)
+    primals = (rng.normal(size=(2, 3, 3)), rng.normal(size=(2, 4, 4)))
+    tangents = (rng.normal(size=(2, 3, 3)), rng.normal(size=(2, 4, 4)))
+    value, (h3, h4) = td.hvp(f, primals, tangents)
+    assert all(isinstance(vjp_kernel(k), KernelAdjoint) for k in f.program.tangent()._kernels)
+
+    def torch_loss(m3, m4):
+        return (torch.linalg.det(m3) ** 2).sum() + torch.sin(torch.linalg.det(m4)).sum()
+
+    want_value, (w3, w4) = torch.autograd.functional.hvp(
+        torch_loss, tuple(torch.tensor(p) for p in primals), tuple(torch.tensor(t) for t in tangents))
+    np.testing.assert_allclose(value, want_value.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(h3, w3.numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(h4, w4.numpy(), rtol=1e-9, atol=1e-12)

@@ -54,6 +54,9 @@ APPLY = {
     # extremes in reverse]); y starts at 0
     "atomic maxima": "v = f(x[i], w[i])\n        ti.atomic_max(y[i], v)\n"
                      "        ti.atomic_max(y[(i + 1) % N], v - 0.5)",
+    # v = f(x[i], w[i]) grown by half until past 1, at most three times (NOTE: [Break as a flag])
+    "a loop that breaks": "v = f(x[i], w[i])\n        for _ in range(3):\n            if v > 1.0:\n"
+                          "                break\n            v = v * 1.5\n        y[i] = v",
 }
 
 
@@ -62,6 +65,15 @@ def y_twin(variant: str, f_values):
     if variant == "atomic maxima":
         zero = torch.zeros_like(f_values)
         return torch.amax(torch.stack([zero, f_values, torch.roll(f_values, 1) - 0.5]), dim=0)
+    if variant == "a loop that breaks":
+        grown = []
+        for v in f_values:
+            for _ in range(3):
+                if v > 1.0:
+                    break
+                v = v * 1.5
+            grown.append(v)
+        return torch.stack(grown)
     return f_values
 
 FIELD_KERNELS = """

@@ -49,9 +49,11 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import taichi as ti
+
 from .._lang.activity import assignments
 from .._lang.naming import RULE_HELPERS, Namer
-from .._lang.nodes import assign, augment, compare, for_range, if_, name, taichi, zero_of
+from .._lang.nodes import assign, augment, call, compare, for_range, if_, name, taichi, zero_of
 from .._lang.parse import Parsed, resolve
 from .._lang.sym import Sym, helpers
 from .._rules.table import Vjp
@@ -112,6 +114,11 @@ class Branch:
     finals: list[dict[str, str]]  # per side: {variable: SSA name}
     phis: dict[str, str]
     prevs: dict[str, str]  # variable -> SSA name before the branch
+    static: bool = False  # ``if ti.static(...)`` on what only Taichi's compile knows (``a.n``): one side compiles
+
+    def condition(self) -> ast.expr:
+        """The branch's test as the forward and reverse sweeps write it."""
+        return call(taichi("static"), self.test) if self.static else name(self.test)
 
 
 @dataclass
@@ -220,8 +227,11 @@ class ControlFlow:
         return variables
 
     def branch(self, node: ast.If) -> None:
-        """``if test: ... else: ...`` on a value (NOTE: [Reverse control flow])."""
+        """``if test: ... else: ...`` on a value (NOTE: [Reverse control flow]), or on ``ti.static(...)`` of what
+        only Taichi knows when it compiles (a parameter's shape ``a.n``): the test stays static in both sweeps, so
+        only the taken side compiles (the other may not type-check)."""
         test = self.fresh("cond")
+        static = isinstance(node.test, ast.Call) and resolve(node.test.func, self.parsed.namespace) is ti.static
         self.forward.append(assign(test, self.rename(node.test)))
         variables = self.carried(node.body + node.orelse)
         prevs = {v: self.ssa(v) for v in variables}
@@ -241,9 +251,10 @@ class ControlFlow:
             if any(self.is_active(name(n)) for n in [prevs[v]] + [f[v] for f in finals]):
                 self.active.add(phis[v])
         (body, body_merges), (orelse, orelse_merges) = sides
-        self.forward.append(ast.If(name(test), body.forward + body_merges or [ast.Pass()],
+        branch = Branch(test, [body, orelse], finals, phis, prevs, static)
+        self.forward.append(ast.If(branch.condition(), body.forward + body_merges or [ast.Pass()],
                                    orelse.forward + orelse_merges))
-        self.ops.append(Branch(test, [body, orelse], finals, phis, prevs))
+        self.ops.append(branch)
 
     def runtime_range(self, node: ast.expr) -> list[ast.expr] | None:
         """The arguments of ``range(stop)`` or ``range(start, stop)``, else None."""
@@ -393,7 +404,7 @@ class ControlFlow:
 
         code = [copy.deepcopy(side.forward) + self.emitted(functools.partial(adjoint, side, final))
                 for side, final in zip(branch.sides, branch.finals, strict=True)]
-        self.backward.append(ast.If(name(branch.test), code[0] or [ast.Pass()], code[1]))
+        self.backward.append(ast.If(branch.condition(), code[0] or [ast.Pass()], code[1]))
 
     def reverse_loop(self, loop: Loop) -> None:
         if not self.flowing(loop.phis) and not has_effects(loop.body.ops):

@@ -23,6 +23,7 @@ its derivatives then come from forward pushes (``_codegen/bodies.py``), which ha
 import ast
 import builtins
 import copy
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
@@ -183,6 +184,14 @@ class Reverser(ControlFlow):
             for t, v in zip(target.elts, values, strict=False):
                 self.bind(t.id, v)
             return
+        if isinstance(target, (ast.Tuple, ast.List)) and _all_names(target.elts) \
+                and isinstance(node.value, ast.Call) and self._is_static_range(node.value):
+            statics = self.static_values(node.value, len(target.elts))  # i1, i2 = ti.static(i + 1, i + 2)
+            if statics is None:
+                raise NotReversible(f"the compile-time assignment `{ast.unparse(node)}`")
+            for t, v in zip(target.elts, statics, strict=True):
+                self.env[t.id] = ast.Constant(v)
+            return
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, ast.Call) \
                 and _all_names(target.elts):
             paths = self.returned_paths(node.value)
@@ -264,19 +273,25 @@ class Reverser(ControlFlow):
         """A loop over a range of constants, unrolled: the counter is a constant in each copy; a loop over
         ``range(n)`` with ``n`` known only at run time is a runtime loop (NOTE: [Reverse control flow])."""
         values = self.constant(node.iter, "range")
-        if not isinstance(node.target, ast.Name) or node.orelse:
+        counters = [node.target] if isinstance(node.target, ast.Name) else node.target.elts \
+            if values is not None and isinstance(node.target, ast.Tuple) and _all_names(node.target.elts) else None
+        if counters is None or node.orelse:
             raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` with this target or an else")
-        if values is not None:
-            outer = self.env.get(node.target.id)  # Taichi scopes the counter to the loop: restored after it
+        if values is not None:  # ti.static(ti.ndrange(3, 3)) gives tuples for `for i, j in ...`
+            names = [c.id for c in counters if isinstance(c, ast.Name)]
+            outer = {n: self.env.get(n) for n in names}  # Taichi scopes the counters to the loop: restored after it
             for value in values:
-                self.env[node.target.id] = ast.Constant(value)
+                for n, v in zip(names, value if len(names) > 1 else (value,), strict=True):
+                    self.env[n] = ast.Constant(v)
                 for stmt in node.body:
                     self.statement(stmt)
-            if outer is None:
-                self.env.pop(node.target.id, None)
-            else:
-                self.env[node.target.id] = outer
+            for n, before in outer.items():
+                if before is None:
+                    self.env.pop(n, None)
+                else:
+                    self.env[n] = before
             return
+        assert isinstance(node.target, ast.Name)
         bounds = self.runtime_range(node.iter)
         if bounds is None:
             raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}` (not a range)")
@@ -309,10 +324,17 @@ class Reverser(ControlFlow):
         ):
             node = node.args[0]
         if kind == "range":
-            if not (isinstance(node, ast.Call) and resolve(node.func, self.parsed.namespace) is range):
+            if not isinstance(node, ast.Call):
+                return None
+            func = resolve(node.func, self.parsed.namespace)
+            if func is not range and func is not ti.ndrange:
                 return None
             args = [self.constant(a, "int") for a in node.args]
-            return None if None in args or not 1 <= len(args) <= 3 else list(range(*args))
+            if None in args or not args:
+                return None
+            if func is ti.ndrange:  # tuples of indices, the last fastest
+                return list(itertools.product(*(range(a) for a in args)))
+            return list(range(*args)) if len(args) <= 3 else None
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name):
                 value = resolve(sub, self.parsed.namespace)
@@ -325,6 +347,35 @@ class Reverser(ControlFlow):
         code = compile(ast.fix_missing_locations(ast.Expression(node)), "<constant>", "eval")
         value = eval(code, {"__builtins__": {}}, names)  # constants and operators only, checked above
         return value if kind != "int" or isinstance(value, int) else None
+
+    def static_values(self, node: ast.Call, count: int) -> list[Any] | None:
+        """The ``count`` values of ``ti.static(a, b, ...)`` (one argument each) or ``ti.static(seq)`` (a Python
+        sequence of them: ``OTHERS[i]`` with ``i`` a constant), evaluated as Taichi does while it compiles; None
+        where an argument is not made of constants and module-level sequences."""
+        values = [self._static(a) for a in node.args]
+        if len(values) == 1 and count != 1:
+            values = list(values[0]) if isinstance(values[0], (list, tuple)) and len(values[0]) == count else [None]
+        return None if len(values) != count or any(v is None for v in values) else values
+
+    def _static(self, node: ast.expr) -> Any:
+        """The value of an expression of constants, loop counters and module-level sequences indexed by them."""
+        node = self.rename(node)
+        allowed = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Subscript, ast.Tuple, ast.Name,
+                   ast.expr_context, ast.operator, ast.unaryop, ast.cmpop)
+        names: dict[str, Any] = {}
+        for sub in ast.walk(node):
+            if not isinstance(sub, allowed):
+                return None
+            if isinstance(sub, ast.Name):
+                value = resolve(sub, self.parsed.namespace)
+                if sub.id in self.env or sub.id in self.defined or not _plain_constant(value):
+                    return None
+                names[sub.id] = value
+        code = compile(ast.fix_missing_locations(ast.Expression(node)), "<static>", "eval")
+        try:
+            return eval(code, {"__builtins__": {}}, names)  # constants, operators and plain sequences, checked above
+        except Exception:  # noqa: BLE001 -- an index out of range, a type error: Taichi reports it when it compiles
+            return None
 
     def bind(self, variable: str, value: ast.expr, annotation: ast.expr | None = None) -> None:
         """``variable = value`` as a fresh SSA name (an op's own temporary is renamed instead)."""
@@ -1054,6 +1105,13 @@ def _hint(node: ast.expr) -> str:
 def _call_hint(func: ast.expr, args: list[ast.expr]) -> str:
     base = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "call")
     return f"{base}_{args[0].id}" if len(args) == 1 and isinstance(args[0], ast.Name) else base
+
+
+def _plain_constant(value: Any) -> bool:
+    """A number, or a list or tuple of them (nested): what a compile-time index may read."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain_constant(v) for v in value)
+    return isinstance(value, (int, float, bool))
 
 
 def _static_int(node: ast.expr) -> int | bool:
