@@ -73,6 +73,7 @@ from taichi.lang.field import Field, ScalarField
 from taichi.types.annotations import Template
 
 from .._cache import ADJOINT
+from .._codegen.launch import NumberLaunch
 from .._lang import extremes
 from .._lang.activity import integer_locals, stop_grad_arguments
 from .._lang.callees import transformable
@@ -113,6 +114,7 @@ class KernelAdjoint:
         self.kernel, self.fields_at, self.params = kernel, fields_at, params
         self.accesses = KernelAccesses(accesses, params)
         self.bound = bound  # a class kernel's: Taichi launches it with the object first
+        self.launch = NumberLaunch(kernel)  # NOTE: [Number launches]: a replay launches it with numbers only
 
     def arguments(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """The adjoint's arguments for a launch of the kernel with ``args`` (a class kernel's without ``self``)."""

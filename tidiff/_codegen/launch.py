@@ -40,13 +40,14 @@ class NumberLaunch:
     Taichi's per-call argument handling after a first call through Taichi's own.
 
     NOTE: [Number launches] A time loop launches the same few kernels with a slot and a step index thousands of
-    times (NOTE: [A time loop over buffers]). Taichi's call reads each argument's features, looks the compiled
-    instance up, materializes the field trees and sets each argument through a generic recursive setter: about
-    70 us a launch on a 2-core CPU, as much as the launch of a small kernel itself. After the first call, a
-    kernel taking only numbers needs only a launch context with the numbers set (integers and floats as its
-    annotations say) and the compiled kernel Taichi handed back: about a third of that. A kernel that prints or
-    returns a value, a parameter of another type, or a launch Taichi must see (a tape or a forward-mode manager
-    recording) goes through Taichi's call.
+    times (NOTE: [A time loop over buffers]), and a field program's replay launches each recorded kernel's
+    adjoint with the numbers its launch had (a stored trajectory's ``t``). Taichi's call reads each argument's
+    features, looks the compiled instance up, materializes the field trees and sets each argument through a
+    generic recursive setter: about 70 us a launch on a 2-core CPU, as much as the launch of a small kernel
+    itself. After the first call, a kernel taking only numbers needs only a launch context with the numbers
+    set (integers and floats as its annotations say) and the compiled kernel Taichi handed back: about a third
+    of that. A kernel that prints or returns a value, a parameter of another type, or a launch Taichi must see
+    (a tape or a forward-mode manager recording) goes through Taichi's call.
     """
 
     def __init__(self, kernel: Any) -> None:

@@ -141,7 +141,7 @@ class Recorder:
                     f"give it one with @ti.ad.grad_for({kernel.__name__})")
             elif hasattr(kernel, "grad") and not any(_is_external_array(arg) for arg in args):
                 if own is not None:  # readers of external arrays (to_numpy) have no adjoint
-                    own.kernel(*own.arguments(args))
+                    own.launch(*own.arguments(args))
                 else:
                     _adjoint(kernel, args)
 

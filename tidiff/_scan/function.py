@@ -49,7 +49,6 @@ class Scan(Function):
         self.each = tuple(each) if each is not None else (False,) * len(self.carry)  # NOTE: [Per-step outputs]
         self.schedule = Schedule.of(length, checkpoints)
         self._stepper: Any = None
-        self._holder: object | None = None  # the linearization whose checkpoints the stepper holds
 
 
     def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
@@ -66,13 +65,20 @@ class Scan(Function):
         """The stepper (made once, at the first call): a field program's kernels over buffers with a time axis
         (NOTE: [A time loop over buffers]) where they take it, else the carry in the program's fields, else on
         the host."""
-        if self._stepper is None:
-            if AxisStepper.fits(self.step):
-                self._stepper = AxisStepper.made(self.step, self.carry, self.each, self.length, self.schedule, batch)
-            if self._stepper is None:
-                kind = FieldStepper if FieldStepper.fits(self.step) else HostStepper
-                self._stepper = kind(self.step, self.carry, self.each, self.length)
+        if self._stepper is None:  # loops of one step and schedule share it: its kernels compile once
+            key = ("time loop stepper", self.carry, self.each, self.length, self.schedule.every)
+            self._stepper = self.step.memo.get(key, lambda: self._made_stepper(batch))
         return self._stepper
+
+    def _made_stepper(self, batch: Batch) -> Any:
+        stepper: Any = None
+        if AxisStepper.fits(self.step):
+            stepper = AxisStepper.made(self.step, self.carry, self.each, self.length, self.schedule, batch)
+        if stepper is None:
+            kind = FieldStepper if FieldStepper.fits(self.step) else HostStepper
+            stepper = kind(self.step, self.carry, self.each, self.length)
+        stepper.holder = None  # the linearization whose checkpoints the stepper holds (loops share steppers)
+        return stepper
 
     def evaluate(self, batch: Batch) -> list[Any]:
         self.signature(batch.specs)
@@ -101,7 +107,7 @@ class Scan(Function):
             return pushed_vjp(self, batch, cotangents, wrong)
         stepper = self.stepper(batch)
         stepper.begin(batch, self.schedule.slots)
-        self._holder = None
+        stepper.holder = None
         if isinstance(stepper, AxisStepper):
             return stepper.pull_back_all(cotangents, kept=False)
         return pull_back(stepper, self.schedule, cotangents)
@@ -120,17 +126,17 @@ class Scan(Function):
         outs = stepper.run_loop(keep=True) if axis else \
             keep_checkpoints(stepper, self.schedule, to_the_end=True)
         assert outs is not None
-        self._holder = holder = object()
+        stepper.holder = holder = object()
 
         def pullback(cotangents: Sequence[Any]) -> list[Any]:
             wrong = self._wrong_reverse(batch)
             if wrong is not None:
                 return pushed_vjp(self, batch, cotangents, wrong)
-            kept = self._holder is holder
+            kept = stepper.holder is holder
             stepper.begin(batch, self.schedule.slots)
             grads = stepper.pull_back_all(cotangents, kept) if axis else \
                 pull_back(stepper, self.schedule, cotangents, kept=kept)
-            self._holder = holder
+            stepper.holder = holder
             return grads
 
         return outs, pullback
