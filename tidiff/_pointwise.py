@@ -40,8 +40,8 @@ from ._arrays import torch_module as _torch_module
 from ._cache import uses
 from ._codegen.batch import BatchKernel, ScalarKernel, flatten_batch, identifier, kernel_shape
 from ._codegen.bodies import BodyWriter, cotangent_blocks, tangent_body
-from ._codegen.launch import DirectLaunch
 from ._derived import CotangentArguments, TangentArguments
+from ._lang.launch import DirectLaunch
 from ._protocol import Function, require_taichi
 from ._signature import ArgSpec
 from ._tree import Tree

@@ -73,12 +73,12 @@ from taichi.lang.field import Field, ScalarField
 from taichi.types.annotations import Template
 
 from .._cache import ADJOINT
-from .._codegen.launch import NumberLaunch
 from .._lang import extremes
 from .._lang.activity import integer_locals, stop_grad_arguments
 from .._lang.callees import transformable
 from .._lang.compile import compile_source, mark, wrap_long_lines
 from .._lang.generate import generate, owned_cache
+from .._lang.launch import NumberLaunch
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
 from .._lang.nodes import entry_root, name
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for

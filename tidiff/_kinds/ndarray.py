@@ -51,7 +51,6 @@ from taichi.types.ndarray_type import NdarrayType
 
 from .._arrays import Batch, is_tensor, numpy_dtype, to_numpy, torch_dtype
 from .._cache import uses
-from .._codegen.launch import DirectLaunch
 from .._derived import TangentArguments
 from .._errors import taichi_cannot_reverse
 from .._fields.graph import CodeGraph
@@ -59,6 +58,7 @@ from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
 from .._fields.values import check_unchanged
 from .._lang.activity import root_names
 from .._lang.compile import info
+from .._lang.launch import DirectLaunch
 from .._lang.parse import kernel_function
 from .._lang.source import source_tree
 from .._protocol import Function, register_kind

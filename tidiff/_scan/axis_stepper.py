@@ -40,9 +40,9 @@ from taichi.lang.exception import TaichiCompilationError
 from .._adjoint.kernels import KernelAdjoint, vjp_kernel
 from .._arrays import Batch, of_dtype
 from .._cache import uses
-from .._codegen.launch import NumberLaunch
 from .._fields.tape import is_taichi_helper
 from .._fields.twins import fields_builder, full_shape, is_real, load, numpy_dtype, read, zero
+from .._lang.launch import NumberLaunch
 from .fields import FieldStepper, _clear, _copy_slot, _like, _restore_and_move, _save, _tree, move
 from .schedule import Schedule
 from .time_axis import Axis, NotLifted, with_time_axis
