@@ -41,29 +41,11 @@ from .._adjoint.kernels import KernelAdjoint, vjp_kernel
 from .._arrays import Batch, of_dtype
 from .._cache import uses
 from .._fields.tape import is_taichi_helper
-from .._fields.twins import fields_builder, full_shape, is_real, load, numpy_dtype, read, zero
+from .._fields.twins import full_shape, is_real, load, numpy_dtype, read, zero
 from .._lang.launch import NumberLaunch
-from .fields import FieldStepper, _clear, _copy_slot, _like, _restore_and_move, _save, _tree, move
+from .fields import FieldStepper, _clear, _copy_slot, _restore_and_move, _save, _tree, _trees, move
 from .schedule import Schedule
 from .time_axis import Axis, NotLifted, with_time_axis
-
-
-def _buffers(*groups: tuple[Sequence[Any], int]) -> list[tuple[Any, ...]]:
-    """Per group ``(fields, slots)``, fields like them with a leading axis of ``slots`` and gradients where
-    real: all in one tree."""
-    builder = fields_builder("the slots of a time loop")
-    made = []
-    for fields, slots in groups:
-        made.append(tuple(_placed(f, builder, slots) for f in fields))
-    if any(made):
-        builder.finalize(raise_warning=False)
-    return made
-
-
-def _placed(field: Any, builder: Any, slots: int) -> Any:
-    new, place = _like(field, (slots,), grads=True)
-    place(builder)
-    return new
 
 
 class AxisStepper(FieldStepper):
@@ -99,8 +81,9 @@ class AxisStepper(FieldStepper):
         self.pairs = list(zip(self.outs, self.ins, strict=True))
         outs = {id(o) for o in self.outs} | {id(t) for t in self.each_twins}
         self.state_twins = tuple(t for t in self.zeroed if id(t) not in outs)
-        self.carry_buffers, self.state_buffers, self.reset_buffers, self.step_buffers = _buffers(
-            (self.ins, every + 1), (self.state_twins, every), (self.reset_twins, every), (self.each_twins, length))
+        self.carry_buffers, self.state_buffers, self.reset_buffers, self.step_buffers = _trees(
+            [(self.ins, (every + 1,)), (self.state_twins, (every,)), (self.reset_twins, (every,)),
+             (self.each_twins, (length,))], grads=True)
         axes: dict[int, Axis] = {}
         for (o, i), b in zip(self.pairs, self.carry_buffers, strict=True):
             axes[id(i)], axes[id(o)] = Axis(b, "slot"), Axis(b, "next")
@@ -179,8 +162,8 @@ class AxisStepper(FieldStepper):
     def _segment(self, start: int, end: int) -> None:
         """Slots for the steps ``start..end-1``: the carry's after slot 0 and the states zeroed, reset fields
         filled, per-step outputs of these steps zeroed."""
-        _clear(self.carry_buffers, 1, self.every + 1, self.step_buffers, start, end, self.state_buffers,
-               self.reset_buffers, self.snapshots)
+        _clear(self.carry_buffers, 1, self.every + 1, self.step_buffers, self.each_twins, start, end,
+               self.state_buffers, self.reset_buffers, self.snapshots)
 
     def _steps(self, start: int, end: int) -> None:
         for t in range(start, end):
@@ -240,7 +223,7 @@ class AxisStepper(FieldStepper):
                 _copy_slot(self.carry_buffers, 0, self.store, s, self.ins)
                 self._segment(start, end)
                 self._steps(start, end)
-            _clear(self.carry_grads, 0, end - start, (), 0, 0, self.inner_grads, (), ())
+            _clear(self.carry_grads, 0, end - start, (), (), 0, 0, self.inner_grads, (), ())
             for t in reversed(range(start, end)):
                 for _, args, adjoint in reversed(self.launches):
                     adjoint(*args, t - start, t)

@@ -114,18 +114,18 @@ def _copy_slot(dsts: ti.template(), to: ti.i32, srcs: ti.template(), at: ti.i32,
 
 @ti.kernel
 def _clear(slotted: ti.template(), lo: ti.i32, hi: ti.i32, stepped: ti.template(),  # type: ignore[valid-type]
-           first: ti.i32, last: ti.i32, zeros: ti.template(), fills: ti.template(),  # type: ignore[valid-type]
-           snapshots: ti.template()):  # type: ignore[valid-type]
-    """Zero slots ``lo..hi-1`` of ``slotted`` and ``first..last-1`` of ``stepped``, all of ``zeros``; every slot of
-    ``fills`` from its snapshot."""
+           steps_like: ti.template(), first: ti.i32, last: ti.i32, zeros: ti.template(),  # type: ignore[valid-type]
+           fills: ti.template(), snapshots: ti.template()):  # type: ignore[valid-type]
+    """Zero slots ``lo..hi-1`` of ``slotted`` and ``first..last-1`` of ``stepped`` (``steps_like``: fields of one
+    slot's shape), all of ``zeros``; every slot of ``fills`` from its snapshot."""
     for k in ti.static(range(len(slotted))):
         for index in ti.grouped(slotted[k]):
             if lo <= index[0] and index[0] < hi:
                 slotted[k][index] = ti.zero(slotted[k][index])
-    for k in ti.static(range(len(stepped))):
-        for index in ti.grouped(stepped[k]):
-            if first <= index[0] and index[0] < last:
-                stepped[k][index] = ti.zero(stepped[k][index])
+    for k in ti.static(range(len(stepped))):  # the segment's steps only, not the loop's
+        for index in ti.grouped(steps_like[k]):
+            for t in range(first, last):
+                stepped[k][t, index] = ti.zero(stepped[k][t, index])
     for k in ti.static(range(len(zeros))):
         for index in ti.grouped(zeros[k]):
             zeros[k][index] = ti.zero(zeros[k][index])
@@ -187,14 +187,23 @@ def _like(field: Any, leading: tuple[int, ...] = (), grads: bool = False) -> tup
 def _tree(fields: Sequence[Any], leading: tuple[int, ...] = (), grads: bool = False) -> list[Any]:
     """Fields like ``fields`` (with ``leading`` axes first; with gradients where ``grads``), placed in one tree
     that lives as long as they do."""
-    if not fields:
-        return []
+    return list(_trees(((fields, leading),), grads)[0])
+
+
+def _trees(groups: Sequence[tuple[Sequence[Any], tuple[int, ...]]], grads: bool = False) -> list[tuple[Any, ...]]:
+    """Per group ``(fields, leading)``, fields like them with ``leading`` axes first (with gradients where
+    ``grads``), all placed in one tree."""
+    if not any(fields for fields, _ in groups):
+        return [() for _ in groups]
     builder = fields_builder("the checkpoints of a time loop")
     made = []
-    for f in fields:
-        new, place = _like(f, leading, grads)
-        place(builder)
-        made.append(new)
+    for fields, leading in groups:
+        group = []
+        for f in fields:
+            new, place = _like(f, leading, grads)
+            place(builder)
+            group.append(new)
+        made.append(tuple(group))
     builder.finalize(raise_warning=False)
     return made
 

@@ -89,7 +89,7 @@ def with_time_axis(kernel: Any, owner: object, axes: Mapping[int, Axis]) -> Any:
     names = {n: namer.fresh(f"{n}_in_time") for n in buffered}
     namespace.update({names[n]: a.buffer for n, a in buffered.items()})
     namespace[taichi] = ti
-    rewriter = _Rewriter(buffered, names, slot, step, taichi, namespace, local, name)
+    rewriter = _Rewriter(buffered, names, slot, step, taichi, namespace, local, name, ids)
     tree.body = [rewriter.visit(stmt) for stmt in tree.body]
     tree.args.args += [ast.arg(p, ast.Attribute(ast.Name(taichi, ast.Load()), "i32", ast.Load()))
                        for p in (slot, step)]
@@ -116,10 +116,10 @@ class _Rewriter(ast.NodeTransformer):
     """Accesses of buffered fields with the slot in front (see the NOTE)."""
 
     def __init__(self, buffered: dict[str, Axis], names: dict[str, str], slot: str, step: str, taichi: str,
-                 namespace: dict[str, Any], local: set[str], kernel: str) -> None:
+                 namespace: dict[str, Any], local: set[str], kernel: str, ids: set[int]) -> None:
         self.buffered, self.names, self.slot, self.step, self.taichi = buffered, names, slot, step, taichi
         self.namespace, self.local, self.kernel = namespace, local, kernel
-        self.ids = {id(a.buffer) for a in buffered.values()} | {id(namespace[n]) for n in buffered}
+        self.ids = ids  # the buffered fields and their buffers
 
     def _field(self, node: ast.AST) -> str | None:
         return node.id if isinstance(node, ast.Name) and node.id in self.buffered else None
