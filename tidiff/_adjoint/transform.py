@@ -335,15 +335,9 @@ class Reverser(ControlFlow):
             if func is ti.ndrange:  # tuples of indices, the last fastest
                 return list(itertools.product(*(range(a) for a in args)))
             return list(range(*args)) if len(args) <= 3 else None
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Name):
-                value = resolve(sub, self.parsed.namespace)
-                if sub.id in self.env or sub.id in self.defined or not isinstance(value, (int, float, bool)):
-                    return None
-            elif not isinstance(sub, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.expr_context,
-                                      ast.operator, ast.unaryop, ast.cmpop, ast.boolop)):
-                return None
-        names = {n.id: resolve(n, self.parsed.namespace) for n in ast.walk(node) if isinstance(n, ast.Name)}
+        names = self._constant_names(node, sequences=False)
+        if names is None:
+            return None
         code = compile(ast.fix_missing_locations(ast.Expression(node)), "<constant>", "eval")
         value = eval(code, {"__builtins__": {}}, names)  # constants and operators only, checked above
         return value if kind != "int" or isinstance(value, int) else None
@@ -360,22 +354,31 @@ class Reverser(ControlFlow):
     def _static(self, node: ast.expr) -> Any:
         """The value of an expression of constants, loop counters and module-level sequences indexed by them."""
         node = self.rename(node)
-        allowed = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Subscript, ast.Tuple, ast.Name,
-                   ast.expr_context, ast.operator, ast.unaryop, ast.cmpop)
-        names: dict[str, Any] = {}
-        for sub in ast.walk(node):
-            if not isinstance(sub, allowed):
-                return None
-            if isinstance(sub, ast.Name):
-                value = resolve(sub, self.parsed.namespace)
-                if sub.id in self.env or sub.id in self.defined or not _plain_constant(value):
-                    return None
-                names[sub.id] = value
+        names = self._constant_names(node, sequences=True)
+        if names is None:
+            return None
         code = compile(ast.fix_missing_locations(ast.Expression(node)), "<static>", "eval")
         try:
             return eval(code, {"__builtins__": {}}, names)  # constants, operators and plain sequences, checked above
         except Exception:  # noqa: BLE001 -- an index out of range, a type error: Taichi reports it when it compiles
             return None
+
+    def _constant_names(self, node: ast.expr, sequences: bool) -> dict[str, Any] | None:
+        """The global names a renamed expression reads, with their values, where it is made only of constants,
+        operators and global numbers (and, with ``sequences``, tuples and entries of global sequences of numbers);
+        else None."""
+        allowed = _CONSTANT_NODES + ((ast.Subscript, ast.Tuple) if sequences else ())
+        names: dict[str, Any] = {}
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name):
+                value = resolve(sub, self.parsed.namespace)
+                plain = _plain_constant(value) if sequences else isinstance(value, (int, float, bool))
+                if sub.id in self.env or sub.id in self.defined or not plain:
+                    return None
+                names[sub.id] = value
+            elif not isinstance(sub, allowed):
+                return None
+        return names
 
     def bind(self, variable: str, value: ast.expr, annotation: ast.expr | None = None) -> None:
         """``variable = value`` as a fresh SSA name (an op's own temporary is renamed instead)."""
@@ -1105,6 +1108,10 @@ def _hint(node: ast.expr) -> str:
 def _call_hint(func: ast.expr, args: list[ast.expr]) -> str:
     base = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "call")
     return f"{base}_{args[0].id}" if len(args) == 1 and isinstance(args[0], ast.Name) else base
+
+
+_CONSTANT_NODES: tuple[type, ...] = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.expr_context,
+                                     ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
 
 
 def _plain_constant(value: Any) -> bool:
