@@ -5,7 +5,10 @@ every later launch of the program, reading the fields as the program left
 them (NOTE: [Reverse of a kernel]). That is right when no entry a launch read
 is written afterwards, by a later launch or, after the read, by the same
 one: Taichi's global data access rules. A tape of launches that provably
-keeps them needs no run-time check of its reverse mode; one that may not is
+keeps them needs no run-time check of its reverse mode; nor does one where a
+later launch writes entries an earlier one read, once the recorder keeps
+those entries (NOTE: [Overwritten values kept]). One that may not keep them
+(a launch reading, then writing, the same entries; accesses not known) is
 checked against forward mode as before (NOTE: [Checking Taichi's reverse
 mode]).
 
@@ -27,14 +30,19 @@ from taichi.lang.field import Field
 Where = tuple[int | None, ...] | None
 """The entries one access touches: per index position a value (the same for the whole launch) or None (any);
 None as a whole: any entry of the field."""
+Write = tuple[Field, Where]
+"""Entries of a field a launch overwrites, to be kept for the replay (NOTE: [Overwritten values kept])."""
 
 
 class Access:
     """One field access of a kernel's code: a "load" or a "store" of a global field or of the template parameter
     at a position, at an index given per position as an expression of the launch's parameters (None: any)."""
 
-    def __init__(self, kind: str, field: Field | int, index: ast.expr | None, params: Sequence[str]) -> None:
+    def __init__(self, kind: str, field: Field | int, index: ast.expr | None, params: Sequence[str],
+                 anywhere: bool = False) -> None:
         self.kind, self.field = kind, field
+        self.anywhere = anywhere  # it may happen anywhere in the launch's order (in a runtime loop, repeatedly)
+        self.reread = False  # set by KernelAccesses: the field may be read after the kernel wrote it
         self.index: tuple[ast.expr | None, ...] | None = None
         if index is None:
             return
@@ -44,19 +52,26 @@ class Access:
         parts = index.elts if isinstance(index, ast.Tuple) else [index]
         self.index = tuple(p if _uniform(p, params) else None for p in parts)
 
+    def field_key(self) -> tuple[str, int]:
+        return ("parameter", self.field) if isinstance(self.field, int) else ("field", id(self.field))
+
     def key(self) -> tuple[Any, ...]:
-        field = ("parameter", self.field) if isinstance(self.field, int) else ("field", id(self.field))
         index = None if self.index is None else tuple(None if e is None else ast.dump(e) for e in self.index)
-        return (self.kind, field, index)
+        return (self.kind, self.field_key(), index)
 
 
 class KernelAccesses:
     """A kernel's field accesses in code order (repeats dropped), with one compiled function giving the entries
-    each touches in a launch: ``(t + 1, None)`` for ``x[t + 1, i]`` launched with ``t``."""
+    each touches in a launch: ``(t + 1, None)`` for ``x[t + 1, i]`` launched with ``t``. An access is marked
+    ``reread`` where its field may be read after the kernel wrote it (a read following a write in the code, or
+    a field both read and written with an access that may happen anywhere)."""
 
     def __init__(self, accesses: Iterable[Access], params: Sequence[str]) -> None:
-        unique = list({a.key(): a for a in reversed(list(accesses))}.values())[::-1]  # the first of each kept
+        accesses = list(accesses)
+        unique = list({a.key(): a for a in reversed(accesses)}.values())[::-1]  # the first of each kept
         self.accesses = unique
+        for a in unique:
+            a.reread = a.field_key() in _reread(accesses)
         self.params = list(params)
 
         def entry(e: ast.expr | None) -> ast.expr:
@@ -70,11 +85,24 @@ class KernelAccesses:
         code = compile(ast.fix_missing_locations(ast.Expression(lam)), "<accesses>", "eval")
         self._wheres = eval(code, {"__builtins__": {}})  # integer arithmetic on parameters only (_uniform)
 
-    def touched(self, args: Sequence[Any]) -> list[tuple[str, Field, Where]]:
-        """``(kind, field, entries)`` of each access in a launch with ``args``."""
+    def touched(self, args: Sequence[Any]) -> list[tuple[Access, Field, Where]]:
+        """``(access, field, entries)`` of each access in a launch with ``args``."""
         wheres = self._wheres(*args)
-        return [(a.kind, args[a.field] if isinstance(a.field, int) else a.field, w)
+        return [(a, args[a.field] if isinstance(a.field, int) else a.field, w)
                 for a, w in zip(self.accesses, wheres, strict=True)]
+
+
+def _reread(accesses: Sequence[Access]) -> set[tuple[str, int]]:
+    """The fields (keys) a kernel may read after writing them."""
+    stored: set[tuple[str, int]] = set()
+    loaded: set[tuple[str, int]] = set()
+    found = set()
+    for a in accesses:
+        key = a.field_key()
+        if a.kind == "load" and key in stored:
+            found.add(key)
+        (stored if a.kind == "store" else loaded).add(key)
+    return found | {a.field_key() for a in accesses if a.anywhere} & stored & loaded
 
 
 def _uniform(node: ast.expr, params: Sequence[str]) -> bool:
@@ -134,42 +162,54 @@ def _spread(known: tuple[int, ...], values: tuple[int, ...], size: int) -> Where
 
 
 class AccessLog:
-    """The entries the launches of one tape read so far; ``safe`` until a launch may write one of them (or an
-    access cannot be known: a launch reversed by Taichi, one of Taichi's own kernels)."""
+    """The entries the launches of one tape read so far. ``safe`` until a launch's accesses cannot be known (one
+    reversed by Taichi, a helper of Taichi's) or a launch may read entries after writing them; a write of
+    entries read before is returned, to be kept (NOTE: [Overwritten values kept])."""
 
     def __init__(self) -> None:
         self.safe = True
+        self.kept = False  # whether a launch overwrote entries an earlier one read
         self._reads: dict[int, _Reads] = {}
         self._ndim: dict[int, int] = {}
 
-    def launch(self, accesses: KernelAccesses, args: Sequence[Any]) -> None:
-        """Record one launch of a kernel with these accesses and arguments."""
+    def launch(self, accesses: KernelAccesses, args: Sequence[Any]) -> tuple[list[Write], list[Write]]:
+        """Record one launch of a kernel with these accesses and arguments; return the writes (field and entries)
+        to keep: those of entries the launch read first (its own adjoint needs the old values), and those of
+        entries only earlier launches read (their adjoints do)."""
         if not self.safe:
-            return
+            return [], []
         touched = []
-        for kind, field, where in accesses.touched(args):
+        for access, field, where in accesses.touched(args):
             ndim = self._ndim.get(id(field))
             if ndim is None:
                 ndim = self._ndim[id(field)] = len(field.shape)
-            touched.append((kind, field, where if where is None or len(where) == ndim else None))  # a vector
+            touched.append((access, field, where if where is None or len(where) == ndim else None))  # a vector
             # index (ti.grouped), or a 0-d field read as x[0]: any entry
-        for k, (kind, field, where) in enumerate(touched):
-            if kind != "store":
+        first: dict[tuple[int, Where], Write] = {}
+        later: dict[tuple[int, Where], Write] = {}
+        for k, (access, field, where) in enumerate(touched):
+            if access.kind != "store":
                 continue
-            earlier = self._reads.get(id(field))
-            before = [w for kd, f, w in touched[:k] if kd == "load" and f is field]  # read, then written here
-            if (earlier is not None and earlier.overlaps(where)) or any(_overlap(where, w) for w in before):
-                self.safe = False
-                return
-        for kind, field, where in touched:
-            if kind == "load":
+            if any(a.kind == "load" and f is field and _overlap(where, w) for a, f, w in touched[:k]):
+                if access.reread:
+                    self.safe = False  # read, written, and maybe read again here: both values needed
+                    return [], []
+                first[(id(field), where)] = (field, where)
+            elif (earlier := self._reads.get(id(field))) is not None and earlier.overlaps(where):
+                later[(id(field), where)] = (field, where)
+        for access, field, where in touched:
+            if access.kind == "load":
                 self._reads.setdefault(id(field), _Reads()).add(where)
+        self.kept = self.kept or bool(first) or bool(later)
+        return list(first.values()), [w for key, w in later.items() if key not in first]
 
-    def overwrite(self, field: Field) -> None:
-        """One of Taichi's own kernels writes every entry of ``field`` (``fill``, ``from_numpy``)."""
+    def overwrite(self, field: Field) -> bool:
+        """One of Taichi's own kernels writes every entry of ``field`` (``fill``, ``from_numpy``): whether an
+        earlier launch read any (the field is then kept)."""
         reads = self._reads.get(id(field))
-        if reads is not None and reads.overlaps(None):
-            self.safe = False
+        found = self.safe and reads is not None and reads.overlaps(None)
+        self.kept = self.kept or found
+        return found
 
     def unknown(self) -> None:
         """A launch whose accesses are not known."""

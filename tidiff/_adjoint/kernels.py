@@ -199,6 +199,7 @@ class FieldReverser(Reverser):
 
     stores = False  # whether field writes are taken (a kernel's are; a func's are not)
     depth = 0  # how deep in a kernel's loops the statement being transformed stands (a func's: 0)
+    repeated = 0  # how many runtime loops (not the parallel one) stand around it
 
     def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int) -> None:
         super().__init__(parsed, active, n_outputs, _field_made)
@@ -276,7 +277,7 @@ class FieldReverser(Reverser):
             return [ast.AugAssign(at, ast.Add(), ct)]
 
         read = ast.Subscript(name(field), index, ast.Load())
-        self.accesses.append(Access("load", self.field_key(field), index, self.scalar_params()))
+        self.accesses.append(Access("load", self.field_key(field), index, self.scalar_params(), self.looped()))
         target = self.op(None, read, [], f"{field}_at")
         self.last_op().effect = effect
         return target
@@ -288,7 +289,7 @@ class FieldReverser(Reverser):
             raise NotReversible(f"the write `{ast.unparse(target)}` into a field inside a @ti.func")
         index = self.field_index(target)
         stored = self.operand(value)
-        self.accesses.append(Access("store", self.field_key(field), index, self.scalar_params()))
+        self.accesses.append(Access("store", self.field_key(field), index, self.scalar_params(), self.looped()))
         self.ops.append(Store(self.gradients[field], index, stored, kind))
 
     def extreme(self, target: ast.Subscript, value: ast.expr, kind: str) -> None:
@@ -310,10 +311,16 @@ class FieldReverser(Reverser):
         at = ast.Subscript(name(field), copy.deepcopy(index), ast.Load())
         self.forward.append(extremes.counted(stored, field, at, ties))  # run by the counting loop only
         key = self.field_key(field)
-        self.extremes += [Access("store", key, index, self.scalar_params()),
-                          Access("load", key, index, self.scalar_params())]  # the adjoint reads what won
+        self.extremes += [Access("store", key, index, self.scalar_params(), self.looped()),
+                          Access("load", key, index, self.scalar_params(), self.looped())]  # the adjoint reads
+        # what won
         self.accesses += self.extremes[-2:]
         self.ops.append(Store(self.gradients[field], index, stored, kind, extremes.won(stored, field, at), ties))
+
+    def looped(self) -> bool:
+        """Whether the statement being transformed stands in a runtime loop of a kernel (not its parallel loop:
+        it may run many times, in any order with the others there)."""
+        return self.stores and self.repeated > 0
 
     def scalar_params(self) -> list[str]:
         """The kernel's number parameters still holding their values (a func's: none; its calls vary them)."""
@@ -415,7 +422,7 @@ class FieldReverser(Reverser):
             if isinstance(arg, ast.Name) and (self.field_name(arg) or arg.id in self.constant_fields):
                 raise NotReversible(f"the call `{ast.unparse(node)}`, passing the field `{arg.id}` on")
         if not self._is_local(node.func) and self.touches(node.func):  # a func reading fields (it writes none)
-            self.accesses += [Access("load", f, None, ()) for f in
+            self.accesses += [Access("load", f, None, (), self.looped()) for f in
                               _fields_reached(resolve(node.func, self.parsed.namespace))]
         return super().classify(node)
 
@@ -440,8 +447,8 @@ class KernelReverser(FieldReverser):
             body = body[1:]  # the docstring
         read = sorted({n.value.id for n in ast.walk(self.tree) if isinstance(n, ast.Subscript)
                        and isinstance(n.value, ast.Name) and n.value.id in self.constant_fields})
-        self.accesses += [Access("load", self.field_key(f), None, ()) for f in read]  # integer fields: any
-        # entry, read first (so one the kernel writes too is written where it was read)
+        self.accesses += [Access("load", self.field_key(f), None, (), anywhere=True) for f in read]  # integer
+        # fields: any entry, anywhere in the launch
         for stmt in body:
             self.statement(stmt)
         self.alone_in_extremes(self.accesses, self.ties_made, "store")
@@ -496,17 +503,21 @@ class KernelReverser(FieldReverser):
         if bounds is None or not isinstance(node.target, ast.Name) or node.orelse:
             raise NotReversible(f"a `For` statement over `{ast.unparse(node.iter)}`")
         self.depth += 1
+        self.repeated += 1
         try:
             self.loop(node, node.target.id, bounds)
         finally:
             self.depth -= 1
+            self.repeated -= 1
 
     def stmt_While(self, node: ast.While) -> None:
         self.depth += 1
+        self.repeated += 1
         try:
             super().stmt_While(node)
         finally:
             self.depth -= 1
+            self.repeated -= 1
 
     def parallel(self, node: ast.For) -> None:
         """A top-level loop: its body is a block of its own, reversed as one parallel loop (NOTE above)."""

@@ -127,7 +127,7 @@ class FieldProgram:
         """The outputs at ``args`` (one array per input), as a list of arrays."""
         args = self._convert_args("primal", args)
         self._prepare(args)
-        with recording(self._guard):
+        with recording(self._guard, keep=False):
             self._run()
         return self._read_outputs()
 
@@ -160,7 +160,7 @@ class FieldProgram:
         self.clear_gradients()
         self.seed(cotangents)
         tape.replay_adjoints()
-        self.replay_exact = tape.keeps_the_rules
+        self.replay_exact = tape.exact
         return outs, self.gradients()
 
     def linearize(self, args: Iterable[object]) -> tuple[list[np.ndarray], Pullback]:
@@ -185,7 +185,7 @@ class FieldProgram:
             self.clear_gradients()
             self.seed(cts)
             tape.replay_adjoints()
-            self.replay_exact = tape.keeps_the_rules
+            self.replay_exact = tape.exact
             return self.gradients()
 
         return outs, pullback
@@ -291,6 +291,7 @@ class FieldProgram:
     def run(self, *params: object) -> Recorder:
         """Run the rebuilt program on the twins as they are, recording its launches."""
         self._check_runtime()
+        self._generation += 1  # the twins change: a pullback of an earlier run runs its program again
         with recording(self._guard) as tape:
             self._run(*params)
         return tape

@@ -33,9 +33,9 @@ field at launch: every field of the program and its tangent field is twinned
 forward mode cannot use: the tangent program refuses them by name, as JAX
 refuses forward mode of a ``custom_vjp`` function.
 
-Limitations: those of :func:`tidiff._tangent.jvp_kernel`; a Python-scope ``f.fill(...)``
-inside a Python program resets ``f`` but not ``df``, which is only wrong if
-an earlier kernel of the same run wrote ``df``.
+A Python-scope ``f.fill(...)`` or ``f.from_numpy(...)`` inside the program
+zeroes ``df`` first (the field no longer depends on the inputs), recorded as
+a launch of T. Limitations: those of :func:`tidiff._tangent.jvp_kernel`.
 """
 import types
 from collections.abc import Iterable
@@ -147,4 +147,5 @@ def tangent_program(prog: Any) -> tuple[Any, TangentFields]:  # a FieldProgram (
     )
     # template kernels get fields at launch: the twins the program runs on
     tangents.add((program.twin(f), program.twin(df)) for f, df in fields.pairs() if id(f) in active)
+    program._guard.tangents = tangents  # Taichi's helpers overwriting a field zero its tangent
     return program, fields

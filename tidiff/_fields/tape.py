@@ -10,21 +10,25 @@ kernel tidiff did not rebuild (it would run on the user's own fields).
 Replaying ``kernel.grad(*args)`` in reverse is exact under Taichi's global
 data access rules: the adjoint of an overwrite zeroes the overwritten
 field's gradient (so 1.7.4 zeroes an output's ``.grad`` after a pass that
-stores to it: cotangents are set again before every replay).
+stores to it: cotangents are set again before every replay). Where a launch
+overwrites what an earlier one read, the recorder keeps the old entries
+(NOTE: [Overwritten values kept]).
 """
 import contextlib
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from taichi.lang import impl
 from taichi.lang.field import Field
 from taichi.lang.kernel_impl import Kernel
 
-from .._adjoint.accesses import AccessLog
+from .._adjoint.accesses import AccessLog, Write
 from .._adjoint.kernels import KernelAdjoint, vjp_kernel
 from .._errors import taichi_cannot_reverse
+from .._tangent import FieldTangents
 from .harmless_warnings import quiet_first_reverse
+from .kept import Copy, Stores, swapped
 
 #: Taichi's helpers that overwrite a field with data from outside (a constant, an
 #: external array), by the position of the field argument. Their adjoint is
@@ -52,8 +56,10 @@ class LaunchGuard:
     def __init__(self, owned: Iterable[Any], call: str) -> None:
         self._owned = {id(kernel._primal): kernel for kernel in owned}
         self._call = call
-        self.ruled: set[tuple[Any, ...]] = set()  # launch sequences found to keep the access rules: a warm call
-        # repeating one is not logged again
+        self.plan: _Plan | None = None  # what the log found for the last sequence of launches: a warm call
+        # repeating it is not logged again
+        self.stores = Stores()  # the copies of overwritten entries (NOTE: [Overwritten values kept])
+        self.tangents: FieldTangents | None = None  # a tangent program's pairs of twins
 
     def owned(self, kernel: Any) -> Any:
         """The rebuilt ``@ti.kernel`` whose launch reached the tape as ``kernel``, or None."""
@@ -68,6 +74,17 @@ class LaunchGuard:
         found = vjp_kernel(owned, args[0] if getattr(owned, "_is_classkernel", False) and args else None)
         return found if isinstance(found, KernelAdjoint) and found.takes(args) else None
 
+    def overwrite_tangent(self, kernel: Any, args: tuple[Any, ...]) -> None:
+        """In a tangent program, one of Taichi's helpers overwriting a field (``fill``, ``from_numpy``) zeroes
+        the field's tangent too, as a launch of the program (NOTE: [Tangent program])."""
+        if self.tangents is None or not (isinstance(kernel, Kernel) and is_taichi_helper(kernel)):
+            return
+        position = _OVERWRITES.get(kernel.func.__name__)
+        field = None if position is None else args[position]
+        tangent = self.tangents[field] if isinstance(field, Field) else None
+        if tangent is not None:
+            tangent.fill(0)  # recorded in turn (before the field's own overwrite)
+
     def check(self, kernel: object) -> None:
         if not isinstance(kernel, Kernel) or id(kernel) in self._owned or is_taichi_helper(kernel):
             return
@@ -79,57 +96,115 @@ class LaunchGuard:
         )
 
 
+class _Plan(NamedTuple):
+    """What the log found for one sequence of launches: per launch, the writes to keep; whether the replay is
+    exact (``safe``) and whether anything was kept."""
+
+    sequence: tuple[tuple[Any, ...], ...]
+    keeps: tuple[tuple[list[Write], list[Write]], ...]
+    safe: bool
+    kept: bool
+
+
 class Recorder:
-    """The object Taichi calls ``target_tape``: records ``(kernel, args)`` per launch."""
+    """The object Taichi calls ``target_tape``: records ``(kernel, args)`` per launch, and keeps what a launch
+    overwrites that an earlier one read (NOTE: [Overwritten values kept]; not for a run that is not replayed,
+    ``keep=False``)."""
 
     grad_checker = None  # read by Taichi's Python-scope field writes
 
-    def __init__(self, guard: LaunchGuard) -> None:
+    def __init__(self, guard: LaunchGuard, keep: bool = True) -> None:
         self._guard = guard
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
         self._own: list[KernelAdjoint | None] = []  # per call, tidiff's adjoint (found once, at the launch)
         self._sequence: list[tuple[Any, ...]] = []  # per call, the kernel and its number arguments
-        self._ruled: bool | None = None
+        self._keep = keep
+        self._kept: list[tuple[tuple[Copy, ...], tuple[Copy, ...]]] = []  # per call, the copies made just before
+        # it, swapped back before its adjoint and after it
+        self._log = AccessLog()
+        self._logged: list[tuple[list[Write], list[Write]]] = []  # per call logged so far, its writes to keep
+        self._following = True  # whether the launches so far repeat the guard's last plan
+        self._plan: _Plan | None = None
+        self._unwound = False  # whether a replay swapped the kept entries back
+        if keep:
+            guard.stores.begin()
 
     def insert(self, kernel: Any, args: tuple[Any, ...]) -> None:
         """Called by Taichi before each launch of a kernel (or a ``grad_replaced`` function) and its arguments."""
         self._guard.check(kernel)
+        self._guard.overwrite_tangent(kernel, args)
         self.calls.append((kernel, args))
         self._own.append(self._guard.adjoint(kernel, args))
         self._sequence.append((id(kernel), *(a if type(a) in (int, float, bool) else id(a) for a in args)))
+        if self._keep:
+            first, later = self._to_keep()
+            stores = self._guard.stores
+            self._kept.append((stores.keep(first), stores.keep(later)))
+        else:
+            self._kept.append(((), ()))
 
-    @property
-    def keeps_the_rules(self) -> bool:
-        """Whether every launch was reversed by tidiff and none wrote an entry an earlier one read (NOTE:
-        [Launches that keep the access rules]): the replay is then exact, with no check needed. Found once per
-        sequence of launches and arguments."""
-        if self._ruled is None:
-            sequence = tuple(self._sequence)
-            self._ruled = sequence in self._guard.ruled or self._log_keeps_the_rules()
-            if self._ruled:
-                self._guard.ruled.add(sequence)
-        return self._ruled
+    def _to_keep(self) -> tuple[list[Write], list[Write]]:
+        """The writes of the launch just inserted to keep: the guard's plan's while the launches repeat it (no
+        log is needed), else the log's."""
+        k = len(self._sequence) - 1
+        plan = self._guard.plan
+        if self._following and plan is not None and k < len(plan.sequence) and plan.sequence[k] == self._sequence[k]:
+            return plan.keeps[k]
+        self._following = False
+        self._log_through(k + 1)
+        return self._logged[k]
 
-    def _log_keeps_the_rules(self) -> bool:
-        log = AccessLog()
-        for (kernel, args), own in zip(self.calls, self._own, strict=True):
+    def _log_through(self, n: int) -> None:
+        for (kernel, args), own in zip(self.calls[len(self._logged):n], self._own[len(self._logged):n], strict=True):
+            keeps: tuple[list[Write], list[Write]] = ([], [])
             if own is not None:
-                log.launch(own.accesses, own.arguments(args))
+                keeps = self._log.launch(own.accesses, own.arguments(args))
             elif isinstance(kernel, Kernel) and is_taichi_helper(kernel):
                 name = kernel.func.__name__
                 if name in _OVERWRITES and isinstance(args[_OVERWRITES[name]], Field):
-                    log.overwrite(args[_OVERWRITES[name]])
+                    field = args[_OVERWRITES[name]]
+                    keeps = ([], [(field, None)] if self._log.overwrite(field) else [])
                 elif name not in _READERS:
-                    log.unknown()
+                    self._log.unknown()
             else:
-                log.unknown()
-            if not log.safe:
-                return False
-        return True
+                self._log.unknown()
+            self._logged.append(keeps)
+
+    def plan(self) -> _Plan:
+        """What the log finds for the launches recorded (the guard's plan where they repeat it)."""
+        if self._plan is None:
+            plan = self._guard.plan
+            if self._following and plan is not None and len(plan.sequence) == len(self._sequence):
+                self._plan = plan
+            else:
+                self._log_through(len(self.calls))
+                self._plan = _Plan(tuple(self._sequence), tuple(self._logged), self._log.safe, self._log.kept)
+                if self._keep:
+                    self._guard.plan = self._plan
+        return self._plan
+
+    @property
+    def exact(self) -> bool:
+        """Whether the replay is exact with no check (NOTE: [Launches that keep the access rules]): every launch
+        reversed by tidiff, none reading and then writing the same entries, what later launches overwrote
+        kept. Found once per sequence of launches and arguments."""
+        return self.plan().safe
+
+    @property
+    def keeps_the_rules(self) -> bool:
+        """Exact, with nothing kept: no launch wrote an entry an earlier one read."""
+        plan = self.plan()
+        return plan.safe and not plan.kept
 
     def replay_adjoints(self) -> None:
-        """Run the adjoint of every recorded launch, last first."""
-        for (kernel, args), own in zip(reversed(self.calls), reversed(self._own), strict=True):
+        """Run the adjoint of every recorded launch, last first, swapping back what each launch overwrote after
+        its adjoint (and forward first, where a replay swapped them back before)."""
+        if self._unwound:
+            for first, later in self._kept:
+                swapped(first + later)
+        for (kernel, args), own, (first, later) in zip(reversed(self.calls), reversed(self._own),
+                                                       reversed(self._kept), strict=True):
+            swapped(first[::-1])
             name = kernel.func.__name__ if isinstance(kernel, Kernel) and is_taichi_helper(kernel) else None
             if name in _OVERWRITES:
                 written = args[_OVERWRITES[name]]
@@ -144,6 +219,8 @@ class Recorder:
                     own.launch(*own.arguments(args))
                 else:
                     _adjoint(kernel, args)
+            swapped(later[::-1])
+        self._unwound = any(first or later for first, later in self._kept)
 
 
 def _adjoint(kernel: Any, args: tuple[Any, ...]) -> None:
@@ -163,11 +240,11 @@ def _is_external_array(arg: object) -> bool:
 
 
 @contextlib.contextmanager
-def recording(guard: LaunchGuard) -> Iterator[Recorder]:
-    """Install a fresh :class:`Recorder` as Taichi's tape for the duration."""
+def recording(guard: LaunchGuard, keep: bool = True) -> Iterator[Recorder]:
+    """Install a fresh :class:`Recorder` as Taichi's tape for the duration (``keep``: see :class:`Recorder`)."""
     runtime = impl.get_runtime()
     previous = runtime.target_tape
-    recorder = Recorder(guard)
+    recorder = Recorder(guard, keep)
     runtime.target_tape = recorder
     try:
         yield recorder

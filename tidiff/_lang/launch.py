@@ -15,7 +15,7 @@ from typing import Any
 
 from taichi.lang import impl
 from taichi.lang.util import cook_dtype
-from taichi.types import primitive_types
+from taichi.types import ndarray_type, primitive_types
 from taichi.types.utils import is_signed
 
 
@@ -36,8 +36,9 @@ class DirectLaunch:
 
 
 class NumberLaunch:
-    """``kernel(*numbers)`` for a kernel (or its ``.grad``) whose parameters are all numbers, launched past
-    Taichi's per-call argument handling after a first call through Taichi's own.
+    """``kernel(*numbers)`` for a kernel (or its ``.grad``) whose parameters are numbers (and ndarrays without
+    gradients, of one type per parameter), launched past Taichi's per-call argument handling after a first call
+    through Taichi's own.
 
     NOTE: [Number launches] A time loop launches the same few kernels with a slot and a step index thousands of
     times (NOTE: [A time loop over buffers]), and a field program's replay launches each recorded kernel's
@@ -52,7 +53,7 @@ class NumberLaunch:
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = getattr(kernel, "_primal", kernel)
-        self.floats: list[bool] = []  # per parameter, whether it is a float
+        self.kinds: list[str] = []  # per parameter: "float", "int" or "array"
         self.looked = False  # whether the first call looked at the kernel
         self.direct = False
         self.compiled: Any = None
@@ -67,23 +68,34 @@ class NumberLaunch:
                 self._prepare(args)
             return result
         context = self.compiled.make_launch_context()
-        for i, (real, value) in enumerate(zip(self.floats, args, strict=True)):
-            if real:
+        for i, (kind, value) in enumerate(zip(self.kinds, args, strict=True)):
+            if kind == "float":
                 context.set_arg_float((i,), float(value))
-            else:
+            elif kind == "int":
                 context.set_arg_int((i,), int(value))
+            else:
+                context.set_arg_ndarray((i,), value.arr)
         runtime.prog.launch_kernel(self.data, context)
         return None
 
     def _prepare(self, args: tuple[Any, ...]) -> None:
         kernel = self.kernel
         annotations = [a.annotation for a in kernel.arguments]
-        self.floats = [id(a) in primitive_types.real_type_ids for a in annotations]
-        signed = all(id(a) in primitive_types.real_type_ids or (id(a) in primitive_types.integer_type_ids
-                                                                and is_signed(cook_dtype(a))) for a in annotations)
-        if not signed or kernel.return_type is not None or kernel.has_print:
+        self.kinds = [_kind(a) for a in annotations]
+        if "other" in self.kinds or kernel.return_type is not None or kernel.has_print or any(
+                k == "array" and a.grad is not None for k, a in zip(self.kinds, args, strict=True)):
             return
         self.compiled = kernel.compiled_kernels[kernel.ensure_compiled(*args)]
         prog = impl.get_runtime().prog
         self.data = prog.compile_kernel(prog.config(), prog.get_device_caps(), self.compiled)
         self.direct = True
+
+
+def _kind(annotation: Any) -> str:
+    """How a launch sets an argument of this annotation: "float", "int" (signed), "array" (an ndarray) or
+    "other" (through Taichi's call only)."""
+    if id(annotation) in primitive_types.real_type_ids:
+        return "float"
+    if id(annotation) in primitive_types.integer_type_ids and is_signed(cook_dtype(annotation)):
+        return "int"
+    return "array" if isinstance(annotation, ndarray_type.NdarrayType) else "other"
