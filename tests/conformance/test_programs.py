@@ -7,7 +7,8 @@ builds around it (NOTE: [Programs around a function]):
   given the fields, or ``y`` the atomic maximum of 0, ``f`` there and ``f`` of the entry before less 0.5),
   ``z[i] = y[i] * cos(y[i + 1])`` (reads a neighbour), and ``loss += z[i]**2``
   (an atomic sum into a scalar field); inputs ``x`` and ``w``, outputs ``loss``
-  (a scalar: grad, hvp) or ``z`` (a vector: jacobian, jvp, vjp);
+  (a scalar: grad, hvp) or ``z`` (a vector: jacobian, jvp, vjp); run once, with ``y`` updated in place, or
+  twice over the same fields (``PASSES``: values read, then overwritten);
 - an ndarray kernel ``out[i] = f(a[i], b[i]) * sin(a[i + 1])``.
 
 The torch twin applies the function's twin element by element.
@@ -60,6 +61,24 @@ APPLY = {
 }
 
 
+# How many times the program runs its kernels, and what it overwrites (NOTE: [Overwritten values kept]): "in place"
+# updates y where it stands (scale reads, then writes, each entry); "twice" runs the three kernels again over the
+# same fields (apply and mix overwrite what mix and reduce read), so the loss doubles; "twice, y cleared" clears y
+# by fill between the passes (the atomic maxima start from 0 again).
+PASSES = ("once", "in place", "twice", "twice, y cleared")
+
+
+def run_passes(ns: dict, fields: dict, passes: str) -> None:
+    for k in range(2 if passes.startswith("twice") else 1):
+        if k and passes == "twice, y cleared":
+            fields["y"].fill(0.0)
+        ns["apply"]()
+        if passes == "in place":
+            ns["scale"]()
+        ns["mix"]()
+        ns["reduce"]()
+
+
 def y_twin(variant: str, f_values):
     """What the apply kernel leaves in ``y``, from the element function's values."""
     if variant == "atomic maxima":
@@ -91,6 +110,12 @@ def take(src: ti.template(), i):
 def apply():
     for i in x:
         {apply}
+
+
+@ti.kernel
+def scale():
+    for i in y:
+        y[i] = y[i] * 0.75 + 0.25 * ti.sin(w[i])
 
 
 @ti.kernel
@@ -150,25 +175,26 @@ def room_for_trees() -> None:
         reject()
 
 
-def field_program(case: Case, variant: str):
+def field_program(case: Case, variant: str, passes: str):
     """(F scalar loss, G vector z) over the fields of this role, and the torch twin of both."""
     fields = program_fields("tidiff")
     ns = dict(render_taichi.namespace(), f=case.f, N=N, **fields)
     render_taichi.compile_text(FIELD_KERNELS.format(apply=APPLY[variant]), "apply", ns, "fields")
 
     def program():
-        ns["apply"]()
-        ns["mix"]()
-        ns["reduce"]()
+        run_passes(ns, fields, passes)
 
     F = td.function(program, inputs=[fields["x"], fields["w"]], outputs=[fields["loss"]])
     G = td.function(program, inputs=[fields["x"], fields["w"]], outputs=[fields["z"]])
 
     def z_twin(x, w):
         y = y_twin(variant, torch.stack([case.twin(x[i], w[i]) for i in range(N)]))
+        if passes == "in place":
+            y = y * 0.75 + 0.25 * torch.sin(w)
         return y * torch.cos(torch.roll(y, -1))
 
-    return F, G, lambda x, w: (z_twin(x, w) ** 2).sum(), z_twin
+    times = 2 if passes.startswith("twice") else 1
+    return F, G, lambda x, w: times * (z_twin(x, w) ** 2).sum(), z_twin
 
 
 def reversed_by_tidiff(F) -> bool:
@@ -177,7 +203,7 @@ def reversed_by_tidiff(F) -> bool:
     return all(isinstance(vjp_kernel(k), KernelAdjoint) for k in F.program._kernels)
 
 
-def taichi_tape_gradient(case: Case, x, w, variant: str):
+def taichi_tape_gradient(case: Case, x, w, variant: str, passes: str):
     """The gradient of the loss by Taichi's own ``ti.ad.Tape`` over fields of the user's own, no tidiff."""
     fields = program_fields("tape", needs_grad=True)
     ns = dict(render_taichi.namespace(), f=case.f, N=N, **fields)
@@ -185,9 +211,7 @@ def taichi_tape_gradient(case: Case, x, w, variant: str):
     fields["x"].from_numpy(x)
     fields["w"].from_numpy(w)
     with tape(fields["loss"], *fields.values()):
-        ns["apply"]()
-        ns["mix"]()
-        ns["reduce"]()
+        run_passes(ns, fields, passes)
     return fields["x"].grad.to_numpy(), fields["w"].grad.to_numpy()
 
 
@@ -207,16 +231,14 @@ def classify_reverse_mismatch(case: Case, tape, got, want, mismatch):
     record_pitfall(pitfall)
 
 
-def plain_field_loss(case: Case, x, w, variant: str):
+def plain_field_loss(case: Case, x, w, variant: str, passes: str):
     """The field program's loss run by Taichi alone, on fields of its own (no tidiff)."""
     fields = program_fields("plain")
     ns = dict(render_taichi.namespace(), f=case.f, N=N, **fields)
     render_taichi.compile_text(FIELD_KERNELS.format(apply=APPLY[variant]), "apply", ns, "fields-plain")
     fields["x"].from_numpy(x)
     fields["w"].from_numpy(w)
-    ns["apply"]()
-    ns["mix"]()
-    ns["reduce"]()
+    run_passes(ns, fields, passes)
     return fields["loss"].to_numpy()
 
 
@@ -310,13 +332,14 @@ def test_field_programs(data):
     room_for_trees()
     case = element_case(data)
     variant = data.draw(st.sampled_from(sorted(APPLY)), label="apply kernel")
-    F, G, loss_twin, z_twin = field_program(case, variant)
+    passes = data.draw(st.sampled_from(PASSES), label="passes")
+    F, G, loss_twin, z_twin = field_program(case, variant, passes)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     x, w, dx, dw, c = (rng.uniform(-1.5, 1.5, N) for _ in range(5))
     assume_tame(lambda arrays: z_twin(*tensors(*arrays)), [x, w])
     with case.checking("field program: value, grad, vjp, jvp, jacobian, hvp"):
-        check_program_value(case, F(x, w), loss_twin(*tensors(x, w)), lambda: plain_field_loss(case, x, w, variant),
-                            "field program")
+        check_program_value(case, F(x, w), loss_twin(*tensors(x, w)),
+                            lambda: plain_field_loss(case, x, w, variant, passes), "field program")
         _, dz = td.jvp(G, (x, w), (dx, dw))
         close(dz, torch.autograd.functional.jvp(z_twin, tensors(x, w), tensors(dx, dw))[1])
         close(td.jacfwd(G)(x, w), torch.autograd.functional.jacobian(lambda x_: z_twin(x_, tensors(w)[0]),
@@ -325,7 +348,7 @@ def test_field_programs(data):
         tape = None
         if not own and not case.program.reaches_rules:  # Taichi's reverse mode alone first: a crash is Taichi's
             with case.checking(f"{TAICHI_ALONE} ti.ad.Tape of the field program"):
-                tape = taichi_tape_gradient(case, x, w, variant)
+                tape = taichi_tape_gradient(case, x, w, variant, passes)
         try:
             gx, gw = td.grad(F, argnums=(0, 1))(x, w)
         except td.TransformError as e:
