@@ -421,6 +421,23 @@ def test_the_access_log_finds_a_written_entry_that_was_read_and_only_those():
     assert not _Reads().overlaps(None)
 
 
+entries = st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=3, max_size=3).map(tuple)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), entries), max_size=12), st.lists(st.one_of(st.none(), entries), max_size=6))
+def test_the_access_log_agrees_with_comparing_every_pair(reads, writes):
+    """Grouped lookups and their projections (a write knowing fewer positions than the reads) against the
+    definition: two accesses overlap unless some position both know differs."""
+    from tidiff._adjoint.accesses import _overlap, _Reads
+
+    log = _Reads()
+    for k, where in enumerate(reads):
+        log.add(where)
+        for write in writes:  # interleaved: projections made early are kept up to date
+            assert log.overlaps(write) == any(_overlap(write, r) for r in reads[:k + 1]), (reads[:k + 1], write)
+
+
 @ti.kernel
 def skip_some():
     for i in xa:

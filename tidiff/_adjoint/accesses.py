@@ -127,17 +127,24 @@ def _overlap(a: Where, b: Where) -> bool:
 
 class _Reads:
     """The entries of one field read so far, grouped by which index positions were known: a write is checked
-    against each group by one lookup (a trajectory's steps read thousands of rows)."""
+    against each group by one lookup (a trajectory's steps read thousands of rows). A write knowing fewer
+    positions than a group looks its values up in the group's projection onto the positions both know (kept
+    up to date once made)."""
 
     def __init__(self) -> None:
         self.groups: dict[tuple[int, ...] | None, set[tuple[int, ...]]] = {}
+        self._projections: dict[tuple[tuple[int, ...], tuple[int, ...]], set[tuple[int, ...]]] = {}
 
     def add(self, where: Where) -> None:
         if where is None:
             self.groups.setdefault(None, set()).add(())
             return
         known = tuple(k for k, v in enumerate(where) if v is not None)
-        self.groups.setdefault(known, set()).add(tuple(where[k] for k in known))  # type: ignore[misc]
+        values = tuple(where[k] for k in known)
+        self.groups.setdefault(known, set()).add(values)  # type: ignore[arg-type]
+        for (group, shared), projected in self._projections.items():
+            if group == known:
+                projected.add(tuple(where[k] for k in shared))  # type: ignore[misc]
 
     def overlaps(self, where: Where) -> bool:
         if not self.groups:
@@ -146,19 +153,18 @@ class _Reads:
             return True
         for known, values in self.groups.items():
             assert known is not None  # handled above
-            if all(where[k] is not None for k in known):
+            shared = tuple(k for k in known if where[k] is not None)
+            if shared == known:
                 if tuple(where[k] for k in known) in values:
                     return True
-            elif any(_overlap(where, _spread(known, v, len(where))) for v in values):
+                continue
+            projected = self._projections.get((known, shared))
+            if projected is None:
+                at = [known.index(k) for k in shared]
+                projected = self._projections[(known, shared)] = {tuple(v[j] for j in at) for v in values}
+            if tuple(where[k] for k in shared) in projected:
                 return True
         return False
-
-
-def _spread(known: tuple[int, ...], values: tuple[int, ...], size: int) -> Where:
-    entry: list[int | None] = [None] * size
-    for k, v in zip(known, values, strict=True):
-        entry[k] = v
-    return tuple(entry)
 
 
 class AccessLog:
