@@ -70,8 +70,9 @@ class KernelAccesses:
         accesses = list(accesses)
         unique = list({a.key(): a for a in reversed(accesses)}.values())[::-1]  # the first of each kept
         self.accesses = unique
+        reread = _reread(accesses)
         for a in unique:
-            a.reread = a.field_key() in _reread(accesses)
+            a.reread = a.field_key() in reread
         self.params = list(params)
 
         def entry(e: ast.expr | None) -> ast.expr:

@@ -123,7 +123,8 @@ class Recorder:
         # it, swapped back before its adjoint and after it
         self._log = AccessLog()
         self._logged: list[tuple[list[Write], list[Write]]] = []  # per call logged so far, its writes to keep
-        self._following = True  # whether the launches so far repeat the guard's last plan
+        self._following = keep  # whether the launches so far repeat the guard's last plan (each compared as it
+        # is inserted; a run that keeps nothing is compared when asked)
         self._plan: _Plan | None = None
         self._unwound = False  # whether a replay swapped the kept entries back
         if keep:
@@ -174,7 +175,9 @@ class Recorder:
         """What the log finds for the launches recorded (the guard's plan where they repeat it)."""
         if self._plan is None:
             plan = self._guard.plan
-            if self._following and plan is not None and len(plan.sequence) == len(self._sequence):
+            following = self._following or not self._keep and plan is not None and \
+                plan.sequence == tuple(self._sequence)
+            if following and plan is not None and len(plan.sequence) == len(self._sequence):
                 self._plan = plan
             else:
                 self._log_through(len(self.calls))
