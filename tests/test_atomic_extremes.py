@@ -226,3 +226,56 @@ def test_two_atomics_into_one_field_share_their_winners():
         np.testing.assert_allclose(td.vjp(G, a)[1](c)[0], xt.grad.numpy(), rtol=1e-14)
         _, want = torch.func.jvp(twin, (torch.tensor(a),), (torch.tensor(t),))
         np.testing.assert_allclose(td.jvp(G, (a,), (t,))[1], want.numpy(), rtol=1e-14)
+
+
+# --- winners found by kept values (NOTE: [Winners by kept values]) ------------------------------------------------
+# The element function of conformance-net seed 23 (generated code): under Taichi's default fast_math, its value
+# computed again in a later loop differed in its last bits from the value the atomic compared, no iteration
+# seemed to win, and both modes gave the derivative to the old value.
+@ti.func
+def generated(x0: ti.f64, x1: ti.f64):
+    t0 = ti.cast(ti.sqrt(ti.exp(ti.tanh(ti.Matrix([[x1, x0, x0], [x0, x1, x1]])) * 2.0) ** 2 + 0.5), ti.f64)
+    t1 = (ti.pow(ti.pow(ti.Vector([x1]), 2), 3) / (abs(ti.Vector([x1]) * 0.4) ** 2 + 1.0))
+    t0[0, 0] = ti.f64(ti.abs(x0))
+    t1 += ((ti.asin(ti.tanh(x0) * 0.9) ** 2 + 0.5) ** 0.5)
+    return ti.select(ti.log((-x0) ** 2 + 1.0) > 0.3,
+                     ti.math.dot(ti.math.mix(x1, x0, ti.Vector([x0, x1, x0, x1])),
+                                 td.stop_gradient(ti.Vector([x1, x1, x0, x1]))),
+                     ti.asin(ti.tanh((x1**2 + 0.5) ** 2.5) * 0.9))
+
+
+M = 4
+gx, gw, gy = (ti.field(ti.f64, shape=M) for _ in range(3))
+
+
+@ti.kernel
+def generated_maxima():
+    for i in gx:
+        v = generated(gx[i], gw[i])
+        ti.atomic_max(gy[i], v)
+        ti.atomic_max(gy[(i + 1) % M], v - 0.5)
+
+
+def torch_generated(x0, x1):
+    mixed = x1 * (1 - torch.stack([x0, x1, x0, x1])) + x0 * torch.stack([x0, x1, x0, x1])
+    first = torch.dot(mixed, torch.stack([x1, x1, x0, x1]).detach())
+    second = torch.asin(torch.tanh((x1**2 + 0.5) ** 2.5) * 0.9)
+    return torch.where(torch.log(x0**2 + 1.0) > 0.3, first, second)
+
+
+def torch_generated_maxima(x, wv):
+    f = torch.stack([torch_generated(x[i], wv[i]) for i in range(M)])
+    return torch.amax(torch.stack([torch.zeros_like(f), f, torch.roll(f, 1) - 0.5]), dim=0)
+
+
+def test_winners_are_found_by_the_values_the_atomic_compared():
+    G = td.function(generated_maxima, inputs=[gx, gw], outputs=[gy])
+    x = np.array([-0.4892357, 0.30257083, -0.6065061, -0.78728267])
+    wv = np.array([0.89930957, -0.49486453, -0.28267983, -0.43069295])
+    dx, dw = np.cos(np.arange(M)), np.sin(np.arange(M) + 1.0)
+    tensors = (torch.tensor(x), torch.tensor(wv))
+    want = torch.autograd.functional.jacobian(torch_generated_maxima, tensors)
+    np.testing.assert_allclose(td.jvp(G, (x, wv), (dx, dw))[1], want[0].numpy() @ dx + want[1].numpy() @ dw,
+                               rtol=1e-10)
+    for got, expected in zip(td.jacrev(G, argnums=(0, 1))(x, wv), want):
+        np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-14)

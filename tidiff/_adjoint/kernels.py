@@ -42,7 +42,9 @@ derivative goes to the winner, and a tie splits it evenly, as ``max`` does
 a read, so a later write is caught: NOTE: [Launches that keep the access
 rules]) in three loops: a counting loop recomputes each iteration's ``e``
 and counts, per entry, the iterations where ``e`` equals ``y[i]`` (in the
-field's type, as the atomic compared them; the counts are zeroed first);
+field's type, as the atomic compared them; the counts are zeroed first;
+the reverse loop compares the bits the counting loop kept: NOTE: [Winners
+by kept values]);
 the reverse loop gives each of those ``y.grad[i] / count``; then, where an
 iteration won, the old value lost, so ``y.grad[i]`` becomes 0. Where none won
 the old value did and keeps ``y.grad[i]``. The old value is gone when the
@@ -199,12 +201,14 @@ class FieldReverser(Reverser):
 
     stores = False  # whether field writes are taken (a kernel's are; a func's are not)
     depth = 0  # how deep in a kernel's loops the statement being transformed stands (a func's: 0)
+    parallel_loop: ast.For | None = None  # the kernel's parallel loop being transformed
     repeated = 0  # how many runtime loops (not the parallel one) stand around it
 
     def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int) -> None:
         super().__init__(parsed, active, n_outputs, _field_made)
         self.template_fields: list[str] = []
         self.ties: list[tuple[str, str]] = []  # a kernel's parallel loop's (tie counts, field) of atomic max / min
+        self.kept_made: set[str] = set()  # the fields keeping atomics' values (NOTE: [Winners by kept values])
         self.extremes: list[Access] = []  # the accesses of atomic max / min
         self.ties_made: list[tuple[str, str]] = []  # (tie counts, field) of every parallel loop
         self.find_fields()
@@ -309,13 +313,30 @@ class FieldReverser(Reverser):
             self.ties.append((ties, field))
             self.ties_made.append((ties, field))
         at = ast.Subscript(name(field), copy.deepcopy(index), ast.Load())
-        self.forward.append(extremes.counted(stored, field, at, ties))  # run by the counting loop only
+        kept = self.kept(obj, field)
+        if kept is not None:  # NOTE: [Winners by kept values]
+            self.forward.append(kept.store(stored, field))  # run by the counting loop only, as the count
+        self.forward.append(extremes.counted(stored, field, at, ties, kept))
+        won = extremes.won(stored, field, at) if kept is None else kept.won(field, at)
         key = self.field_key(field)
         self.extremes += [Access("store", key, index, self.scalar_params(), self.looped()),
                           Access("load", key, index, self.scalar_params(), self.looped())]  # the adjoint reads
         # what won
         self.accesses += self.extremes[-2:]
-        self.ops.append(Store(self.gradients[field], index, stored, kind, extremes.won(stored, field, at), ties))
+        self.ops.append(Store(self.gradients[field], index, stored, kind, won, ties))
+
+    def kept(self, target: Any, field: str) -> extremes.Kept | None:
+        """Where the counting loop keeps this atomic's values for the reverse loop (NOTE: [Winners by kept
+        values]): for an atomic in no runtime loop of a parallel loop whose iterations are known."""
+        if self.repeated or self.parallel_loop is None:
+            return None
+        made = extremes.kept_field(self.parallel_loop, self.parsed.namespace, target)
+        if made is None:
+            return None
+        kept = self.namer.fresh(f"{field}_kept")
+        self.helpers[kept] = made[0]
+        self.kept_made.add(kept)
+        return extremes.Kept(kept, made[1])
 
     def looped(self) -> bool:
         """Whether the statement being transformed stands in a runtime loop of a kernel (not its parallel loop:
@@ -541,12 +562,14 @@ class KernelReverser(FieldReverser):
         self.stopped = self.stopped_fields(node.body)
         self.depth += 1
         self.ties = []
+        self.parallel_loop = node
         start = len(self.accesses)
         try:
             block = self.nested(node.body)
         finally:
             self.depth -= 1
             self.stopped = set()
+            self.parallel_loop = None
         self.alone_in_extremes(self.accesses[start:], self.ties, "load")
         self.env = env
         outer = uses(block.ops) - block.defined - set(counters)
@@ -594,16 +617,23 @@ class KernelReverser(FieldReverser):
         counted = {ties for ties, _ in loop.ties}
         for ties, _ in loop.ties:
             self.backward += extremes.zeroed(ties, self.helpers[ties].shape, self.namer.fresh)
-        self.backward += [counting, _WithoutCounts(counted).visit(header)]
+        self.backward += [counting, _WithoutCounts(counted, self.kept_made).visit(header)]
         for ties, field in loop.ties:
             self.backward += extremes.lost(ties, self.helpers[ties].shape, self.namer.fresh, self.gradients[field])
 
 
 class _WithoutCounts(ast.NodeTransformer):
-    """The reverse loop's code without the statements counting ties (they run in the counting loop only)."""
+    """The reverse loop's code without the statements counting ties and keeping values (they run in the counting
+    loop only)."""
 
-    def __init__(self, counted: set[str]) -> None:
-        self.counted = counted
+    def __init__(self, counted: set[str], kept: set[str]) -> None:
+        self.counted, self.kept = counted, kept
+
+    def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
+        target = node.targets[0]
+        if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id in self.kept:
+            return None
+        return node
 
     def visit_If(self, node: ast.If) -> ast.AST | None:
         first = node.body[0] if len(node.body) == 1 else None

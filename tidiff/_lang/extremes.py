@@ -3,12 +3,134 @@ iteration won, the count of winners per entry, and loops over every entry of the
 
 NOTE: [Atomic extremes in reverse] (``_adjoint/kernels.py``) and NOTE: [Atomic extremes forward]
 (``_tangent/kernels.py``) say how each mode uses them.
+
+NOTE: [Winners by kept values] Which iteration won is found by comparing its value with what the field
+holds, in loops after the one that computed it, which compute it again. Under Taichi's default
+``fast_math`` a value computed again in another loop (where other code surrounds it, its tangent or its
+adjoint) can differ in its last bits (a product fused into an add in one loop and not in the other): then
+no iteration seems to win and the derivative goes to the old value (conformance net, seed 23: a dot
+product under ``ti.select``). So where the parallel loop's iterations are known when the kernel is
+transformed (a loop over a field, or ranges of constant integers) and the atomic runs once per iteration
+(in no inner loop), the loop that computes the value keeps its bits in a field of one entry per iteration
+(an integer field: no derivative of its own), and every later loop compares those bits with the field. Other
+atomics keep comparing values computed again.
 """
 import ast
 import copy
 from collections.abc import Callable
+from typing import Any
+
+import taichi as ti
+from taichi.lang.field import Field
 
 from .nodes import assign, call, compare, if_, name, statement, taichi
+from .parse import MISSING, resolve
+
+#: The integer type holding a float's bits.
+_BITS = {"f64": ti.i64, "f32": ti.i32, "f16": ti.i16}
+
+
+class Kept:
+    """Where a loop keeps each iteration's value of one atomic (NOTE: [Winners by kept values]): the field's
+    name in the generated code and the index naming an iteration."""
+
+    def __init__(self, field: str, index: ast.expr) -> None:
+        self.field, self.index = field, index
+
+    def store(self, value: ast.expr, target_field: str) -> ast.stmt:
+        """``kept[I] = ti.bit_cast(ti.cast(value, y.dtype), bits)``."""
+        dtype = ast.Attribute(name(target_field), "dtype", ast.Load())
+        bits = ast.Attribute(name(self.field), "dtype", ast.Load())
+        return assign(self.at(), call(taichi("bit_cast"), call(taichi("cast"), copy.deepcopy(value), dtype), bits))
+
+    def won(self, target_field: str, target: ast.Subscript) -> ast.Compare:
+        """``ti.bit_cast(kept[I], y.dtype) == y[i]``."""
+        dtype = ast.Attribute(name(target_field), "dtype", ast.Load())
+        return compare(call(taichi("bit_cast"), self.at(), dtype), ast.Eq(), copy.deepcopy(target))
+
+    def at(self) -> ast.Subscript:
+        return ast.Subscript(name(self.field), copy.deepcopy(self.index), ast.Load())
+
+
+def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field) -> tuple[Any, ast.expr] | None:
+    """A field of one integer entry per iteration of the parallel loop ``loop`` for the bits of values of
+    ``target``'s type, and the index naming an iteration; None where the iterations are not known when the
+    kernel is transformed."""
+    space = _iterations(loop, namespace)
+    bits = _BITS.get(str(target.dtype))
+    if space is None or bits is None:
+        return None
+    shape, offset = space
+    target_ = loop.target
+    if isinstance(target_, ast.Name):
+        index: ast.expr = name(target_.id)
+    elif isinstance(target_, ast.Tuple) and all(isinstance(e, ast.Name) for e in target_.elts):
+        index = ast.Tuple([name(e.id) for e in target_.elts if isinstance(e, ast.Name)], ast.Load())
+    else:
+        return None
+    return ti.field(bits, shape=shape, offset=offset if any(offset) else None), index
+
+
+def _iterations(loop: ast.For, namespace: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``(shape, offset)`` of a loop over a field (``for i in x``, ``for I in ti.grouped(x)``) or over ranges of
+    constant integers (``range``, ``ti.ndrange``)."""
+    over = loop.iter
+    if isinstance(over, ast.Call) and resolve(over.func, namespace) is ti.grouped and len(over.args) == 1:
+        over = over.args[0]
+    found = resolve(over, namespace)
+    if isinstance(found, Field):
+        offset = tuple(found.snode.ptr.offset) or (0,) * len(found.shape)
+        return tuple(found.shape), offset
+    if not isinstance(over, ast.Call) or over.keywords:
+        return None
+    func = resolve(over.func, namespace)
+    if func is range:
+        bounds = [_constant(a, namespace) for a in over.args]
+        if not 1 <= len(bounds) <= 2 or any(b is None for b in bounds):
+            return None
+        lo, hi = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
+        assert lo is not None and hi is not None
+        return (max(hi - lo, 0),), (lo,)
+    if func is ti.ndrange:
+        extents: list[int] = []
+        starts: list[int] = []
+        for a in over.args:
+            pair = [_constant(e, namespace) for e in a.elts] if isinstance(a, ast.Tuple) else [0, _constant(a,
+                                                                                                           namespace)]
+            if len(pair) != 2 or pair[0] is None or pair[1] is None:
+                return None
+            extents.append(max(pair[1] - pair[0], 0))
+            starts.append(pair[0])
+        return tuple(extents), tuple(starts)
+    return None
+
+
+def _constant(node: ast.expr, namespace: dict[str, Any]) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _constant(node.operand, namespace)
+        return None if inner is None else -inner
+    found = resolve(node, namespace)
+    return found if type(found) is int and found is not MISSING else None
+
+
+def once_per_iteration(loop: ast.For, site: ast.AST) -> bool:
+    """Whether the statement ``site`` stands once in the loop's body, in no loop inside it."""
+    wanted = ast.dump(site)
+    found: list[bool] = []  # per place it stands: whether inside an inner loop
+
+    def walk(node: ast.AST, inner: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if ast.dump(child) == wanted:
+                found.append(inner)
+            walk(child, inner or isinstance(child, (ast.For, ast.While)))
+
+    for stmt in loop.body:
+        if ast.dump(stmt) == wanted:
+            found.append(False)
+        walk(stmt, isinstance(stmt, (ast.For, ast.While)))
+    return found == [False]
 
 
 def won(value: ast.expr, field: str, target: ast.Subscript) -> ast.Compare:
@@ -18,10 +140,11 @@ def won(value: ast.expr, field: str, target: ast.Subscript) -> ast.Compare:
     return compare(call(taichi("cast"), copy.deepcopy(value), dtype), ast.Eq(), copy.deepcopy(target))
 
 
-def counted(value: ast.expr, field: str, target: ast.Subscript, ties: str) -> ast.If:
-    """``if <won>: ti.atomic_add(ties[i], 1)``: one more winner of entry ``i``."""
+def counted(value: ast.expr, field: str, target: ast.Subscript, ties: str, kept: Kept | None = None) -> ast.If:
+    """``if <won>: ti.atomic_add(ties[i], 1)``: one more winner of entry ``i`` (by the kept bits, if any)."""
     at = ast.Subscript(name(ties), copy.deepcopy(target.slice), ast.Load())
-    return if_(won(value, field, target), [statement(call(taichi("atomic_add"), at, 1))])
+    test = won(value, field, target) if kept is None else kept.won(field, target)
+    return if_(test, [statement(call(taichi("atomic_add"), at, 1))])
 
 
 def share(amount: ast.expr, ties: str, target: ast.Subscript) -> ast.BinOp:

@@ -17,7 +17,8 @@ NOTE: [Atomic extremes forward] ``ti.atomic_max(y[i], e)`` (or min) in a
 parallel loop: which iteration wins is known only once they all ran, so the
 loop does the atomic on ``y`` alone, and loops after it give ``dy``: zero a
 count per entry of ``y``; count the iterations whose ``e`` equals ``y[i]``
-now (a copy of the loop computing its locals again and writing no field);
+now (a copy of the loop computing its locals again and writing no field;
+``e`` as the first loop kept its bits, NOTE: [Winners by kept values]);
 where one won, ``dy[i] = 0``; then each winner adds ``de / count`` (a tie
 splits evenly, as ``max`` does: NOTE: [Ties]). Where none won, the old value
 did and ``dy[i]`` keeps its tangent. The counts are left as they are, so
@@ -717,11 +718,27 @@ class KernelTransformer(Transformer):
             ties = self.namer.fresh(f"{root}_ties")
             self.helpers[ties] = ti.field(ti.i32, shape=field.shape)
             self.extremes_fields[ties] = root
-        count = extremes.counted(p, root, target, ties)
+        kept = self.kept(node, root, field)
+        if kept is not None:
+            self.emit(kept.store(p, root))  # NOTE: [Winners by kept values]
+        count = extremes.counted(p, root, target, ties, kept)
         tangent = retarget(target, self.namer.tangent(root))
-        add = if_(extremes.won(p, root, target), [statement(call(taichi("atomic_add"), tangent, extremes.share(
+        won = extremes.won(p, root, target) if kept is None else kept.won(root, target)
+        add = if_(won, [statement(call(taichi("atomic_add"), tangent, extremes.share(
             ast.Constant(0.0) if dp is None else dp, ties, target)))])
         self.extremes.append((primal, count, add, tangent, ties))
+
+    def kept(self, node: ast.Call, root: str, field: Any) -> extremes.Kept | None:
+        """Where the parallel loop keeps this atomic's values (NOTE: [Winners by kept values]), or None."""
+        assert self.parallel_node is not None
+        if not extremes.once_per_iteration(self.parallel_node, ast.Expr(node)):
+            return None
+        made = extremes.kept_field(self.parallel_node, self.parsed.namespace, field)
+        if made is None:
+            return None
+        kept = self.namer.fresh(f"{root}_kept")
+        self.helpers[kept] = made[0]
+        return extremes.Kept(kept, made[1])
 
     def settle_extremes(self, loop: ast.stmt) -> None:
         """After a parallel loop with atomic extremes, the loops giving their targets' tangents (see the NOTE)."""
