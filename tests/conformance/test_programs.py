@@ -55,6 +55,8 @@ APPLY = {
     # extremes in reverse]); y starts at 0
     "atomic maxima": "v = f(x[i], w[i])\n        ti.atomic_max(y[i], v)\n"
                      "        ti.atomic_max(y[(i + 1) % N], v - 0.5)",
+    # w a constant in the loop, as Taichi defines ti.stop_grad: no derivative to w through y
+    "w stopped by ti.stop_grad": "ti.stop_grad(w)\n        y[i] = f(x[i], w[i])",
     # v = f(x[i], w[i]) grown by half until past 1, at most three times (NOTE: [Break as a flag])
     "a loop that breaks": "v = f(x[i], w[i])\n        for _ in range(3):\n            if v > 1.0:\n"
                           "                break\n            v = v * 1.5\n        y[i] = v",
@@ -77,6 +79,13 @@ def run_passes(ns: dict, fields: dict, passes: str) -> None:
             ns["scale"]()
         ns["mix"]()
         ns["reduce"]()
+
+
+def element_values(case: Case, variant: str, x, w):
+    """The element function's value per entry, as the apply kernel sees its arguments."""
+    if variant == "w stopped by ti.stop_grad":
+        w = w.detach()
+    return torch.stack([case.twin(x[i], w[i]) for i in range(N)])
 
 
 def y_twin(variant: str, f_values):
@@ -188,7 +197,7 @@ def field_program(case: Case, variant: str, passes: str):
     G = td.function(program, inputs=[fields["x"], fields["w"]], outputs=[fields["z"]])
 
     def z_twin(x, w):
-        y = y_twin(variant, torch.stack([case.twin(x[i], w[i]) for i in range(N)]))
+        y = y_twin(variant, element_values(case, variant, x, w))
         if passes == "in place":
             y = y * 0.75 + 0.25 * torch.sin(w)
         return y * torch.cos(torch.roll(y, -1))
