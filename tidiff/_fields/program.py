@@ -19,7 +19,7 @@ from .parts import Part
 from .rebind import Rebinder
 from .tangent import TangentFields, tangent_program
 from .tape import LaunchGuard, Recorder, recording
-from .twins import Twins, full_shape, is_real, load, numpy_dtype, read, zero
+from .twins import Twins, full_shape, is_real, load, load_all, numpy_dtype, read, read_all, zero_all
 from .values import value_of
 
 
@@ -258,9 +258,7 @@ class FieldProgram:
         self._check_runtime()
         self._generation += 1
         self._device = device = tensor_device(args)
-        for p, array in zip(self.inputs, args, strict=False):
-            if p.whole:
-                load(self._twins[p.field], array)
+        loaded = [(self._twins[p.field], array) for p, array in zip(self.inputs, args, strict=False) if p.whole]
         for field in self._split.values():
             whole = zeros(full_shape(field), numpy_dtype(field), device) if id(field) in self._state_ids \
                 else owned_copy(value_of(field, device))
@@ -270,15 +268,15 @@ class FieldProgram:
             for p in self.outputs:
                 if p.field is field:
                     whole[p.index] = 0
-            load(self._twins[field], whole)
+            loaded.append((self._twins[field], whole))
+        zeroed = []
         for field in self._undeclared:
             if id(field) in self._state_ids:
-                zero(self._twins[field])
+                zeroed.append(self._twins[field])
             elif id(field) not in self._split:
-                load(self._twins[field], value_of(field, device))
-        for p in self.outputs:
-            if p.whole:
-                zero(self._twins[p.field])
+                loaded.append((self._twins[field], value_of(field, device)))
+        load_all(loaded)  # one launch each, where from_numpy and fill compile a kernel per field
+        zero_all(zeroed + [self._twins[p.field] for p in self.outputs if p.whole])
 
     def _check_runtime(self) -> None:
         """RuntimeError where ``ti.init`` or ``ti.reset`` replaced the runtime the program's fields (the user's and
@@ -297,14 +295,13 @@ class FieldProgram:
         return tape
 
     def _read_outputs(self) -> list[Any]:
-        return [p.take(read(self._twins[p.field], self._device)) for p in self.outputs]
+        arrays = read_all([self._twins[p.field] for p in self.outputs], self._device)
+        return [p.take(a) for p, a in zip(self.outputs, arrays, strict=True)]
 
     def clear_gradients(self, keep: Iterable[Field] = ()) -> None:
         """Zero the gradients of every twin (but those of the fields in ``keep``)."""
         kept = {id(self._twins[f]) for f in keep}
-        for twin in self._twins.real():
-            if id(twin) not in kept:
-                zero(twin.grad)
+        zero_all([twin.grad for twin in self._twins.real() if id(twin) not in kept])
 
     def seed(self, cotangents: Iterable[np.ndarray | None]) -> None:
         """Load cotangents (``None``: zero) into the outputs' gradients."""
@@ -321,8 +318,9 @@ class FieldProgram:
 
     def gradients(self) -> list[np.ndarray | None]:
         """The inputs' gradients (``None`` for integer inputs)."""
-        return [p.take(read(self._twins[p.field].grad, self._device)) if is_real(p.field) else None
-                for p in self.inputs]
+        real = [p for p in self.inputs if is_real(p.field)]
+        arrays = iter(read_all([self._twins[p.field].grad for p in real], self._device))
+        return [p.take(next(arrays)) if is_real(p.field) else None for p in self.inputs]
 
 
 __all__ = ["FieldSpec", "FieldProgram", "Part"]
