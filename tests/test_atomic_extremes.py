@@ -279,3 +279,50 @@ def test_winners_are_found_by_the_values_the_atomic_compared():
                                rtol=1e-10)
     for got, expected in zip(td.jacrev(G, argnums=(0, 1))(x, wv), want):
         np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-14)
+
+
+sx, sw, sy, sz = (ti.field(ti.f64, shape=4) for _ in range(4))
+s_loss = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def shifted_maxima():
+    for i in sx:
+        ti.atomic_max(sy[i], sx[i])
+        ti.atomic_max(sy[(i + 1) % 4], sx[i] - 0.5)
+
+
+@ti.kernel
+def scale_in_place():
+    for i in sy:
+        sy[i] = sy[i] * 0.75 + 0.25 * ti.sin(sw[i])
+
+
+@ti.kernel
+def squares_of_neighbours():
+    for i in sy:
+        sz[i] = sy[i] * ti.cos(sy[(i + 1) % 4])
+        s_loss[None] += sz[i] * sz[i]
+
+
+def maxima_then_in_place():
+    shifted_maxima()
+    scale_in_place()
+    squares_of_neighbours()
+
+
+def torch_maxima_then_in_place(x, wv):
+    y = torch.amax(torch.stack([torch.zeros_like(x), x, torch.roll(x, 1) - 0.5]), dim=0) * 0.75 + 0.25 * torch.sin(wv)
+    return ((y * torch.cos(torch.roll(y, -1))) ** 2).sum()
+
+
+def test_second_order_through_kept_values_and_a_later_in_place_update():
+    """Conformance net seed 52: the bits kept in the atomic's loop must not name the target there (the tangent
+    program's own tangent refused the loop, and its check then passed a wrong Hessian-vector product)."""
+    H = td.function(maxima_then_in_place, inputs=[sx, sw], outputs=[s_loss])
+    rng = np.random.default_rng(0)
+    x, wv, dx, dw = (rng.uniform(-1.5, 1.5, 4) for _ in range(4))
+    tensors = (torch.tensor(x), torch.tensor(wv))
+    _, want = torch.autograd.functional.hvp(torch_maxima_then_in_place, tensors, (torch.tensor(dx), torch.tensor(dw)))
+    for got, expected in zip(td.hvp(H, (x, wv), (dx, dw))[1], want):
+        np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-14)

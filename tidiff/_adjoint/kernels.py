@@ -315,9 +315,9 @@ class FieldReverser(Reverser):
         at = ast.Subscript(name(field), copy.deepcopy(index), ast.Load())
         kept = self.kept(obj, field)
         if kept is not None:  # NOTE: [Winners by kept values]
-            self.forward.append(kept.store(stored, field))  # run by the counting loop only, as the count
+            self.forward.append(kept.store(stored))  # run by the counting loop only, as the count
         self.forward.append(extremes.counted(stored, field, at, ties, kept))
-        won = extremes.won(stored, field, at) if kept is None else kept.won(field, at)
+        won = extremes.won(stored, field, at) if kept is None else kept.won(at)
         key = self.field_key(field)
         self.extremes += [Access("store", key, index, self.scalar_params(), self.looped()),
                           Access("load", key, index, self.scalar_params(), self.looped())]  # the adjoint reads
@@ -330,13 +330,13 @@ class FieldReverser(Reverser):
         values]): for an atomic in no runtime loop of a parallel loop whose iterations are known."""
         if self.repeated or self.parallel_loop is None:
             return None
-        made = extremes.kept_field(self.parallel_loop, self.parsed.namespace, target)
-        if made is None:
-            return None
-        kept = self.namer.fresh(f"{field}_kept")
-        self.helpers[kept] = made[0]
-        self.kept_made.add(kept)
-        return extremes.Kept(kept, made[1])
+        def made(kept: Any) -> str:
+            named = self.namer.fresh(f"{field}_kept")
+            self.helpers[named] = kept
+            self.kept_made.add(named)
+            return named
+
+        return extremes.kept_field(self.parallel_loop, self.parsed.namespace, target, made)
 
     def looped(self) -> bool:
         """Whether the statement being transformed stands in a runtime loop of a kernel (not its parallel loop:

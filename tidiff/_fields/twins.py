@@ -8,8 +8,11 @@ dtype is real, all placed in one ``ti.FieldsBuilder`` tree that
 :meth:`Twins.destroy` can free (forward mode runs tangent kernels over
 tangent fields of their own, :mod:`.tangent`: twins need no ``.dual``).
 
-Data moves only through ``from_numpy``/``to_numpy``/``fill(0)``, whose kernels
-Taichi compiles once per field and array dtype: a call compiles nothing new.
+Data moves through ``from_numpy``/``to_numpy``/``fill(0)``, whose kernels
+Taichi compiles once per field and array dtype, or, for a program's many
+fields at once, through one kernel per list of fields (``load_all``,
+``read_all``, ``zero_all``: one compile and one launch where Taichi's helpers
+take one each). A call compiles nothing new.
 """
 from collections.abc import Sequence
 from typing import Any

@@ -32,32 +32,33 @@ _BITS = {"f64": ti.i64, "f32": ti.i32, "f16": ti.i16}
 
 class Kept:
     """Where a loop keeps each iteration's value of one atomic (NOTE: [Winners by kept values]): the field's
-    name in the generated code and the index naming an iteration."""
+    name in the generated code, the index naming an iteration, and the names of the target's type and of the
+    integer type of its bits (``ti.f64``, ``ti.i64``: the loop holding the atomic names nothing else of the
+    target, which stays alone there for the transforms of this code)."""
 
-    def __init__(self, field: str, index: ast.expr) -> None:
-        self.field, self.index = field, index
+    def __init__(self, field: str, index: ast.expr, dtype: str, bits: str) -> None:
+        self.field, self.index, self.dtype, self.bits = field, index, dtype, bits
 
-    def store(self, value: ast.expr, target_field: str) -> ast.stmt:
-        """``kept[I] = ti.bit_cast(ti.cast(value, y.dtype), bits)``."""
-        dtype = ast.Attribute(name(target_field), "dtype", ast.Load())
-        bits = ast.Attribute(name(self.field), "dtype", ast.Load())
-        return assign(self.at(), call(taichi("bit_cast"), call(taichi("cast"), copy.deepcopy(value), dtype), bits))
+    def store(self, value: ast.expr) -> ast.stmt:
+        """``kept[I] = ti.bit_cast(ti.cast(value, ti.f64), ti.i64)``."""
+        cast = call(taichi("cast"), copy.deepcopy(value), taichi(self.dtype))
+        return assign(self.at(), call(taichi("bit_cast"), cast, taichi(self.bits)))
 
-    def won(self, target_field: str, target: ast.Subscript) -> ast.Compare:
-        """``ti.bit_cast(kept[I], y.dtype) == y[i]``."""
-        dtype = ast.Attribute(name(target_field), "dtype", ast.Load())
-        return compare(call(taichi("bit_cast"), self.at(), dtype), ast.Eq(), copy.deepcopy(target))
+    def won(self, target: ast.Subscript) -> ast.Compare:
+        """``ti.bit_cast(kept[I], ti.f64) == y[i]``."""
+        return compare(call(taichi("bit_cast"), self.at(), taichi(self.dtype)), ast.Eq(), copy.deepcopy(target))
 
     def at(self) -> ast.Subscript:
         return ast.Subscript(name(self.field), copy.deepcopy(self.index), ast.Load())
 
 
-def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field) -> tuple[Any, ast.expr] | None:
-    """A field of one integer entry per iteration of the parallel loop ``loop`` for the bits of values of
-    ``target``'s type, and the index naming an iteration; None where the iterations are not known when the
-    kernel is transformed."""
+def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, made: Callable[[Any], str]) -> Kept | None:
+    """Where the parallel loop ``loop`` keeps the bits of values of ``target``'s type, one integer entry per
+    iteration (a field named by ``made``); None where the iterations are not known when the kernel is
+    transformed."""
     space = _iterations(loop, namespace)
-    bits = _BITS.get(str(target.dtype))
+    dtype = str(target.dtype)
+    bits = _BITS.get(dtype)
     if space is None or bits is None:
         return None
     shape, offset = space
@@ -68,7 +69,8 @@ def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field) -> tuple
         index = ast.Tuple([name(e.id) for e in target_.elts if isinstance(e, ast.Name)], ast.Load())
     else:
         return None
-    return ti.field(bits, shape=shape, offset=offset if any(offset) else None), index
+    field = made(ti.field(bits, shape=shape, offset=offset if any(offset) else None))
+    return Kept(field, index, dtype, str(bits))
 
 
 def _iterations(loop: ast.For, namespace: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -143,7 +145,7 @@ def won(value: ast.expr, field: str, target: ast.Subscript) -> ast.Compare:
 def counted(value: ast.expr, field: str, target: ast.Subscript, ties: str, kept: Kept | None = None) -> ast.If:
     """``if <won>: ti.atomic_add(ties[i], 1)``: one more winner of entry ``i`` (by the kept bits, if any)."""
     at = ast.Subscript(name(ties), copy.deepcopy(target.slice), ast.Load())
-    test = won(value, field, target) if kept is None else kept.won(field, target)
+    test = won(value, field, target) if kept is None else kept.won(target)
     return if_(test, [statement(call(taichi("atomic_add"), at, 1))])
 
 

@@ -546,6 +546,8 @@ class KernelTransformer(Transformer):
         if not roots or not self.is_active(value):
             return
         root = roots[0]
+        if isinstance(self.fields.get(root), Field) and not is_float_field(self.fields[root]):
+            return  # an integer field: the value is cast (tidiff's own keep bits there: NOTE: [Winners by kept values])
         if root in self.fields and root not in self.sources:
             if self.arrays is not None:
                 raise self.error(target, f"a write to the global `{root}` from differentiable values",
@@ -720,10 +722,10 @@ class KernelTransformer(Transformer):
             self.extremes_fields[ties] = root
         kept = self.kept(node, root, field)
         if kept is not None:
-            self.emit(kept.store(p, root))  # NOTE: [Winners by kept values]
+            self.emit(kept.store(p))  # NOTE: [Winners by kept values]
         count = extremes.counted(p, root, target, ties, kept)
         tangent = retarget(target, self.namer.tangent(root))
-        won = extremes.won(p, root, target) if kept is None else kept.won(root, target)
+        won = extremes.won(p, root, target) if kept is None else kept.won(target)
         add = if_(won, [statement(call(taichi("atomic_add"), tangent, extremes.share(
             ast.Constant(0.0) if dp is None else dp, ties, target)))])
         self.extremes.append((primal, count, add, tangent, ties))
@@ -733,12 +735,12 @@ class KernelTransformer(Transformer):
         assert self.parallel_node is not None
         if not extremes.once_per_iteration(self.parallel_node, ast.Expr(node)):
             return None
-        made = extremes.kept_field(self.parallel_node, self.parsed.namespace, field)
-        if made is None:
-            return None
-        kept = self.namer.fresh(f"{root}_kept")
-        self.helpers[kept] = made[0]
-        return extremes.Kept(kept, made[1])
+        def made(kept: Any) -> str:
+            named = self.namer.fresh(f"{root}_kept")
+            self.helpers[named] = kept
+            return named
+
+        return extremes.kept_field(self.parallel_node, self.parsed.namespace, field, made)
 
     def settle_extremes(self, loop: ast.stmt) -> None:
         """After a parallel loop with atomic extremes, the loops giving their targets' tangents (see the NOTE)."""
