@@ -151,3 +151,42 @@ def test_a_pullback_called_again_replays_the_same_recording(calls):
     for k in range(calls):
         for got, w in zip(pullback(1.0 + k), want):
             np.testing.assert_allclose(got, (1.0 + k) * w.numpy(), rtol=1e-11)
+
+
+shifted = ti.field(ti.f64, shape=5, offset=-2)  # indices -2..2
+shifted_scale = ti.field(ti.f64, shape=())
+shifted_total = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def weigh_shifted():
+    for i in shifted:
+        shifted_total[None] += ti.sin(shifted[i]) * shifted_scale[None] * (i + 3)
+
+
+@ti.kernel
+def overwrite_shifted():
+    for i in shifted:
+        shifted[i] = shifted_scale[None] * i  # every entry, after weigh_shifted read it
+
+
+def shifted_program():
+    weigh_shifted()
+    overwrite_shifted()
+    weigh_shifted()
+
+
+def test_a_field_with_an_offset_is_kept_at_its_own_indices():
+    program = td.function(shifted_program, inputs=[shifted, shifted_scale], outputs=[shifted_total])
+    x, s = np.linspace(-1.0, 1.0, 5), 0.7
+
+    def twin(xt, st):
+        k = torch.arange(-2.0, 3.0, dtype=xt.dtype)
+        return (torch.sin(xt) * st * (k + 3)).sum() + (torch.sin(st * k) * st * (k + 3)).sum()
+
+    want = torch.autograd.functional.jacobian(twin, (torch.tensor(x), torch.tensor(s, dtype=torch.float64)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = td.grad(program, argnums=(0, 1))(x, s)
+    np.testing.assert_allclose(got[0], want[0].numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got[1], want[1].numpy(), rtol=1e-12)

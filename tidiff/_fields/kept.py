@@ -107,7 +107,7 @@ class Stores:
         if not writes:
             return ()
         with _untaped():
-            return tuple(self._store(field, where).keep(_known_values(where, field)) for field, where in writes)
+            return tuple(self._store(field, where).keep(_known_values(where)) for field, where in writes)
 
     def _store(self, field: Field, where: Where) -> Store:
         known = (False,) * len(field.shape) if where is None else tuple(w is not None for w in where)
@@ -125,7 +125,7 @@ def swapped(copies: Sequence[Copy]) -> None:
                 copy.swap()
 
 
-def _known_values(where: Where, field: Field) -> tuple[int, ...]:
+def _known_values(where: Where) -> tuple[int, ...]:
     return () if where is None else tuple(w for w in where if w is not None)
 
 
@@ -152,14 +152,14 @@ def _ndarray_like(field: Field, shape: tuple[int, ...]) -> Any:
 def _kernels(field: Field, known: tuple[bool, ...]) -> tuple[Any, Any]:
     """``keep(slot, k..., store)`` and ``swap(slot, k..., store)`` for entries of ``field`` whose positions
     ``known`` are given (``k0``, ...) and the others run over the field's extent."""
-    free = [f"j{d}" for d, k in enumerate(known) if not k]
+    offset = tuple(field.snode.ptr.offset) or (0,) * len(known)  # a field's first index per position
+    free = [d for d, k in enumerate(known) if not k]
     entry = "field[{}]".format(", ".join(f"k{d}" if k else f"j{d}" for d, k in enumerate(known)) or "None")
-    copy = "store[{}]".format(", ".join(["slot", *free]))
+    copy = "store[{}]".format(", ".join(["slot", *(f"j{d} - {offset[d]}" for d in free)]))
     params = ", ".join(["slot: ti.i32", *(f"k{d}: ti.i32" for d, k in enumerate(known) if k),
                         "store: ti.types.ndarray()"])
-    extents = ", ".join(str(n) for n, k in zip(field.shape, known, strict=True) if not k)
-    header = (f"    for {free[0]} in range({extents}):\n" if len(free) == 1
-              else f"    for {', '.join(free)} in ti.ndrange({extents}):\n" if free else "")
+    ranges = [f"({offset[d]}, {offset[d] + field.shape[d]})" for d in free]
+    header = f"    for {', '.join(f'j{d}' for d in free)} in ti.ndrange({', '.join(ranges)}):\n" if free else ""
     indent = " " * (8 if header else 4)
     bodies = {"keep": [f"{copy} = {entry}"], "swap": [f"value = {entry}", f"{entry} = {copy}", f"{copy} = value"]}
     made = []
