@@ -330,13 +330,11 @@ class FieldReverser(Reverser):
         values]): for an atomic in no runtime loop of a parallel loop whose iterations are known."""
         if self.repeated or self.parallel_loop is None:
             return None
-        def made(kept: Any) -> str:
-            named = self.namer.fresh(f"{field}_kept")
-            self.helpers[named] = kept
-            self.kept_made.add(named)
-            return named
-
-        return extremes.kept_field(self.parallel_loop, self.parsed.namespace, target, made)
+        kept = extremes.kept_field(self.parallel_loop, self.parsed.namespace, target, self.helpers, self.namer,
+                                   f"{field}_kept")
+        if kept is not None:
+            self.kept_made.add(kept.field)
+        return kept
 
     def looped(self) -> bool:
         """Whether the statement being transformed stands in a runtime loop of a kernel (not its parallel loop:

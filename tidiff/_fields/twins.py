@@ -149,8 +149,9 @@ def load_all(pairs: Sequence[tuple[Field, Any]]) -> None:
     many = [(twin, contiguous(array)) for twin, array in pairs if _plain(twin)]
     if len(many) < 2:
         many = []
+    fused = {id(twin) for twin, _ in many}
     for twin, array in pairs:
-        if not any(twin is t for t, _ in many):
+        if id(twin) not in fused:
             load(twin, array)
     if many:
         _copier(len(many), "in")(tuple(t for t, _ in many), *(a for _, a in many))

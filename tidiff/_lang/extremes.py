@@ -23,6 +23,7 @@ from typing import Any
 import taichi as ti
 from taichi.lang.field import Field
 
+from .naming import Namer, helper_name
 from .nodes import assign, call, compare, if_, name, statement, taichi
 from .parse import MISSING, resolve
 
@@ -52,10 +53,11 @@ class Kept:
         return ast.Subscript(name(self.field), copy.deepcopy(self.index), ast.Load())
 
 
-def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, made: Callable[[Any], str]) -> Kept | None:
+def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, helpers: dict[str, Any], namer: Namer,
+               hint: str) -> Kept | None:
     """Where the parallel loop ``loop`` keeps the bits of values of ``target``'s type, one integer entry per
-    iteration (a field named by ``made``); None where the iterations are not known when the kernel is
-    transformed."""
+    iteration (a new field, named after ``hint`` in ``helpers``); None where the iterations are not known when
+    the kernel is transformed."""
     space = _iterations(loop, namespace)
     dtype = str(target.dtype)
     bits = _BITS.get(dtype)
@@ -69,8 +71,8 @@ def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, made: Ca
         index = ast.Tuple([name(e.id) for e in target_.elts if isinstance(e, ast.Name)], ast.Load())
     else:
         return None
-    field = made(ti.field(bits, shape=shape, offset=offset if any(offset) else None))
-    return Kept(field, index, dtype, str(bits))
+    field = ti.field(bits, shape=shape, offset=offset if any(offset) else None)
+    return Kept(helper_name(helpers, namer, field, hint), index, dtype, str(bits))
 
 
 def _iterations(loop: ast.For, namespace: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:

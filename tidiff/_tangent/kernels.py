@@ -735,12 +735,8 @@ class KernelTransformer(Transformer):
         assert self.parallel_node is not None
         if not extremes.once_per_iteration(self.parallel_node, ast.Expr(node)):
             return None
-        def made(kept: Any) -> str:
-            named = self.namer.fresh(f"{root}_kept")
-            self.helpers[named] = kept
-            return named
-
-        return extremes.kept_field(self.parallel_node, self.parsed.namespace, field, made)
+        return extremes.kept_field(self.parallel_node, self.parsed.namespace, field, self.helpers, self.namer,
+                                   f"{root}_kept")
 
     def settle_extremes(self, loop: ast.stmt) -> None:
         """After a parallel loop with atomic extremes, the loops giving their targets' tangents (see the NOTE)."""
