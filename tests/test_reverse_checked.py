@@ -1,9 +1,9 @@
 """Reverse mode of field programs and ndarray kernels is checked against tidiff's forward mode before it is trusted.
 
 Taichi 1.7.4's reverse mode gets an n-body force loop wrong (tests/test_taichi_pitfalls.py): kernels over
-fields are now reversed by tidiff's own adjoint transform (NOTE: [Reverse of a kernel]) and are right without
-a warning; ndarray kernels are still Taichi's. A program breaking Taichi's global data access rules (a field
-read, then overwritten by a later kernel) is wrong under either adjoint. tidiff checks the first vjp of each
+fields and ndarray kernels are now reversed by tidiff's own adjoint transform (NOTE: [Reverse of a kernel],
+[Reverse of an ndarray kernel]) and are right without a warning or a check. A kernel reading again a value it
+wrote is wrong under either adjoint (the adjoint reads the last value). tidiff checks the first vjp of such a
 function with ``<J^T c, t> == <c, J t>`` and, where reverse mode is wrong, computes it by forward mode (NOTE:
 [Checking Taichi's reverse mode] in tidiff/_reverse_check.py). Every derivative here is compared with torch's.
 """
@@ -138,19 +138,22 @@ PAIRS = td.function(pair_products, inputs=["x"], outputs={"out": lambda x: x.sha
 
 
 def test_an_ndarray_kernel_and_its_torch_op_are_right_where_taichi_reverse_is_not():
+    """Taichi's kernel.grad gets this kernel wrong (it was checked, found wrong and pushed forward, with a warning);
+    tidiff's adjoint is right, at first and second order, with nothing to warn of."""
     x = tensor(START).requires_grad_(True)
     c = torch.cos(torch.arange(8.0, dtype=torch.float64)).reshape(4, 2)
     _, want = torch.autograd.functional.vjp(torch_pair_products, x.detach(), c)
-    with pytest.warns(td.TaichiReverseWarning, match="ndarray kernel `pair_products`"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         _, vjp_fn = td.vjp(PAIRS, START)
         np.testing.assert_allclose(vjp_fn(c.numpy())[0], want.numpy(), rtol=1e-12)
-    (td.torch.function(PAIRS)(x) * c).sum().backward()
-    np.testing.assert_allclose(x.grad.numpy(), want.numpy(), rtol=1e-12)
-    with pytest.warns(td.TaichiReverseWarning, match="`jvp\\(pair_products\\)`"):  # second order: its own check
+        (td.torch.function(PAIRS)(x) * c).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), want.numpy(), rtol=1e-12)
         assert torch.autograd.gradgradcheck(td.torch.function(PAIRS), (x,))
+    assert PAIRS.memo.peek("reverse verdict") is None  # exact: never checked
 
 
-def test_a_program_taichi_gets_right_is_checked_once_and_warns_nothing():
+def test_an_ndarray_kernel_tidiff_reverses_is_not_checked_and_warns_nothing():
     @ti.kernel
     def plain(x: ti.types.ndarray(dtype=ti.f64, ndim=1), out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
         for i in range(x.shape[0]):
@@ -162,12 +165,29 @@ def test_a_program_taichi_gets_right_is_checked_once_and_warns_nothing():
         warnings.simplefilter("error")
         g = td.vjp(op, x)[1](np.ones(5))[0]
     np.testing.assert_allclose(g, np.cos(x) * np.roll(x, -1) + np.roll(np.sin(x), 1), rtol=1e-14)
-    assert op.reverse_refused() is None and op.memo.peek("reverse verdict").trusted
+    assert op.reverse_refused() is None and op.memo.peek("reverse verdict") is None
+
+
+@ti.kernel
+def squared_again(x: ti.types.ndarray(dtype=ti.math.vec2, ndim=1), out: ti.types.ndarray(dtype=ti.math.vec2, ndim=1)):
+    for i in range(x.shape[0]):
+        out[i] = x[i] * 2.0
+        out[i] = out[i] * out[i]  # reads its own write: an adjoint reads the last value (4 x**2), not 2 x
+
+
+def test_an_ndarray_kernel_reading_its_own_write_is_checked_and_pushed_forward():
+    op = td.function(squared_again, inputs=["x"], outputs={"out": lambda x: x.shape})
+    c = np.cos(np.arange(8.0)).reshape(4, 2)
+    with pytest.warns(td.TaichiReverseWarning, match="ndarray kernel `squared_again`"):
+        np.testing.assert_allclose(td.vjp(op, START)[1](c)[0], 8 * START * c, rtol=1e-12)
+    assert op.reverse_refused() is not None  # Jacobians choose forward mode
+    np.testing.assert_allclose(td.jacobian(op)(START), np.einsum("ij,ik,jl->ijkl", 8 * START, np.eye(4), np.eye(2)),
+                               rtol=1e-12)
 
 
 def test_too_many_components_to_push_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(reverse_check, "MOST_PUSHES", 4)
-    op = td.function(pair_products, inputs=["x"], outputs={"out": lambda x: x.shape})
+    op = td.function(squared_again, inputs=["x"], outputs={"out": lambda x: x.shape})
     with pytest.warns(td.TaichiReverseWarning), pytest.raises(td.TransformError, match="8 tangent runs"):
         td.vjp(op, START)[1](np.ones((4, 2)))
 
@@ -333,10 +353,12 @@ def cosine_in_a_loop(a: ti.types.ndarray(dtype=ti.f64, ndim=1), out: ti.types.nd
 
 def test_a_value_overwritten_in_a_runtime_loop_has_its_derivative():
     """tests/test_taichi_pitfalls.py: Taichi's kernel.grad gives 0 for d cos(a)/da when cos(a) is assigned in
-    each iteration of a runtime loop; tidiff's vjp of the kernel is -sin(a), and so is the torch backward."""
+    each iteration of a runtime loop; tidiff's vjp of the kernel (its own adjoint, nothing to warn of) is -sin(a),
+    and so is the torch backward."""
     op = td.function(cosine_in_a_loop, inputs=["a"], outputs={"out": lambda a: a.shape})
     a = np.array([0.3, -0.6, 1.2])
-    with pytest.warns(td.TaichiReverseWarning, match="cosine_in_a_loop"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         np.testing.assert_allclose(td.vjp(op, a)[1](np.ones(3))[0], -np.sin(a), rtol=1e-14)
     t = tensor(a).requires_grad_(True)
     td.torch.function(op)(t).sum().backward()

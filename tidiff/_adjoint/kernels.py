@@ -58,9 +58,29 @@ what won). Forward mode: NOTE: [Atomic extremes forward].
 
 A ``@ti.func`` that writes fields, or is given one, is written out in the
 kernel first (NOTE: [Funcs that write fields, inlined]). A kernel the
-transform does not take (ndarray parameters, a returned value, a method of
-an object writing fields, ...) has no adjoint here: :func:`vjp_kernel` says
-why, and the tape replays Taichi's ``kernel.grad`` for it.
+transform does not take (a returned value, a method of an object writing
+fields, ...) has no adjoint here: :func:`vjp_kernel` says why, and the tape
+replays Taichi's ``kernel.grad`` for it.
+
+NOTE: [Reverse of an ndarray kernel] A kernel over ``ti.types.ndarray()``
+parameters (``td.function(k, inputs=[...], outputs={...})``) is reversed by
+the same transform, each ndarray parameter taken as a ``ti.template()``
+field is: a float input or output reads and adds into ``a.grad[i]``, the
+gradient Taichi passes beside a tensor that requires grad (NOTE: [Gradient
+aliases] in ``_kinds/ndarray.py``); an integer array, or an input frozen by
+``needs_grad=False``, is a constant, its writes left out. Element types
+come from the call (``vjp_ndarray_kernel(kernel, arrays)``, one adjoint
+per pattern), so a float32 array's cotangent is cast to float32 as it is
+added. Global fields the kernel reads are constants of its function, as
+they are in its forward mode; a func reading float fields is not taken.
+The adjoint needs no values of the outputs where the kernel never reads
+them, and the kernel writes none of its inputs (``td.function`` refuses
+it): then it is exact, with no run-time check. A kernel reading an output
+gets it as the kernel left it (the kernel runs first), which is right
+unless it wrote the entry after reading it or reads its own write: such a
+vjp is checked against forward mode (NOTE: [Checking Taichi's reverse
+mode]). Atomic max / min into an array is not taken (Taichi's
+``kernel.grad`` runs, checked).
 """
 from __future__ import annotations
 
@@ -73,6 +93,7 @@ from typing import Any
 import taichi as ti
 from taichi.lang.field import Field, ScalarField
 from taichi.types.annotations import Template
+from taichi.types.ndarray_type import NdarrayType
 
 from .._cache import ADJOINT
 from .._lang import extremes
@@ -159,6 +180,21 @@ def vjp_kernel(kernel: Any, owner: object = None) -> KernelAdjoint | NotReversib
     return cache[key]
 
 
+def vjp_ndarray_kernel(kernel: Any, arrays: dict[str, Any]) -> KernelAdjoint | NotReversible:
+    """The adjoint of a ``@ti.kernel`` over ndarray parameters (NOTE: [Reverse of an ndarray kernel]), or the
+    NotReversible saying why the transform does not take it. ``arrays`` gives each ndarray parameter's element
+    type where it carries a derivative (a float input or output: ``ti.f64``, ``ti.f32``), None where it does
+    not (integer arrays, frozen inputs); made once per kernel and pattern."""
+    cache = owned_cache(kernel, ADJOINT)
+    key = ("ndarray", tuple(sorted((p, str(t)) for p, t in arrays.items())))
+    if key not in cache:
+        try:
+            cache[key] = _generate(kernel, None, arrays)
+        except NotReversible as reason:
+            cache[key] = reason
+    return cache[key]
+
+
 def _field_made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
     """The reverse function of a callee (or the NotReversible saying why there is none): with field accesses
     where it reaches fields (made once, kept on ``f``), else the function transform's."""
@@ -176,13 +212,13 @@ def _field_made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
     return cache[key]
 
 
-def _generate(kernel: Any, owner: object) -> KernelAdjoint:
+def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) -> KernelAdjoint:
     bound = getattr(kernel, "_is_classkernel", False)
     if bound and owner is None:
         raise NotReversible("a kernel of a @ti.data_oriented class, without the object it runs on")
     parsed = inlined(bind(parse(Unbound(kernel)), owner) if bound else parse(kernel))  # NOTE: [Funcs that write
     # fields, inlined]
-    reverser = KernelReverser(parsed, kernel, bound)
+    reverser = KernelReverser(parsed, kernel, bound, arrays)
     tree = reverser.run()
     text = wrap_long_lines(ast.unparse(ast.Module([tree], [])))
     scope = {**parsed.namespace, **reverser.helpers, RULE_HELPERS: rule_helpers, reverser.taichi_name: ti}
@@ -200,6 +236,8 @@ class FieldReverser(Reverser):
     adjoint, would write them again."""
 
     stores = False  # whether field writes are taken (a kernel's are; a func's are not)
+    arrays: dict[str, Any] | None = None  # an ndarray kernel's arrays: element type where differentiable, or None
+    array_params: frozenset[str] = frozenset()  # the names of those arrays (parameters, so locals of the code)
     depth = 0  # how deep in a kernel's loops the statement being transformed stands (a func's: 0)
     parallel_loop: ast.For | None = None  # the kernel's parallel loop being transformed
     repeated = 0  # how many runtime loops (not the parallel one) stand around it
@@ -224,11 +262,14 @@ class FieldReverser(Reverser):
         self.narrow: dict[str, bool] = {}  # a global float field's name -> whether it is narrower than float64
         # (a template parameter's type is known only at launch: cast as if it were)
         self.touching: dict[int, bool] = {}
+        self.types: dict[str, ast.expr] = {}  # a float array's element type, where a gradient's is not at hand
         local = {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         for identifier in sorted({n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)} - local):
             obj = resolve(ast.Name(identifier, ast.Load()), self.parsed.namespace)
             if isinstance(obj, Field):
-                if is_float_field(obj):
+                if self.arrays is not None:  # an ndarray kernel's fields are constants of its function
+                    self.constant_fields.add(identifier)
+                elif is_float_field(obj):
                     if obj.grad is None:
                         raise NotReversible(f"the float field `{identifier}` without a gradient field")
                     gradient = self.namer.fresh(identifier + "_grad")
@@ -276,8 +317,8 @@ class FieldReverser(Reverser):
         def effect(ct: ast.expr) -> list[ast.stmt]:
             at = ast.Subscript(copy.deepcopy(gradient), copy.deepcopy(index), ast.Store())
             if self.narrow.get(field, True):  # a float32 field: the cotangent (maybe float64) in its type
-                ct = ast.Call(ast.Attribute(name(TAICHI), "cast", ast.Load()),
-                              [ct, ast.Attribute(copy.deepcopy(gradient), "dtype", ast.Load())], [])
+                dtype = self.types.get(field) or ast.Attribute(copy.deepcopy(gradient), "dtype", ast.Load())
+                ct = ast.Call(ast.Attribute(name(TAICHI), "cast", ast.Load()), [ct, copy.deepcopy(dtype)], [])
             return [ast.AugAssign(at, ast.Add(), ct)]
 
         read = ast.Subscript(name(field), index, ast.Load())
@@ -350,7 +391,7 @@ class FieldReverser(Reverser):
 
     def field_key(self, field: str) -> Field | int:
         """What a field's name stands for: a global field, or the position of a template parameter."""
-        if field in self.template_fields:
+        if field in self.template_fields or field in self.array_params:
             return [a.arg for a in self.tree.args.args].index(field)
         found = resolve(ast.Name(field, ast.Load()), self.parsed.namespace)
         assert isinstance(found, Field)  # find_fields names fields only
@@ -369,7 +410,7 @@ class FieldReverser(Reverser):
         """A write into an integer field by a kernel: no derivative, and the adjoint must not write it again;
         recorded (NOTE: [Launches that keep the access rules]) and left out."""
         if not (self.stores and isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
-                and target.value.id in self.constant_fields and target.value.id not in self.env):
+                and target.value.id in self.constant_fields and self.is_global(target.value.id)):
             return False
         self.accesses.append(Access("store", self.field_key(target.value.id), None, ()))
         return True
@@ -395,9 +436,13 @@ class FieldReverser(Reverser):
         adjoint kernel must not write fields, and the transform does not follow these."""
         for target in targets:
             for sub in ast.walk(target):
-                if isinstance(sub, ast.Name) and sub.id not in self.env and \
+                if isinstance(sub, ast.Name) and self.is_global(sub.id) and \
                         (sub.id in self.gradients or sub.id in self.constant_fields):
                     raise NotReversible(f"the write `{ast.unparse(target)}` into a field")
+
+    def is_global(self, identifier: str) -> bool:
+        """Whether ``identifier`` names a global (a field) or an ndarray parameter, not a local."""
+        return identifier not in self.env or identifier in self.array_params
 
     def stmt_Expr(self, node: ast.Expr) -> None:
         value = node.value
@@ -441,6 +486,10 @@ class FieldReverser(Reverser):
             if isinstance(arg, ast.Name) and (self.field_name(arg) or arg.id in self.constant_fields):
                 raise NotReversible(f"the call `{ast.unparse(node)}`, passing the field `{arg.id}` on")
         if not self._is_local(node.func) and self.touches(node.func):  # a func reading fields (it writes none)
+            reached = _fields_reached(resolve(node.func, self.parsed.namespace))
+            if self.arrays is not None and any(is_float_field(f) for f in reached):
+                raise NotReversible(f"the call `{ast.unparse(node)}` of a func reading float fields, in an ndarray "
+                                    "kernel (its fields are constants there)")
             self.accesses += [Access("load", f, None, (), self.looped()) for f in
                               _fields_reached(resolve(node.func, self.parsed.namespace))]
         return super().classify(node)
@@ -451,13 +500,25 @@ class KernelReverser(FieldReverser):
 
     stores = True
 
-    def __init__(self, parsed: Parsed, kernel: Any, bound: bool = False) -> None:
+    def __init__(self, parsed: Parsed, kernel: Any, bound: bool = False, arrays: dict[str, Any] | None = None) -> None:
         self.kernel, self.bound = kernel, bound  # bound: a class kernel, its ``self`` bound by ``objects.bind``
+        self.arrays = arrays
+        self.array_params = frozenset(arrays or ())
         super().__init__(parsed, (False,) * len(parsed.tree.args.args), 0)
         self.depth = 0  # how deep in loops the statement being transformed stands (0: the kernel's top level)
         self.template_fields = self._template_fields()
         for p in self.template_fields:
             self.gradients[p] = ast.Attribute(name(p), "grad", ast.Load())
+        for p, dtype in (arrays or {}).items():
+            if dtype is None:
+                self.constant_fields.add(p)
+            elif dtype != ti.f64:
+                self.narrow[p] = True
+                helper = self.namer.fresh(f"{p}_type")
+                self.helpers[helper] = dtype
+                self.types[p] = name(helper)
+            else:
+                self.narrow[p] = False
 
     def run(self) -> ast.FunctionDef:
         self._check_parameters()
@@ -495,7 +556,12 @@ class KernelReverser(FieldReverser):
         at launch (``template_fields``: the launch checks)."""
         found = []
         for p in list(inspect.signature(self.kernel.__wrapped__).parameters.values())[self.bound:]:
-            if isinstance(p.annotation, Template) or p.annotation is ti.template:
+            if isinstance(p.annotation, NdarrayType) and self.arrays is not None:
+                if p.name not in self.arrays:
+                    raise NotReversible(f"the ndarray parameter `{p.name}`, neither an input nor an output")
+                if self.arrays[p.name] is not None:
+                    found.append(p.name)
+            elif isinstance(p.annotation, Template) or p.annotation is ti.template:
                 used = any(isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == p.name
                            or isinstance(n, ast.For) and isinstance(n.iter, ast.Name) and n.iter.id == p.name
                            for n in ast.walk(self.tree))

@@ -15,13 +15,16 @@ a copy, and Taichi compiles the kernel once per dtype and ndim, never per shape.
 
 - ``evaluate``: outputs are allocated (zeroed, so ``+=`` accumulates from 0)
   and the kernel launched once;
-- ``vjp``: Taichi's ``kernel.grad`` on the tensors (NOTE: [Gradient aliases]);
+- ``vjp``: tidiff's adjoint of the kernel on the tensors (NOTE: [Reverse of an
+  ndarray kernel] in ``_adjoint/kernels.py``; NOTE: [Gradient aliases]), or
+  Taichi's ``kernel.grad`` where the transform does not take the kernel;
 - ``tangent()``: the kernel's tangent transform (``_tangent/kernels.py``), an
-  ndarray kernel again (:class:`NdarrayTangent`): its vjp is Taichi's reverse
-  mode over the tangent kernel, which is second order, and its own tangent
-  is the tangent kernel of the tangent kernel.
+  ndarray kernel again (:class:`NdarrayTangent`): its vjp is the adjoint of
+  the tangent kernel, which is second order, and its own tangent is the
+  tangent kernel of the tangent kernel.
 
-NOTE: [Gradient aliases] Taichi reads ``y.grad`` and accumulates into
+NOTE: [Gradient aliases] An adjoint kernel (tidiff's, or Taichi's
+``kernel.grad``) reads ``y.grad`` and accumulates into
 ``x.grad`` of the very tensor objects it is given, and allocates ``.grad``
 for any ``requires_grad`` tensor it sees, even under ``torch.no_grad``
 (taichi #8340). The engines therefore never hand the caller's tensors to
@@ -46,9 +49,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import taichi as ti
 from taichi.lang.util import to_numpy_type
 from taichi.types.ndarray_type import NdarrayType
 
+from .._adjoint.kernels import KernelAdjoint, vjp_ndarray_kernel
+from .._adjoint.transform import NotReversible
 from .._arrays import Batch, is_tensor, numpy_dtype, to_numpy, torch_dtype
 from .._cache import uses
 from .._derived import TangentArguments
@@ -179,7 +185,33 @@ class NdarrayFunction(Function):
         return self._hidden_rules
 
     def reverse_refused(self) -> str | None:
+        if self.adjoint_for(self._annotated_specs()) is not None:  # tidiff's adjoint applies every rule
+            return wrong_reverse(self)
         return describe(self.hidden_rules()) or wrong_reverse(self)
+
+    def _annotated_specs(self) -> list[ArgSpec]:
+        """Specs of the inputs as the annotations give them (float64 where they do not say): shapes do not
+        matter to the transform."""
+        return [ArgSpec(n, (), dtype or np.dtype(np.float64)) for n, dtype in zip(self.inputs, self.in_dtypes,
+                                                                                    strict=True)]
+
+    def adjoint_for(self, specs: Sequence[ArgSpec]) -> KernelAdjoint | None:
+        """tidiff's adjoint of the kernel for inputs of these specs (NOTE: [Reverse of an ndarray kernel]), or
+        None where the transform does not take the kernel (Taichi's ``kernel.grad`` then runs, checked)."""
+        def element(spec: ArgSpec, differentiable: bool) -> Any:
+            return (ti.f32 if spec.dtype == np.float32 else ti.f64) if differentiable and spec.is_float else None
+
+        arrays = {n: element(s, not f) for n, s, f in zip(self.inputs, specs, self.frozen, strict=True)}
+        arrays.update({n: element(s, True) for n, s in zip(self.outputs, self.signature(specs)[0], strict=True)})
+        adjoint = vjp_ndarray_kernel(self.kernel, arrays)
+        return None if isinstance(adjoint, NotReversible) else adjoint
+
+    def exact(self, adjoint: KernelAdjoint) -> bool:
+        """Whether ``adjoint`` gives the kernel's derivative without a check: the kernel writes no input and
+        reads no output (NOTE: [Reverse of an ndarray kernel])."""
+        ins = {self.params.index(n) for n in self.inputs}
+        outs = {self.params.index(n) for n in self.outputs}
+        return not any(a.field in (outs if a.kind == "load" else ins) for a in adjoint.accesses.accesses)
 
     # -- signature -----------------------------------------------------------
     def param_names(self) -> list[str]:
@@ -318,16 +350,19 @@ class NdarrayFunction(Function):
         (NOTE: [Launch plans] in ``_torch``) returning the float inputs' cotangents. Only once Taichi's reverse
         mode is settled right for this kernel, and not for kernels reading global fields or reaching rules."""
         n = len(self.inputs)
-        if not settled_right(self) or self.hidden_rules() or self.global_fields() \
+        specs = list(batch.specs[:n])
+        own = self.adjoint_for(specs)
+        exact = own is not None and self.exact(own)
+        if not (exact or own is None and settled_right(self) and not self.hidden_rules()) or self.global_fields() \
                 or not all(is_tensor(a) for a in batch.arrays) or not all(a.is_contiguous() for a in batch.arrays[:n]):
             return None  # cotangents may be expanded (a sum's): the plan copies them
         torch = _torch()
-        specs, out_specs = list(batch.specs[:n]), self.signature(batch.specs[:n])[0]
+        out_specs = self.signature(specs)[0]
         inputs, arguments = self._plan_inputs(specs), self._plan_arguments()
         differentiated = [s.is_float and not f for s, f in zip(specs, self.frozen, strict=True)]
         floats = [(k, s.shape, torch_dtype(s.dtype)) for k, s in enumerate(specs) if s.is_float]
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
-        adjoint = DirectLaunch(self.kernel.grad)
+        adjoint = DirectLaunch(own.kernel if own is not None else self.kernel.grad)
 
         def launch(args: Sequence[Any]) -> list[Any]:
             device = args[0].device
@@ -348,14 +383,20 @@ class NdarrayFunction(Function):
         return launch
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        """Input cotangents by Taichi's ``kernel.grad`` (NOTE: [Gradient aliases]), checked against forward mode
-        (NOTE: [Checking Taichi's reverse mode]); outputs are not recomputed."""
+        """Input cotangents by tidiff's adjoint of the kernel, or where the transform does not take it by
+        Taichi's ``kernel.grad`` (NOTE: [Gradient aliases]); checked against forward mode where the adjoint is not
+        exact (NOTE: [Checking Taichi's reverse mode])."""
+        own = self.adjoint_for(batch.specs)
+        exact = None if own is None else (lambda: self.exact(own))
         return checked_vjp(self, batch, cotangents, lambda: self.taichi_vjp(batch, cotangents),
-                           f"the ndarray kernel `{self.name}`")
+                           f"the ndarray kernel `{self.name}`", exact)
 
     def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        """The vjp by Taichi's ``kernel.grad`` alone, unchecked."""
-        refuse_hidden_rules(self.hidden_rules(), f"the ndarray kernel `{self.name}`")
+        """The vjp by reverse mode alone, unchecked: tidiff's adjoint of the kernel where the transform takes it
+        (run after the kernel itself where the kernel reads its outputs), else Taichi's ``kernel.grad``."""
+        own = self.adjoint_for(batch.specs)
+        if own is None:
+            refuse_hidden_rules(self.hidden_rules(), f"the ndarray kernel `{self.name}`")
         ins, out_specs, device, as_numpy = self._inputs(batch)
         tensors: dict[str, Any] = {}
         grads: list[Any] = []
@@ -368,11 +409,13 @@ class NdarrayFunction(Function):
                 grads.append(None)
             tensors[name] = t
         for name, spec, ct in zip(self.outputs, out_specs, cotangents, strict=True):
-            out = _torch().empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device).requires_grad_(True)
+            out = zeros(spec, device).requires_grad_(True)
             out.grad = zeros(spec, device) if ct is None else fresh(ct, spec, device)
             tensors[name] = out
+        if own is not None and not self.exact(own):  # the outputs as the kernel left them, to be read again
+            self._launch(self.kernel, {n: t.detach() for n, t in tensors.items()})
         try:
-            self._launch(self.kernel.grad, tensors, counted=self.kernel)
+            self._launch(self.kernel.grad if own is None else own.kernel, tensors, counted=self.kernel)
         except RuntimeError as e:
             raise taichi_cannot_reverse(self.name, e) or e from None
         return [self._result(g.grad, as_numpy) if g is not None else
