@@ -3,8 +3,8 @@
     out[b, c, t] = eps + sum_{u <= t} w[c, 0, T-1-(t-u)] * k[b, c, u]
 
 The kernel reads the torch tensors in place (no copies); td.torch.function gives it
-a backward (Taichi's reverse mode), forward-mode AD (tidiff's tangent transform of
-the kernel) and a double backward (Taichi's reverse mode over that tangent kernel).
+a backward (tidiff's adjoint of the kernel), forward-mode AD (tidiff's tangent transform of
+the kernel) and a double backward (the adjoint of that tangent kernel).
 """
 import os
 
@@ -21,15 +21,15 @@ EPS = 1e-3
 
 @ti.kernel
 def rwkv_conv_kernel(k: ti.types.ndarray(), w: ti.types.ndarray(), out: ti.types.ndarray(), eps: ti.f64):
-    # Accumulate straight into out (zeroed by tidiff), not into a local: Taichi's reverse
-    # mode keeps a loop-carried local on a stack of ti.init(ad_stack_size=...) entries
-    # (32 by default), which a long causal loop overflows (see docs/torch.md).
+    # A loop-carried local of any length: tidiff's adjoint recomputes the loop backwards, where
+    # Taichi's own reverse mode keeps such a local on a stack of ti.init(ad_stack_size=...)
+    # entries (32 by default) that a long causal loop overflows, ending the process.
     for b, c, t in out:
         T = k.shape[2]
+        s = eps
         for u in range(t + 1):
-            out[b, c, t] += w[c, 0, T - 1 - (t - u)] * k[b, c, u]
-    for b, c, t in out:
-        out[b, c, t] += eps
+            s += w[c, 0, T - 1 - (t - u)] * k[b, c, u]
+        out[b, c, t] = s
 
 
 rwkv_conv = td.torch.function(

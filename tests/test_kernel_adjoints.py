@@ -338,6 +338,56 @@ def test_a_data_oriented_program_with_a_method_reading_fields():
     np.testing.assert_allclose(td.jacfwd(fn)(x), xt.grad.numpy(), rtol=1e-13)
 
 
+@ti.data_oriented
+class Pusher:
+    """A class kernel calling a method that writes a field (it was reversed by Taichi, which has no ti.tan)."""
+
+    def __init__(self):
+        self.p = ti.field(ti.f64, N, needs_grad=True)
+        self.q = ti.field(ti.f64, N, needs_grad=True)
+        self.e = ti.field(ti.f64, (), needs_grad=True)
+
+    @ti.func
+    def push(self, i, v):
+        self.q[i] = v * v + self.p[(i + 1) % N]
+
+    @ti.kernel
+    def step(self):
+        for i in self.p:
+            self.push(i, ti.tan(self.p[i]))
+
+    @ti.kernel
+    def measure(self) -> ti.f64:
+        for i in self.q:
+            self.e[None] += self.q[i] * (1.0 + i)
+        return self.e[None]  # a number for the program; it carries no derivative
+
+    def run(self):
+        self.step()
+        return self.measure()
+
+
+def torch_pusher(p):
+    q = torch.tan(p) ** 2 + torch.roll(p, -1)
+    return (q * (1.0 + torch.arange(N, dtype=p.dtype))).sum()
+
+
+def test_a_method_writing_fields_and_a_kernel_returning_a_value_are_reversed_by_tidiff():
+    pusher = Pusher()
+    assert isinstance(vjp_kernel(Pusher.step, pusher), KernelAdjoint)
+    assert isinstance(vjp_kernel(Pusher.measure, pusher), KernelAdjoint)
+    fn = td.function(pusher.run, inputs=[pusher.p], outputs=[pusher.e])
+    p = np.linspace(-0.6, 0.7, N)
+    pt = torch.tensor(p, requires_grad=True)
+    torch_pusher(pt).backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(td.grad(fn)(p), pt.grad.numpy(), rtol=1e-13)
+        v = np.cos(np.arange(N))
+        want = torch.autograd.functional.hvp(torch_pusher, torch.tensor(p), torch.tensor(v))[1]
+        np.testing.assert_allclose(td.hvp(fn, (p,), (v,))[1][0], want.numpy(), rtol=1e-12)
+
+
 # --- integer fields: written without a derivative; an index overwritten after a read is checked ------------
 counter = ti.field(ti.i32, ())
 shift = ti.field(ti.i32, N)
@@ -491,3 +541,20 @@ def test_the_tangent_of_a_determinant_is_reversed_by_tidiff():
     np.testing.assert_allclose(value, want_value.numpy(), rtol=1e-12)
     np.testing.assert_allclose(h3, w3.numpy(), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(h4, w4.numpy(), rtol=1e-9, atol=1e-12)
+
+
+@ti.kernel
+def spread(a: ti.template(), b: ti.template(), n: ti.i32):
+    for i in a:
+        for j in range(n):  # a runtime loop writing entries of a template field: the field is not a local it carries
+            b[i] += a[j] * ti.sin(a[i])
+
+
+def test_a_template_field_written_in_a_runtime_loop():
+    """Found making ndarray kernels tidiff's: the loop's reversal took the parameter ``b`` for a local it carries
+    and wrote ``b_1 = b``, which Taichi refused to compile at the first td.grad."""
+    fn = td.function(lambda: spread(xa, ya, N), inputs=[xa], outputs=[ya])
+    assert isinstance(vjp_kernel(spread), KernelAdjoint)
+    x = np.linspace(-0.5, 0.9, N)
+    want = torch.autograd.functional.jacobian(lambda t: t.sum() * torch.sin(t), torch.tensor(x))
+    np.testing.assert_allclose(td.jacrev(fn)(x), want.numpy(), rtol=1e-13)

@@ -78,11 +78,11 @@ def wrong_reverse(fn: Any) -> str | None:
 
 def checked_vjp(fn: Any, batch: Batch, cotangents: Sequence[Any], reverse: Callable[[], list[Any]],
                 what: str, exact: Callable[[], bool] | None = None) -> list[Any]:
-    """``fn``'s vjp by Taichi's reverse mode (``reverse()``), checked on first use (NOTE: [Checking Taichi's
-    reverse mode]); by forward pushes where it was found wrong. ``fn.taichi_vjp(batch, cotangents)`` is
-    Taichi's reverse mode at any point; ``what`` names the function in messages. ``exact()``, asked after
-    ``reverse()`` ran, says the pass just run needs no check (tidiff's own adjoints of launches that kept the
-    access rules: NOTE: [Launches that keep the access rules])."""
+    """``fn``'s vjp by reverse mode (``reverse()``: its kernels' adjoints, tidiff's or Taichi's), checked on first
+    use (NOTE: [Checking Taichi's reverse mode]); by forward pushes where it was found wrong.
+    ``fn.unchecked_vjp(batch, cotangents)`` is that reverse mode at any point; ``what`` names the function in
+    messages. ``exact()``, asked after ``reverse()`` ran, says the pass just run needs no check (tidiff's own
+    adjoints of launches that kept the access rules: NOTE: [Launches that keep the access rules])."""
     if exact is not None and wrong_reverse(fn) is None:
         result = reverse()
         if exact():
@@ -161,7 +161,7 @@ def _check(fn: Any, batch: Batch, what: str, verdict: _Verdict) -> bool:
                       for s in out_specs]
         directions = {k: rng.uniform(-1.0, 1.0, batch.specs[k].shape) for k in floats}
         tangents = [_like(directions[k], point.arrays[k], batch.specs[k].dtype) for k in floats]
-        grads = fn.taichi_vjp(point, cotangents)  # first: where Taichi's reverse mode is refused, that is the error
+        grads = fn.unchecked_vjp(point, cotangents)  # first: where Taichi's reverse mode is refused, that is the error
         try:
             dys = _tangent_outputs(fn, point, tangents, len(out_specs))
         except Exception:  # noqa: BLE001 -- no tangent function (TransformError, or Taichi cannot compile it)

@@ -28,11 +28,11 @@ REVERSE_GAPS: dict[str, str] = {
 """construct -> why tidiff cannot differentiate it in code that also reaches a custom_vjp without a jvp rule."""
 
 FIELD_REVERSE_GAPS: dict[str, str] = {
-    "tan": "Taichi 1.7.4's reverse mode has no rule for ti.tan: td.grad of a field program or ndarray kernel "
-           "using it raises td.TransformError naming the kernel (tests/test_fields_regressions.py)",
+    "tan": "Taichi 1.7.4's reverse mode has no rule for ti.tan",
     "while": "nor for while loops",
 }
-"""op -> why programs over fields and ndarray kernels, whose reverse mode is Taichi's, leave it out."""
+"""op -> why Taichi's own reverse mode (the tape, kernel.grad) cannot run programs using it: the net runs it as
+a cross-check only on programs without them; tidiff's adjoints take them."""
 
 FORWARDLESS = tuple(name for name, entry in library.LIBRARY.items() if not entry.forward)
 """Library functions without a jvp rule: forward mode through them is an error, as in JAX."""

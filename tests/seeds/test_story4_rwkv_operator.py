@@ -67,3 +67,15 @@ def test_no_copies_and_one_compile_per_dtype():
         k, w = _data(*shape, seed=3)
         rwkv_conv(k, w).sum().backward()
     assert td.cache_info()["rwkv_conv"].compiles == compiles
+
+
+def test_a_sequence_longer_than_taichis_autodiff_stack():
+    """The kernel carries a local through a loop of up to T iterations: Taichi's own reverse mode keeps it on a
+    stack of 32 entries by default and dies past it; tidiff's adjoint recomputes the loop instead."""
+    k, w = _data(1, 2, 200, seed=3)
+    kr, wr = k.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    cot = torch.randn(1, 2, 200, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    rwkv_conv(k, w).backward(cot)
+    rwkv_conv_torch(kr, wr).backward(cot)
+    torch.testing.assert_close(k.grad, kr.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(w.grad, wr.grad, rtol=1e-12, atol=1e-12)

@@ -24,10 +24,13 @@ where the kernel's namespace binds that name to the same object, else get
 a fresh one bound there. A func ending in ``return e`` called as
 ``v = f(...)`` leaves ``v = e``; called inside an expression, it is first
 taken out to ``v = f(...)`` before the statement (``while`` tests become
-``c = test; while c: ...; c = test``); a func that returns elsewhere, a method of
-an object, and calls inside conditional expressions or ``and`` / ``or`` are left as they are (the
-transform then refuses them by name, and Taichi's ``kernel.grad`` runs).
-Calls inside inlined bodies are inlined in turn, to a depth of eight.
+``c = test; while c: ...; c = test``); a func that returns elsewhere and
+calls inside conditional expressions or ``and`` / ``or`` are left as they are (the
+transform then refuses them by name, and Taichi's ``kernel.grad`` runs). A
+func of an object (``self.push(i, f)`` in a ``@ti.data_oriented`` class) is
+written out with its object bound (NOTE: [Fields through objects]): ``self.q``
+in its body becomes the field itself. Calls inside inlined bodies are
+inlined in turn, to a depth of eight.
 """
 from __future__ import annotations
 
@@ -42,8 +45,8 @@ from taichi.lang.field import Field
 
 from .._lang.callees import is_taichi_func
 from .._lang.naming import Namer, names_in
-from .._lang.objects import fields_of
-from .._lang.parse import MISSING, Parsed, parse, resolve
+from .._lang.objects import fields_of, parsed_for
+from .._lang.parse import MISSING, Parsed, resolve
 
 DEEPEST = 8
 
@@ -102,7 +105,7 @@ def _site(stmt: ast.AST, namespace: dict[str, Any], sites: _Sites) -> Any:
         return None
     body = _body(callee)
     returns = [n for n in ast.walk(ast.Module(body, [])) if isinstance(n, ast.Return)]
-    if any(r is not body[-1] for r in returns) or len(value.args) != len(parse(callee).tree.args.args):
+    if any(r is not body[-1] for r in returns) or len(value.args) != len(parsed_for(callee).tree.args.args):
         return None
     return callee
 
@@ -112,7 +115,7 @@ def _is_fields(obj: object) -> bool:
 
 
 def _body(callee: Any) -> list[ast.stmt]:
-    body = parse(callee).tree.body
+    body = parsed_for(callee).tree.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # the docstring
     return body
@@ -123,7 +126,7 @@ def _writes_fields(callee: Any, seen: set[int]) -> bool:
     if id(callee) in seen:
         return False
     seen.add(id(callee))
-    parsed = parse(callee)
+    parsed = parsed_for(callee)
     for node in ast.walk(parsed.tree):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
             if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
@@ -208,7 +211,7 @@ def _written_out(stmt: ast.Expr | ast.Assign, callee: Any, namespace: dict[str, 
     """The statements a call site stands for (see the NOTE)."""
     call = stmt.value
     assert isinstance(call, ast.Call)
-    parsed = parse(callee)
+    parsed = parsed_for(callee)
     params = [a.arg for a in parsed.tree.args.args]
     templates = _template_parameters(parsed.tree, parsed.namespace)
     local = set(params) | {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name)

@@ -440,6 +440,11 @@ class FieldReverser(Reverser):
                         (sub.id in self.gradients or sub.id in self.constant_fields):
                     raise NotReversible(f"the write `{ast.unparse(target)}` into a field")
 
+    def carried(self, stmts: list[ast.stmt]) -> list[str]:
+        """Variables a branch or loop carries out, without the field and array parameters whose entries it writes
+        (``out[b, c, t] += ...`` in a runtime loop writes the array, not a local)."""
+        return [v for v in super().carried(stmts) if v not in self.template_fields and v not in self.array_params]
+
     def is_global(self, identifier: str) -> bool:
         """Whether ``identifier`` names a global (a field) or an ndarray parameter, not a local."""
         return identifier not in self.env or identifier in self.array_params
@@ -521,10 +526,10 @@ class KernelReverser(FieldReverser):
                 self.narrow[p] = False
 
     def run(self) -> ast.FunctionDef:
-        self._check_parameters()
         body = self.tree.body
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             body = body[1:]  # the docstring
+        body = self.without_return(body)
         read = sorted({n.value.id for n in ast.walk(self.tree) if isinstance(n, ast.Subscript)
                        and isinstance(n.value, ast.Name) and n.value.id in self.constant_fields})
         self.accesses += [Access("load", self.field_key(f), None, (), anywhere=True) for f in read]  # integer
@@ -572,9 +577,20 @@ class KernelReverser(FieldReverser):
                 raise NotReversible(f"the parameter `{p.name}` (numbers and ti.template() fields only)")
         return found
 
-    def _check_parameters(self) -> None:
-        if self.tree.returns is not None:
-            raise NotReversible("a kernel that returns a value")
+    def without_return(self, body: list[ast.stmt]) -> list[ast.stmt]:
+        """The kernel's statements without its final ``return e``: what a kernel returns reaches the program as a
+        Python number, which carries no derivative (as a number passed to a kernel does not); the adjoint
+        reverses what the kernel writes. A return elsewhere, or one whose value makes an atomic update, is not
+        taken."""
+        last = body[-1] if body and isinstance(body[-1], ast.Return) else None
+        if any(isinstance(node, ast.Return) and node is not last for node in ast.walk(ast.Module(body, []))):
+            raise NotReversible("a `return` before the kernel's last statement")
+        if last is None:
+            return body
+        if any(isinstance(node, ast.Call) and getattr(resolve(node.func, self.parsed.namespace), "__name__",
+                                                      "").startswith("atomic_") for node in ast.walk(last)):
+            raise NotReversible(f"the return `{ast.unparse(last)}`, which updates a field")
+        return body[:-1]
 
     # --- loops --------------------------------------------------------------------
     def stmt_For(self, node: ast.For) -> None:

@@ -78,11 +78,11 @@ class FieldFunction(Function):
         return list(self.program.primal(batch.arrays))
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        return checked_vjp(self, batch, cotangents, lambda: self.taichi_vjp(batch, cotangents),
+        return checked_vjp(self, batch, cotangents, lambda: self.unchecked_vjp(batch, cotangents),
                            f"the field program `{self.name}`", exact=lambda: self.program.replay_exact)
 
-    def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        """The vjp by Taichi's reverse mode alone (replaying the recorded launches' adjoints), unchecked."""
+    def unchecked_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        """The vjp by reverse mode alone (replaying the recorded launches' adjoints), unchecked."""
         uses(self.program)
         cts = [None if c is None else _exactly(c, s.shape) for c, s in zip(cotangents, self._out, strict=True)]
         _, grads = self.program.vjp(batch.arrays, cts)
@@ -168,8 +168,8 @@ class FieldTangent(FieldFunction):
             return self.evaluate(batch), lambda cotangents: pushed_vjp(self, batch, cotangents, refused)
         return super().linearize(batch)
 
-    def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        """Taichi's reverse mode over the tangent program (second order), unchecked."""
+    def unchecked_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        """Reverse mode over the tangent program (second order), unchecked."""
         m = len(self._primal_out)
         kept = list(cotangents[:m]) + [cotangents[m + o] for o in self._float_outputs()]
         uses(self.program)

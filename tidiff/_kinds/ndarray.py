@@ -346,9 +346,10 @@ class NdarrayFunction(Function):
         return arguments
 
     def vjp_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
-        """:meth:`taichi_vjp` of tensors like ``batch``'s (primals, then one cotangent per output), as a plan
-        (NOTE: [Launch plans] in ``_torch``) returning the float inputs' cotangents. Only once Taichi's reverse
-        mode is settled right for this kernel, and not for kernels reading global fields or reaching rules."""
+        """:meth:`unchecked_vjp` of tensors like ``batch``'s (primals, then one cotangent per output), as a plan
+        (NOTE: [Launch plans] in ``_torch``) returning the float inputs' cotangents. Only where that reverse mode
+        needs no check (tidiff's exact adjoint, or Taichi's settled right and reaching no rule), and not for kernels
+        reading global fields."""
         n = len(self.inputs)
         specs = list(batch.specs[:n])
         own = self.adjoint_for(specs)
@@ -388,10 +389,10 @@ class NdarrayFunction(Function):
         exact (NOTE: [Checking Taichi's reverse mode])."""
         own = self.adjoint_for(batch.specs)
         exact = None if own is None else (lambda: self.exact(own))
-        return checked_vjp(self, batch, cotangents, lambda: self.taichi_vjp(batch, cotangents),
+        return checked_vjp(self, batch, cotangents, lambda: self.unchecked_vjp(batch, cotangents),
                            f"the ndarray kernel `{self.name}`", exact)
 
-    def taichi_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+    def unchecked_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         """The vjp by reverse mode alone, unchecked: tidiff's adjoint of the kernel where the transform takes it
         (run after the kernel itself where the kernel reads its outputs), else Taichi's ``kernel.grad``."""
         own = self.adjoint_for(batch.specs)
