@@ -558,3 +558,35 @@ def test_a_template_field_written_in_a_runtime_loop():
     x = np.linspace(-0.5, 0.9, N)
     want = torch.autograd.functional.jacobian(lambda t: t.sum() * torch.sin(t), torch.tensor(x))
     np.testing.assert_allclose(td.jacrev(fn)(x), want.numpy(), rtol=1e-13)
+
+
+@ti.func
+def take(src: ti.template(), i):
+    return src[i]
+
+
+taken_loss = ti.field(ti.f64, (), needs_grad=True)
+
+
+@ti.kernel
+def tan_through_takes():
+    for i in xa:
+        ya[i] = ti.tan(take(xa, i)) * take(xa, (i + 1) % N)
+    for i in ya:
+        taken_loss[None] += ya[i] ** 2
+
+
+def test_a_tangent_kernel_unpacking_a_func_given_fields_is_reversed_by_tidiff():
+    """Conformance net, seed 101: the tangent kernel calls ``take_jvp(x, i, dx)``, unpacking its ``(out, dout)``;
+    such a call was not written out, so Taichi reversed the tangent kernel, which has no rule for ti.tan (td.hvp
+    raised)."""
+    fn = td.function(tan_through_takes, inputs=[xa], outputs=[taken_loss])
+    assert all(isinstance(vjp_kernel(k), KernelAdjoint) for k in fn.program.tangent()._kernels)
+    x, v = np.linspace(-0.6, 0.8, N), np.cos(np.arange(N))
+
+    def energy(t):
+        return ((torch.tan(t) * torch.roll(t, -1)) ** 2).sum()
+
+    hv = td.hvp(fn, (x,), (v,))[1][0]
+    want = torch.autograd.functional.hvp(energy, torch.tensor(x), torch.tensor(v))[1]
+    np.testing.assert_allclose(hv, want.numpy(), rtol=1e-12)

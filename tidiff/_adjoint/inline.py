@@ -22,7 +22,8 @@ is a fresh local given the argument's value, as Taichi passes values. The
 func's own locals get fresh names; the globals it reads keep their name
 where the kernel's namespace binds that name to the same object, else get
 a fresh one bound there. A func ending in ``return e`` called as
-``v = f(...)`` leaves ``v = e``; called inside an expression, it is first
+``v = f(...)`` leaves ``v = e`` (and one ending in ``return e1, e2`` called as
+``a, b = f(...)``, as a tangent func is, ``a, b = e1, e2``); called inside an expression, it is first
 taken out to ``v = f(...)`` before the statement (``while`` tests become
 ``c = test; while c: ...; c = test``); a func that returns elsewhere and
 calls inside conditional expressions or ``and`` / ``or`` are left as they are (the
@@ -87,11 +88,16 @@ def _template_parameters(tree: ast.FunctionDef, namespace: dict[str, Any]) -> se
 
 
 def _site(stmt: ast.AST, namespace: dict[str, Any], sites: _Sites) -> Any:
-    """The func a statement calls, where the statement is a call to inline (``f(...)`` or ``v = f(...)``)."""
+    """The func a statement calls, where the statement is a call to inline (``f(...)``, ``v = f(...)``, or
+    ``a, b = f(...)`` of a func returning a tuple of as many: a tangent func's ``(out, dout)``)."""
+    unpacked = None
     if isinstance(stmt, ast.Expr):
         value = stmt.value
     elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
         value = stmt.value
+    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple) \
+            and all(isinstance(e, ast.Name) for e in stmt.targets[0].elts):
+        value, unpacked = stmt.value, len(stmt.targets[0].elts)
     else:
         return None
     if not isinstance(value, ast.Call) or value.keywords:
@@ -106,6 +112,9 @@ def _site(stmt: ast.AST, namespace: dict[str, Any], sites: _Sites) -> Any:
     body = _body(callee)
     returns = [n for n in ast.walk(ast.Module(body, [])) if isinstance(n, ast.Return)]
     if any(r is not body[-1] for r in returns) or len(value.args) != len(parsed_for(callee).tree.args.args):
+        return None
+    if unpacked is not None and not (returns and isinstance(returns[0].value, ast.Tuple)
+                                     and len(returns[0].value.elts) == unpacked):
         return None
     return callee
 
