@@ -184,7 +184,8 @@ def forward_ok(func, helpers):
 
 def reaches_rules(func, helpers):
     """Whether ``func`` reaches a derivative rule of the user's: ``td.stop_gradient`` or a custom_jvp/custom_vjp
-    function. Reverse mode by Taichi's own autodiff (field programs, ndarray kernels) refuses such code."""
+    function. Taichi's own autodiff cannot apply them: the net runs it as a cross-check only on code reaching
+    none."""
     by_name = {h.name: h for h in helpers}
     seen, todo = set(), [func]
     while todo:
