@@ -160,7 +160,8 @@ def nd(a: ti.types.ndarray(dtype=ti.f64, ndim=1), b: ti.types.ndarray(dtype=ti.f
 
 
 def element_case(data) -> Case:
-    g = known.grammar()
+    g = known.grammar().without(*known.REVERSE_GAPS)  # a kernel calling code the reverse transform does not
+    # take (a td.jvp call) is reversed by Taichi's kernel.grad (docs/limits.md)
     program = data.draw(grammar.programs(g, out_shapes=grammar.SCALAR_OUT, param_shapes=st.just(((), ()))),
                         label="element function")
     return draw_case_for(data, program)
