@@ -153,3 +153,20 @@ def test_second_order_goes_through_the_adjoint_of_the_tangent_kernel(transform):
             got = torch.autograd.functional.hvp(lambda a: t_op(a).sum(), xt, torch.tensor(v))[1].numpy()
             want = torch.autograd.functional.hvp(lambda a: torch_smooth(a).sum(), xt, torch.tensor(v))[1]
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-13)
+
+
+@ti.kernel
+def row_sums(x: ti.types.ndarray(dtype=ti.f64, ndim=2), out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+    for i, j in x:
+        out[i] += ti.tan(x[i, j]) * (j + 1.0)
+
+
+def test_jacobians_choose_reverse_mode_whatever_the_shape_rule_reads():
+    """Choosing a Jacobian's mode asks whether tidiff reverses the kernel before any shapes are known: a shape rule
+    indexing its input's shape (``x.shape[0]``) must not be called then."""
+    op = td.function(row_sums, inputs=["x"], outputs={"out": lambda x: (x.shape[0],)})
+    assert op.reverse_refused() is None
+    x = np.array([[0.1, -0.4, 0.3], [0.7, 0.2, -0.9]])
+    want = torch.autograd.functional.jacobian(lambda t: (torch.tan(t) * torch.tensor([1.0, 2.0, 3.0])).sum(1),
+                                              torch.tensor(x))
+    np.testing.assert_allclose(td.jacrev(op)(x), want.numpy(), rtol=1e-13)

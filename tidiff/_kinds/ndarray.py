@@ -185,24 +185,23 @@ class NdarrayFunction(Function):
         return self._hidden_rules
 
     def reverse_refused(self) -> str | None:
-        if self.adjoint_for(self._annotated_specs()) is not None:  # tidiff's adjoint applies every rule
-            return wrong_reverse(self)
+        floats = [d for d in self.in_dtypes if d is not None and d.kind == "f"]
+        default = floats[0] if floats else np.dtype(np.float64)  # the annotations' types; float64 where they say none
+        if self._adjoint([d or default for d in self.in_dtypes], [d or default for d in self.out_dtypes]) is not None:
+            return wrong_reverse(self)  # tidiff's adjoint applies every rule
         return describe(self.hidden_rules()) or wrong_reverse(self)
-
-    def _annotated_specs(self) -> list[ArgSpec]:
-        """Specs of the inputs as the annotations give them (float64 where they do not say): shapes do not
-        matter to the transform."""
-        return [ArgSpec(n, (), dtype or np.dtype(np.float64)) for n, dtype in zip(self.inputs, self.in_dtypes,
-                                                                                    strict=True)]
 
     def adjoint_for(self, specs: Sequence[ArgSpec]) -> KernelAdjoint | None:
         """tidiff's adjoint of the kernel for inputs of these specs (NOTE: [Reverse of an ndarray kernel]), or
         None where the transform does not take the kernel (Taichi's ``kernel.grad`` then runs, checked)."""
-        def element(spec: ArgSpec, differentiable: bool) -> Any:
-            return (ti.f32 if spec.dtype == np.float32 else ti.f64) if differentiable and spec.is_float else None
+        return self._adjoint([s.dtype for s in specs], [s.dtype for s in self.signature(specs)[0]])
 
-        arrays = {n: element(s, not f) for n, s, f in zip(self.inputs, specs, self.frozen, strict=True)}
-        arrays.update({n: element(s, True) for n, s in zip(self.outputs, self.signature(specs)[0], strict=True)})
+    def _adjoint(self, in_dtypes: Sequence[np.dtype], out_dtypes: Sequence[np.dtype]) -> KernelAdjoint | None:
+        def element(dtype: np.dtype, differentiable: bool) -> Any:
+            return (ti.f32 if dtype == np.float32 else ti.f64) if differentiable and dtype.kind == "f" else None
+
+        arrays = {n: element(d, not f) for n, d, f in zip(self.inputs, in_dtypes, self.frozen, strict=True)}
+        arrays.update({n: element(d, True) for n, d in zip(self.outputs, out_dtypes, strict=True)})
         adjoint = vjp_ndarray_kernel(self.kernel, arrays)
         return None if isinstance(adjoint, NotReversible) else adjoint
 
