@@ -1,11 +1,13 @@
 """A long run of the conformance net, in chunks of separate processes with different seeds.
 
-    python tests/conformance/run_long.py --total 20000 --chunk 200 [--minutes 60] [--jobs 4]
+    python tests/conformance/run_long.py --total 20000 --chunk 200 [--minutes 60] [--jobs 4] [--only EXPR]
 
 Each chunk is ``pytest tests/conformance`` with ``TIDIFF_CONFORMANCE_EXAMPLES``
 set to the chunk size (shared by the tests by weight, see ``budget.py``) and
 its own ``--hypothesis-seed``: Taichi keeps every compiled kernel of a process,
-so chunks keep memory bounded. Failures (shrunk programs, printed by the
+so chunks keep memory bounded. ``--only`` runs the tests pytest's ``-k``
+selects (``--only "field_programs or ndarray_kernels"``: the kernel programs,
+each drawing its share of the chunk). Failures (shrunk programs, printed by the
 tests; drawn ones with ``--no-shrink``) are appended to
 ``conformance-failures.log``, Taichi pitfalls (NOTE: [Taichi pitfalls] in
 ``checks.py``: rejected, not failures) to ``conformance-failures.log.pitfalls``.
@@ -44,6 +46,7 @@ def main() -> int:
     ap.add_argument("--log", default=os.path.join(ROOT, "conformance-failures.log"))
     ap.add_argument("--chunk-minutes", type=float, default=15.0, help="a chunk still running after this long is "
                     "killed and reported with the check it was in (a compile that does not end is a finding too)")
+    ap.add_argument("--only", default=None, help="run only the tests this pytest -k expression selects")
     ap.add_argument("--no-shrink", action="store_true", help="report failures as drawn (shrinking compiles many "
                     "programs: minutes per failure)")
     args = ap.parse_args()
@@ -65,9 +68,10 @@ def main() -> int:
         try:
             # --capture=sys: what Taichi's C++ code writes reaches this script even when it ends the process
             # -n 0: one process (pyproject's addopts run files in parallel), whose statistics are read below
+            only = ["-k", args.only] if args.only else []
             run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
                                   "--capture=sys", "--hypothesis-show-statistics", f"--hypothesis-seed={seed}",
-                                  os.path.join(HERE)],
+                                  *only, os.path.join(HERE)],
                                  capture_output=True, text=True, env=env, cwd=ROOT, timeout=60 * args.chunk_minutes)
         except subprocess.TimeoutExpired:
             with lock:
