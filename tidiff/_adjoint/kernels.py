@@ -57,10 +57,12 @@ nothing else in that loop (its iterations race the atomic; later loops read
 what won). Forward mode: NOTE: [Atomic extremes forward].
 
 A ``@ti.func`` that writes fields, or is given one, is written out in the
-kernel first (NOTE: [Funcs that write fields, inlined]). A kernel the
-transform does not take (a returned value, a method of an object writing
-fields, ...) has no adjoint here: :func:`vjp_kernel` says why, and the tape
-replays Taichi's ``kernel.grad`` for it.
+kernel first (NOTE: [Funcs that write fields, inlined]); so is a method of
+an object that does. A kernel's final ``return e`` is left out: the number
+reaches the program without a derivative. A kernel the transform does not
+take (a call of a func with no reverse function, an update ``x[i] *= e`` of
+a field, ...: docs/limits.md) has no adjoint here: :func:`vjp_kernel` says
+why, and the tape replays Taichi's ``kernel.grad`` for it.
 
 NOTE: [Reverse of an ndarray kernel] A kernel over ``ti.types.ndarray()``
 parameters (``td.function(k, inputs=[...], outputs={...})``) is reversed by
@@ -495,8 +497,7 @@ class FieldReverser(Reverser):
             if self.arrays is not None and any(is_float_field(f) for f in reached):
                 raise NotReversible(f"the call `{ast.unparse(node)}` of a func reading float fields, in an ndarray "
                                     "kernel (its fields are constants there)")
-            self.accesses += [Access("load", f, None, (), self.looped()) for f in
-                              _fields_reached(resolve(node.func, self.parsed.namespace))]
+            self.accesses += [Access("load", f, None, (), self.looped()) for f in reached]
         return super().classify(node)
 
 
