@@ -14,7 +14,7 @@ for a forward under no_grad, and a forward+backward. First calls (compile) are p
 Part 2, the seeds' linear layer ``tanh(x @ W.T + b)`` (8 -> 4) at 16 and 100,000 rows, float64:
 
     hand-written autograd.Function   a Taichi forward kernel and a hand-derived backward kernel, as users write it
-    td.torch.function, ndarray      the forward kernel alone (backward: Taichi's kernel.grad)
+    td.torch.function, ndarray      the forward kernel alone (backward: tidiff's adjoint of it)
     td.torch.function, @ti.func     one row as a @ti.func (W and b broadcast)
 
 the td operators eager and inside torch.compile(backend="aot_eager", fullgraph=True), the @ti.func one under
