@@ -207,10 +207,14 @@ class NdarrayFunction(Function):
 
     def exact(self, adjoint: KernelAdjoint) -> bool:
         """Whether ``adjoint`` gives the kernel's derivative without a check: the kernel writes no input and
-        reads no output (NOTE: [Reverse of an ndarray kernel])."""
-        ins = {self.params.index(n) for n in self.inputs}
-        outs = {self.params.index(n) for n in self.outputs}
-        return not any(a.field in (outs if a.kind == "load" else ins) for a in adjoint.accesses.accesses)
+        reads no output (NOTE: [Reverse of an ndarray kernel]). Found once per adjoint: every vjp asks."""
+        def find() -> bool:
+            ins = {self.params.index(n) for n in self.inputs}
+            outs = {self.params.index(n) for n in self.outputs}
+            return not any(a.field in (outs if a.kind == "load" else ins) for a in adjoint.accesses.accesses)
+
+        exact: bool = self.memo.get(("exact", id(adjoint)), find)  # adjoints live as long as their kernel
+        return exact
 
     # -- signature -----------------------------------------------------------
     def param_names(self) -> list[str]:
