@@ -170,3 +170,28 @@ def test_jacobians_choose_reverse_mode_whatever_the_shape_rule_reads():
     want = torch.autograd.functional.jacobian(lambda t: (torch.tan(t) * torch.tensor([1.0, 2.0, 3.0])).sum(1),
                                               torch.tensor(x))
     np.testing.assert_allclose(td.jacrev(op)(x), want.numpy(), rtol=1e-13)
+
+
+@ti.func
+def weight(i):
+    return table[i] * 2.0 + ti.cos(table[(i + 1) % N])  # a func reading a global float field
+
+
+@ti.kernel
+def weighted(x: ti.types.ndarray(dtype=ti.f64, ndim=1), out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+    for i in range(x.shape[0]):
+        out[i] = ti.tan(x[i] * 0.4) * weight(i)
+
+
+def test_a_func_reading_fields_in_an_ndarray_kernel_reads_constants():
+    """Fields are constants of an ndarray kernel's function, in the funcs it calls too: tidiff's adjoint, exact."""
+    op = td.function(weighted, inputs=["x"], outputs={"out": lambda x: x.shape})
+    x = np.linspace(-1.0, 1.5, N)
+    t = torch.linspace(0.5, 1.5, N, dtype=torch.float64)
+    w = t * 2.0 + torch.cos(torch.roll(t, -1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jac = td.jacrev(op)(x)
+    want = torch.autograd.functional.jacobian(lambda a: torch.tan(a * 0.4) * w, torch.tensor(x))
+    np.testing.assert_allclose(jac, want.numpy(), rtol=1e-13, atol=1e-15)
+    assert op.memo.peek("reverse verdict") is None

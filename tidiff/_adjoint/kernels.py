@@ -74,7 +74,9 @@ aliases] in ``_kinds/ndarray.py``); an integer array, or an input frozen by
 come from the call (``vjp_ndarray_kernel(kernel, arrays)``, one adjoint
 per pattern), so a float32 array's cotangent is cast to float32 as it is
 added. Global fields the kernel reads are constants of its function, as
-they are in its forward mode; a func reading float fields is not taken.
+they are in its forward mode, in the kernel and in the funcs it calls
+(their reverse functions are the function transform's, reading fields as
+constants; a method of an object reading float fields is not taken).
 The adjoint needs no values of the outputs where the kernel never reads
 them, and the kernel writes none of its inputs (``td.function`` refuses
 it): then it is exact, with no run-time check. A kernel reading an output
@@ -245,7 +247,7 @@ class FieldReverser(Reverser):
     repeated = 0  # how many runtime loops (not the parallel one) stand around it
 
     def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int) -> None:
-        super().__init__(parsed, active, n_outputs, _field_made)
+        super().__init__(parsed, active, n_outputs, _field_made if self.arrays is None else _made)
         self.template_fields: list[str] = []
         self.ties: list[tuple[str, str]] = []  # a kernel's parallel loop's (tie counts, field) of atomic max / min
         self.kept_made: set[str] = set()  # the fields keeping atomics' values (NOTE: [Winners by kept values])
@@ -296,7 +298,8 @@ class FieldReverser(Reverser):
         for n in ast.walk(node):
             if isinstance(n, ast.Subscript) and self.field_name(n.value) is not None:
                 return True
-            if isinstance(n, ast.Call) and not self._is_local(n.func) and self.touches(n.func):
+            if isinstance(n, ast.Call) and self.arrays is None and not self._is_local(n.func) \
+                    and self.touches(n.func):  # (in an ndarray kernel the fields it reads are constants)
                 return True
             if isinstance(n, ast.Call) and any(isinstance(a, ast.Name) and self.field_name(a) is not None
                                                for a in n.args + [k.value for k in n.keywords]):
@@ -304,9 +307,18 @@ class FieldReverser(Reverser):
         return super().reads_active(node)
 
     def field_index(self, node: ast.Subscript) -> ast.expr:
-        if any(isinstance(n, ast.Slice) for n in ast.walk(node.slice)) or super().reads_active(node.slice) \
-                or self.reads_active(node.slice):
-            raise NotReversible(f"the field access `{ast.unparse(node)}` at a differentiable index")
+        """The index of a field access, as the adjoint computes it again. An index computed from differentiable
+        values (``w[int(x[i] * n)]``) is an integer: no derivative flows through it, as in Taichi; the fields it
+        reads are recorded as read anywhere (NOTE: [Launches that keep the access rules])."""
+        if any(isinstance(n, ast.Slice) for n in ast.walk(node.slice)):
+            raise NotReversible(f"the field access `{ast.unparse(node)}` with a slice")
+        if super().reads_active(node.slice) or self.reads_active(node.slice):
+            for sub in ast.walk(node.slice):
+                if isinstance(sub, ast.Call) and not self._is_local(sub.func) and self.touches(sub.func):
+                    raise NotReversible(f"the field access `{ast.unparse(node)}` at an index a func reading fields "
+                                        "computes")
+                if isinstance(sub, ast.Subscript) and (field := self.field_name(sub.value)) is not None:
+                    self.accesses.append(Access("load", self.field_key(field), None, (), self.looped()))
         return self.rename(node.slice)
 
     def expr_Subscript(self, node: ast.Subscript) -> ast.expr:
@@ -423,8 +435,9 @@ class FieldReverser(Reverser):
             return None
         if isinstance(target, ast.Subscript) and self.field_name(target.value) is not None:
             kinds = {ast.Add: "add", ast.Sub: "sub"}
-            if type(node.op) not in kinds:
-                raise NotReversible(f"the update `{ast.unparse(node)}` of a field (only += and -=)")
+            if type(node.op) not in kinds:  # ``x[i] *= e`` reads the entry, then writes it: ``x[i] = x[i] * e``
+                read = ast.Subscript(copy.deepcopy(target.value), copy.deepcopy(target.slice), ast.Load())
+                return self.store(target, ast.BinOp(read, node.op, node.value), "set")
             return self.store(target, node.value, kinds[type(node.op)])
         self.refuse_field_writes([target])
         super().stmt_AugAssign(node)
@@ -493,10 +506,11 @@ class FieldReverser(Reverser):
             if isinstance(arg, ast.Name) and (self.field_name(arg) or arg.id in self.constant_fields):
                 raise NotReversible(f"the call `{ast.unparse(node)}`, passing the field `{arg.id}` on")
         if not self._is_local(node.func) and self.touches(node.func):  # a func reading fields (it writes none)
-            reached = _fields_reached(resolve(node.func, self.parsed.namespace))
-            if self.arrays is not None and any(is_float_field(f) for f in reached):
-                raise NotReversible(f"the call `{ast.unparse(node)}` of a func reading float fields, in an ndarray "
-                                    "kernel (its fields are constants there)")
+            callee = resolve(node.func, self.parsed.namespace)
+            reached = _fields_reached(callee)
+            if self.arrays is not None and method_parts(callee)[1] is not None and any(map(is_float_field, reached)):
+                raise NotReversible(f"the call `{ast.unparse(node)}` of a method reading float fields, in an "
+                                    "ndarray kernel (its fields are constants there)")
             self.accesses += [Access("load", f, None, (), self.looped()) for f in reached]
         return super().classify(node)
 
@@ -652,6 +666,7 @@ class KernelReverser(FieldReverser):
             self.stopped = set()
             self.parallel_loop = None
         self.alone_in_extremes(self.accesses[start:], self.ties, "load")
+        self.no_chain(self.accesses[start:])
         self.env = env
         outer = uses(block.ops) - block.defined - set(counters)
         if any(self.is_active(name(n)) for n in outer):
@@ -659,6 +674,18 @@ class KernelReverser(FieldReverser):
                                 "inside the loop)")
         if has_effects(block.ops):
             self.ops.append(ParallelLoop(header, block, self.ties))  # type: ignore[arg-type]
+
+    def no_chain(self, accesses: list[Access]) -> None:
+        """A parallel loop that writes one entry in every iteration (``y[None] = y[None] * e``) and reads the
+        field too chains its iterations: each reads what the one before wrote, which the adjoint, reading the
+        field as the kernel left it, cannot know. Not taken (an atomic max / min is checked apart)."""
+        extremes = {id(a) for a in self.extremes}
+        read = {a.field_key() for a in accesses if a.kind == "load" and id(a) not in extremes}
+        for a in accesses:
+            if a.kind == "store" and id(a) not in extremes and a.index is not None and None not in a.index \
+                    and a.field_key() in read:
+                raise NotReversible("a parallel loop reading a field and writing an entry of it that is the same "
+                                    "in every iteration (each iteration reads what another wrote)")
 
     def stopped_fields(self, body: list[ast.stmt]) -> set[str]:
         """The fields ``ti.stop_grad(x)`` names in a loop body: Taichi stops their gradient in that whole loop
