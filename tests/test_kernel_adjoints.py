@@ -278,6 +278,41 @@ def test_a_loop_chaining_its_iterations_through_one_entry_is_not_taken_and_stays
     np.testing.assert_allclose(grad, product * 0.1 / (1.0 + 0.1 * x), rtol=1e-12)
 
 
+@ti.func
+def cubic(x):
+    return x * x * x + ti.sin(x)
+
+
+@ti.func
+def slope_and_curvature(x):  # a func calling transforms: reversed through their reverse (NOTE: [Calls through
+    # Functions]), the tuple arguments taken entry by entry
+    return td.jvp(cubic, (x,), (1.0,))[1] + 0.5 * td.hvp(cubic, (x,), (x,))[1][0]
+
+
+@ti.kernel
+def with_transforms():
+    for i in xa:
+        ya[i] = slope_and_curvature(xa[i]) * xa[(i + 1) % N]
+
+
+def test_a_kernel_calling_a_func_that_calls_td_jvp_and_td_hvp_is_reversed_by_tidiff():
+    """d/dx (3x^2 + cos x) + x/2 (6x - sin x), times the next entry: against torch, with no check."""
+    fn = td.function(with_transforms, inputs=[xa], outputs=[ya])
+    assert isinstance(vjp_kernel(with_transforms), KernelAdjoint)
+
+    def twin(x):
+        inner = 3 * x**2 + torch.cos(x) + 0.5 * x * (6 * x - torch.sin(x))
+        return inner * torch.roll(x, -1)
+
+    x = np.linspace(-1.0, 1.4, N)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jac = td.jacrev(fn)(x)
+    np.testing.assert_allclose(jac, torch.autograd.functional.jacobian(twin, torch.tensor(x)).numpy(), rtol=1e-12,
+                               atol=1e-14)
+    assert fn.memo.peek("reverse verdict") is None
+
+
 @pytest.mark.parametrize("kernel", [recurrence, iterate, scatter_gather, rescale, binned], ids=lambda k: k.__name__)
 def test_the_transform_takes_these_kernels(kernel):
     assert isinstance(vjp_kernel(kernel), KernelAdjoint)

@@ -243,6 +243,58 @@ class ReverseOf(Call):
         raise NotReversible("the reverse of a reverse call inside generated code")
 
 
+class FlatCall(Call):
+    """A call with tuple arguments (``td.jvp(F, (x, s), (t, 0.0))``) taking their entries one by one instead:
+    ``(F, x, s, t, 0.0)``. The reverse transform calls this, so that each cotangent of its reverse (``ReverseOf``)
+    goes to one argument of the call. ``sizes`` gives each argument's tuple length (None: not a tuple)."""
+
+    def __init__(self, call: Call, sizes: tuple[int | None, ...]) -> None:
+        super().__init__()
+        self.call, self.sizes = call, sizes
+        self.starts = [sum(1 if n is None else n for n in sizes[:k]) for k in range(len(sizes))]
+
+    def nested(self, args: Sequence[Any]) -> list[Any]:
+        """The call's own arguments, tuples rebuilt, from the flat ones."""
+        return [args[at] if n is None else tuple(args[at:at + n]) for at, n in zip(self.starts, self.sizes,
+                                                                                   strict=True)]
+
+    def _flat_source(self, source: Source) -> Source:
+        if source is None:
+            return None
+        if isinstance(source, tuple):
+            return self.starts[source[0]] + source[1]
+        return self.starts[source]
+
+    def function(self, args: Sequence[Any]) -> Function:
+        return self.call.function(self.nested(args))
+
+    def expand(self, args: Sequence[Any]) -> list[Piece]:
+        return [Piece(p.value, self._flat_source(p.source)) for p in self.call.expand(self.nested(args))]
+
+    def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
+        return self.call.pack(flat, self.nested(args))
+
+    def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
+        """As the call's, from its value nested as the call returns it or from the flat tuple of its leaves (the
+        reverse transform gives one cotangent per leaf: NOTE: [Nested results])."""
+        nested = self.nested(args)
+        G = self.call.function(nested)
+        outs, _ = G.signature(G.specs_for([p.value for p in self.call.expand(nested)]))
+        structure = self.call.pack(list(range(len(outs))), nested)
+        return self.call.unpack(_refilled(structure, iter(_leaves(value))), nested)
+
+
+def _leaves(value: Any) -> list[Any]:
+    return [leaf for v in value for leaf in _leaves(v)] if isinstance(value, tuple) else [value]
+
+
+def _refilled(structure: Any, leaves: Any) -> Any:
+    """``structure``'s nesting of tuples, its leaves taken from ``leaves`` in order."""
+    if isinstance(structure, tuple):
+        return tuple(_refilled(s, leaves) for s in structure)
+    return next(leaves)
+
+
 class JvpCall(Call):
     """A call ``td.jvp(F, primals, tangents)``: the Function ``F.tangent()`` at ``(primals, float tangents)``."""
 
@@ -270,7 +322,17 @@ class JvpCall(Call):
         return _flat(value[0], tree) + _flat(value[1], tree)
 
     def reverse(self, active: tuple[bool, ...], n_outputs: int) -> ReverseOf:
-        raise NotReversible("a call of td.jvp (tuple arguments): forward pushes take it")
+        raise NotReversible("a call of td.jvp with its tuple arguments: the reverse transform calls it flat")
+
+    def flat(self, sizes: tuple[int | None, ...]) -> FlatCall | None:
+        """This call taking the entries of its primals and tangents one by one (:class:`FlatCall`), where both are
+        tuples written out (``sizes``: each argument's tuple length), else None."""
+        if len(sizes) != 3 or sizes[0] is not None or sizes[1] is None or sizes[1] != sizes[2]:
+            return None
+        key = ("flat", sizes)
+        if key not in self.derived:
+            self.derived[key] = FlatCall(self, sizes)
+        return self.derived[key]  # type: ignore[return-value]
 
 
 class HvpCall(JvpCall):
@@ -309,6 +371,24 @@ class _Rule:
     def reverse(self, callee: Any, active: tuple[bool, ...], n_outputs: int) -> Call:
         return self.call_of(callee).reverse(active, n_outputs)
 
+    def flat(self, callee: Any, sizes: tuple[int | None, ...]) -> FlatCall | None:
+        """The call taking its tuple arguments' entries one by one, where it has such a form (``td.jvp``,
+        ``td.hvp``: :meth:`JvpCall.flat`), else None."""
+        call = self.call_of(callee)
+        return call.flat(sizes) if isinstance(call, JvpCall) else None
+
+    def shape(self, callee: Any, args: Sequence[Any], shape_of: Any) -> Any:
+        """The nesting of a call's results where the call's own arguments tell it (``adjoint/results.py``), else
+        None: ``td.jvp(F, ...)`` returns ``(out, dout)`` shaped as ``F``'s results (``shape_of(args[0])``),
+        ``td.hvp(F, (x, s), ...)`` the value and one entry per primal."""
+        call = self.call_of(callee)
+        if isinstance(call, HvpCall):
+            return (None, (None,) * len(args[1].elts)) if len(args) == 3 and hasattr(args[1], "elts") else None
+        if isinstance(call, JvpCall) and args:
+            inner = shape_of(args[0])
+            return (inner, inner)
+        return None
+
     @staticmethod
     def outputs(callee: Any) -> int:
         """How many values a call returns (the top of its output tree), where that is known before Taichi compiles."""
@@ -318,6 +398,8 @@ class _Rule:
                 return 1
             tree = callee.signature(specs)[1]
             return len(tree) if isinstance(tree, tuple) else 1
+        if isinstance(callee, FlatCall):
+            return _Rule.outputs(callee.call)
         if isinstance(callee, (TangentOf, JvpCall)):  # an HvpCall too: (value, H @ tangents)
             return 2
         if isinstance(callee, ReverseOf):
@@ -337,4 +419,4 @@ CALLABLE_TYPES[Call] = _Rule(lambda call: call)
 _HVP_CALL = HvpCall()
 CALLABLE_OBJECTS[_api.jvp] = _Rule(lambda _: _JVP_CALL)
 CALLABLE_OBJECTS[_api.hvp] = _Rule(lambda _: _HVP_CALL)
-__all__ = ["Call", "HvpCall", "IdentityCall", "JvpCall", "ReverseOf", "TangentOf"]
+__all__ = ["Call", "FlatCall", "HvpCall", "IdentityCall", "JvpCall", "ReverseOf", "TangentOf"]

@@ -19,12 +19,7 @@ from .grammar import Grammar
 KNOWN_FAILING: dict[str, str] = {}
 """feature -> what goes wrong. Remove an entry when its xfail test in test_known_failures.py passes."""
 
-REVERSE_GAPS: dict[str, str] = {
-    "tjvp": "reverse mode does not take a td.jvp call (its tuple arguments): code calling one is differentiated "
-            "by forward pushes, so with a custom_vjp without a jvp rule it has neither mode (a TransformError)",
-    "tjvp_unannotated": "the same, of a helper without a return annotation",
-    "thvp": "the same, of a td.hvp call",
-}
+REVERSE_GAPS: dict[str, str] = {}
 """construct -> why tidiff cannot differentiate it in code that also reaches a custom_vjp without a jvp rule."""
 
 FIELD_REVERSE_GAPS: dict[str, str] = {

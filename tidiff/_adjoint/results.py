@@ -46,7 +46,10 @@ def call_shape(node: ast.Call, parsed: Parsed, local: Container[str]) -> Shape:
     """The nesting of what the call ``node`` (in code parsed as ``parsed``, with these local names) returns."""
     callee = classify(node, parsed.namespace, local)
     if callee.sort in (Sort.FUNCTION, Sort.CUSTOM):  # td.grad(E)(x), a custom function: as many as it says
-        return _flat(callable_rule(callee.obj).outputs(callee.obj))
+        rule = callable_rule(callee.obj)
+        told = rule.shape(callee.obj, node.args, lambda f: call_shape(ast.Call(f, [], []), parsed, local)) \
+            if hasattr(rule, "shape") else None  # td.jvp(F, ...): F's results and their tangents
+        return told if told is not None else _flat(rule.outputs(callee.obj))
     if callee.sort is Sort.OP:
         rule = lookup(callee.obj)
         return _flat(rule.n_outputs) if rule is not None and rule.n_outputs > 1 else None  # U, S, V = ti.svd(A)

@@ -747,6 +747,14 @@ class Reverser(ControlFlow):
         rule = lambda g, out, *xs: [g[key] for key in keys]  # noqa: E731
         return self.op(rule, call, args, "vec" if len(index[0]) == 1 else "mat")
 
+    @staticmethod
+    def flat_call(node: ast.Call, callee: Any, rule: Any) -> Any:
+        """The form of a call with tuple arguments written out (``td.jvp``, ``td.hvp``) taking their entries one
+        by one, whose reverse gives each entry its cotangent; None for other calls."""
+        if rule is None or node.keywords or not hasattr(rule, "flat"):
+            return None
+        return rule.flat(callee, tuple(len(a.elts) if isinstance(a, ast.Tuple) else None for a in node.args))
+
     def call_reverse(self, node: ast.Call, callee: Any, n_outputs: int = 1) -> ast.Name:
         """``y = h(x)`` forward; in the sweep ``h_vjp(x, g)`` gives the operands' cotangents.
 
@@ -754,6 +762,12 @@ class Reverser(ControlFlow):
         cotangent ``g``: it returns one cotangent per operand.
         """
         rule = callable_rule(callee)
+        as_written: set[int] = set()  # arguments kept as written: compile-time values (``ti.func(g)``)
+        flat = self.flat_call(node, callee, rule)
+        if flat is not None:  # td.jvp(F, (x, s), (t, 0.0)) -> a call of F's tangent at (F, x, s, t, 0.0)
+            callee, rule, as_written = flat, callable_rule(flat), {0}
+            node = ast.Call(_name(helper_name(self.helpers, self.namer, flat, callee_hint(node.func, callee))),
+                            [e for a in node.args for e in (a.elts if isinstance(a, ast.Tuple) else [a])], [])
         if rule is not None:
             nodes = callable_positional(node, callee, _not_reversible)
         else:
@@ -763,7 +777,8 @@ class Reverser(ControlFlow):
                 raise NotReversible(f"the call `{ast.unparse(node)}` ({e})") from None
         # an inactive argument of compile-time values stays as written: a helper may need it as a
         # constant (NOTE: [Python helpers]), and reading it again in the sweep costs nothing
-        args = [self.rename(a) if self._compile_time(a) else self.operand(a) for a in nodes]
+        args = [self.rename(a) if self._compile_time(a) or k in as_written else self.operand(a)
+                for k, a in enumerate(nodes)]
         base = callee_hint(node.func, callee)
         positions: list[int | None]
         if hashable(callee) and callee in CUSTOM_VJPS:
@@ -827,9 +842,17 @@ class Reverser(ControlFlow):
                 return None
             path.insert(0, index.value)
             base = base.value
-        current = self.env.get(base.id) if isinstance(base, ast.Name) else None
-        names = self.tuples.get(current) if isinstance(current, str) else None
-        if names is None or not path:
+        if not path:
+            return None
+        if isinstance(base, ast.Call):  # td.jvp(F, (x,), (t,))[1]: the call's results bound to names first
+            paths = self.returned_paths(base)
+            if paths == [()]:
+                return None
+            names: dict[Path, ast.expr] | None = dict(zip(paths, self.call_outputs(base, paths), strict=True))
+        else:
+            current = self.env.get(base.id) if isinstance(base, ast.Name) else None
+            names = self.tuples.get(current) if isinstance(current, str) else None
+        if names is None:
             return None
         key = tuple(path)
         if key in names:
