@@ -313,6 +313,38 @@ def test_a_kernel_calling_a_func_that_calls_td_jvp_and_td_hvp_is_reversed_by_tid
     assert fn.memo.peek("reverse verdict") is None
 
 
+@ti.kernel
+def configured():
+    ti.loop_config(block_dim=16)
+    for i in xa:
+        assert xa[i] > -100.0, "checked in debug mode only"
+        ya[i] = ti.tan(xa[i]) * xa[(i + 2) % N]
+    ti.loop_config(serialize=True)
+    for i in xa:  # serial, and reading no field it writes: its adjoint may run so too
+        la[None] += ya[i] * xa[i]
+        if xa[i] > 100.0:
+            print("large", xa[i])
+
+
+def test_loop_config_assert_and_print_are_taken():
+    """``ti.loop_config`` goes before the adjoint's loop too; ``assert`` and ``print`` do not run again."""
+    fn = td.function(configured, inputs=[xa], outputs=[ya, la])
+    assert isinstance(vjp_kernel(configured), KernelAdjoint)
+
+    def twin(x):
+        y = torch.tan(x) * torch.roll(x, -2)
+        return y, (y * x).sum()
+
+    x = np.linspace(-1.0, 1.2, N)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jac = td.jacrev(fn)(x)
+    want = torch.autograd.functional.jacobian(twin, torch.tensor(x))
+    for got, w in zip(jac, want):
+        np.testing.assert_allclose(got, w.numpy(), rtol=1e-12, atol=1e-14)
+    assert fn.memo.peek("reverse verdict") is None
+
+
 @pytest.mark.parametrize("kernel", [recurrence, iterate, scatter_gather, rescale, binned], ids=lambda k: k.__name__)
 def test_the_transform_takes_these_kernels(kernel):
     assert isinstance(vjp_kernel(kernel), KernelAdjoint)

@@ -161,8 +161,9 @@ class ParallelLoop:
     """A top-level ``for`` loop of a kernel: its header, its body transformed as a block, and the tie counts
     of its ``ti.atomic_max`` / ``min`` (``(counting field, target field)``)."""
 
-    def __init__(self, node: ast.For, body: Block, ties: list[tuple[str, str]]) -> None:
+    def __init__(self, node: ast.For, body: Block, ties: list[tuple[str, str]], config: ast.stmt | None = None) -> None:
         self.node, self.body, self.ties = node, body, ties
+        self.config = config  # the ``ti.loop_config(...)`` statement before the loop: its adjoint loops run so too
 
 
 def vjp_kernel(kernel: Any, owner: object = None) -> KernelAdjoint | NotReversible:
@@ -479,9 +480,17 @@ class FieldReverser(Reverser):
                 return None
             if self.is_stop_grad(value.func) and self.depth > 0:  # taken by the loop it stands in (``parallel``)
                 return None
+            if callee is print:  # the adjoint does not print again
+                return None
+            if callee is ti.loop_config and self.depth == 0:  # for the next parallel loop (``parallel``)
+                self.config = node
+                return None
         if not self.compile_time_statement(node):  # any other statement may write a field
             raise NotReversible(f"the statement `{ast.unparse(node)}`")
         super().stmt_Expr(node)
+
+    def stmt_Assert(self, node: ast.Assert) -> None:
+        """An ``assert`` checks the kernel's values (in debug mode); the adjoint does not check them again."""
 
     def is_stop_grad(self, func: ast.expr) -> bool:
         return not self._is_local(func) and resolve(func, self.parsed.namespace) is ti.stop_grad
@@ -526,6 +535,7 @@ class KernelReverser(FieldReverser):
         self.array_params = frozenset(arrays or ())
         super().__init__(parsed, (False,) * len(parsed.tree.args.args), 0)
         self.depth = 0  # how deep in loops the statement being transformed stands (0: the kernel's top level)
+        self.config: ast.Expr | None = None  # a ``ti.loop_config(...)`` waiting for its loop
         self.template_fields = self._template_fields()
         for p in self.template_fields:
             self.gradients[p] = ast.Attribute(name(p), "grad", ast.Load())
@@ -672,8 +682,27 @@ class KernelReverser(FieldReverser):
         if any(self.is_active(name(n)) for n in outer):
             raise NotReversible("a parallel loop reading a differentiable value computed outside it (compute it "
                                 "inside the loop)")
+        config, self.config = self.config, None
+        if config is not None and self.serialized(config):
+            self.in_order(self.accesses[start:])
         if has_effects(block.ops):
-            self.ops.append(ParallelLoop(header, block, self.ties))  # type: ignore[arg-type]
+            self.ops.append(ParallelLoop(header, block, self.ties, config))  # type: ignore[arg-type]
+
+    def serialized(self, config: ast.Expr) -> bool:
+        """Whether ``ti.loop_config(...)`` asks for a serial loop (its ``serialize`` a constant true, or unknown)."""
+        assert isinstance(config.value, ast.Call)
+        for keyword in config.value.keywords:
+            if keyword.arg == "serialize":
+                return not (isinstance(keyword.value, ast.Constant) and not keyword.value.value)
+        return False
+
+    def in_order(self, accesses: list[Access]) -> None:
+        """A serialized loop's iterations may read what earlier ones wrote into a field (``y[i] = y[i - 1] * e``),
+        which the adjoint, reading the field as the kernel left it, cannot know: not taken where it reads a field
+        it writes."""
+        written = {a.field_key() for a in accesses if a.kind == "store"}
+        if any(a.kind == "load" and a.field_key() in written for a in accesses):
+            raise NotReversible("a serialized loop (ti.loop_config(serialize=True)) reading a field it writes")
 
     def no_chain(self, accesses: list[Access]) -> None:
         """A parallel loop that writes one entry in every iteration (``y[None] = y[None] * e``) and reads the
@@ -717,15 +746,16 @@ class KernelReverser(FieldReverser):
             loop.body.ops))
         header = copy.deepcopy(loop.node)
         header.body = body or [ast.Pass()]
+        config = [copy.deepcopy(loop.config)] if loop.config is not None else []
         if not loop.ties:
-            self.backward.append(header)
+            self.backward += config + [header]
             return
         counting = copy.deepcopy(loop.node)  # NOTE: [Atomic extremes in reverse]
         counting.body = copy.deepcopy(loop.body.forward)
         counted = {ties for ties, _ in loop.ties}
         for ties, _ in loop.ties:
             self.backward += extremes.zeroed(ties, self.helpers[ties].shape, self.namer.fresh)
-        self.backward += [counting, _WithoutCounts(counted, self.kept_made).visit(header)]
+        self.backward += config + [counting] + copy.deepcopy(config) + [_WithoutCounts(counted, self.kept_made).visit(header)]
         for ties, field in loop.ties:
             self.backward += extremes.lost(ties, self.helpers[ties].shape, self.namer.fresh, self.gradients[field])
 
