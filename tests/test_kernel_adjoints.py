@@ -150,6 +150,16 @@ def binned():
         ya[i] = xa[k] * xa[i] + ti.sin(xa[(i + int(xa[i] * 3.0)) % N])
 
 
+@ti.kernel
+def top_level_values():
+    s = xa[0] * 2.0 + ti.sin(xa[1])  # top-level locals read in parallel loops: their cotangents summed over them
+    v = ti.Vector([xa[2], s * xa[3]])
+    for i in xa:
+        ya[i] = s * xa[i] + v.dot(v) * xa[i]
+    for i in xa:
+        ti.atomic_max(la[None], ya[i] * s)
+
+
 def run_recurrence():
     recurrence(0.9)
 
@@ -166,6 +176,7 @@ PROGRAMS = {
     "scatter_gather": td.function(scatter_gather, inputs=[xa], outputs=[ya, la]),
     "rescale": td.function(run_rescale, inputs=[xa], outputs=[ya, la]),
     "binned": td.function(binned, inputs=[xa], outputs=[ya]),
+    "top_level_values": td.function(top_level_values, inputs=[xa], outputs=[ya, la]),
 }
 POINTS = st.lists(st.floats(0.3, 2.0), min_size=N, max_size=N).map(np.array)
 
@@ -222,6 +233,13 @@ def test_equals_taichi_tape_where_taichi_reverses():
     assert isinstance(vjp_kernel(scatter_gather), KernelAdjoint)
 
 
+def torch_top_level_values(x):
+    s = x[0] * 2 + torch.sin(x[1])
+    v = torch.stack([x[2], s * x[3]])
+    y = s * x + (v @ v) * x
+    return y, (y * s).max()
+
+
 def torch_rescale(x):
     y = x**2 * torch.sin(x)
     return y, (y / (1.5 + x)).sum()
@@ -233,10 +251,12 @@ def torch_binned(x):
     return x[k] * x + torch.sin(x[(i + (x * 3.0).long()) % N])
 
 
-@pytest.mark.parametrize("name, twin", [("rescale", torch_rescale), ("binned", torch_binned)])
-def test_an_update_by_a_product_and_a_float_index_are_exact_and_not_checked(name, twin):
+@pytest.mark.parametrize("name, twin", [("rescale", torch_rescale), ("binned", torch_binned),
+                                        ("top_level_values", torch_top_level_values)])
+def test_updates_float_indices_and_top_level_values_are_exact_and_not_checked(name, twin):
     """``y[i] *= e`` is ``y[i] = y[i] * e`` (the recorder keeps the entry it overwrites); ``x[int(x[i] * 2)]``
-    has no derivative through its index: both have tidiff's adjoint, equal to torch's, with no check."""
+    has no derivative through its index; a top-level local read in parallel loops gets the sum of their
+    cotangents (NOTE: [Top-level values in parallel loops]): tidiff's adjoints, equal to torch's, no check."""
     fn = PROGRAMS[name]
     x = np.array([0.45, 1.3, 0.8, 1.7, 0.6, 1.05])
     with warnings.catch_warnings():
@@ -345,7 +365,8 @@ def test_loop_config_assert_and_print_are_taken():
     assert fn.memo.peek("reverse verdict") is None
 
 
-@pytest.mark.parametrize("kernel", [recurrence, iterate, scatter_gather, rescale, binned], ids=lambda k: k.__name__)
+@pytest.mark.parametrize("kernel", [recurrence, iterate, scatter_gather, rescale, binned, top_level_values],
+                         ids=lambda k: k.__name__)
 def test_the_transform_takes_these_kernels(kernel):
     assert isinstance(vjp_kernel(kernel), KernelAdjoint)
 

@@ -31,9 +31,18 @@ So Taichi's global data access rules hold as for ``kernel.grad``: a value
 read from a field is the value the kernel left there (the tape tells whether
 a run kept them: NOTE: [Launches that keep the access rules]). Top-level
 statements outside loops run serially in Taichi and are reversed in place
-between the loops' adjoints; a loop body reading a differentiable local
-computed outside it is not reversed here (its cotangent would be a
-reduction over the iterations).
+between the loops' adjoints.
+
+NOTE: [Top-level values in parallel loops] A parallel loop may read a
+differentiable local of the kernel's top level (``s = x[0] * 2`` before
+``for i in y: y[i] = s * x[i]``): Taichi keeps it in a global temporary the
+loop reads. The adjoint computes it again at its top level, as the kernel
+did; its cotangent is the sum of every iteration's, so the adjoint starts a
+sum ``ct_s_sum = ti.zero(s)`` before the loop's adjoint, each iteration adds
+into it with ``+=`` (on a top-level local inside a parallel loop, Taichi
+makes that an atomic add: its reduction idiom), and after the loop the sum
+joins the cotangent of ``s`` in the top-level sweep. A loop that assigns a
+top-level local (a reduction ``total += x[i]``) is not taken.
 
 NOTE: [Atomic extremes in reverse] ``ti.atomic_max(y[i], e)`` leaves in
 ``y[i]`` the largest of its old value and every iteration's ``e``; the
@@ -107,9 +116,10 @@ from .._lang.compile import compile_source, mark, wrap_long_lines
 from .._lang.generate import generate, owned_cache
 from .._lang.launch import NumberLaunch
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
-from .._lang.nodes import entry_root, name
+from .._lang.nodes import entry_root, name, zero_of
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, parse, resolve
+from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
 from . import _made
 from .accesses import Access, KernelAccesses
@@ -161,9 +171,12 @@ class ParallelLoop:
     """A top-level ``for`` loop of a kernel: its header, its body transformed as a block, and the tie counts
     of its ``ti.atomic_max`` / ``min`` (``(counting field, target field)``)."""
 
-    def __init__(self, node: ast.For, body: Block, ties: list[tuple[str, str]], config: ast.stmt | None = None) -> None:
+    def __init__(self, node: ast.For, body: Block, ties: list[tuple[str, str]], config: ast.stmt | None = None,
+                 outer: Sequence[str] = ()) -> None:
         self.node, self.body, self.ties = node, body, ties
         self.config = config  # the ``ti.loop_config(...)`` statement before the loop: its adjoint loops run so too
+        self.outer = list(outer)  # differentiable locals of the kernel's top level the body reads (NOTE: [Top-level
+        # values in parallel loops])
 
 
 def vjp_kernel(kernel: Any, owner: object = None) -> KernelAdjoint | NotReversible:
@@ -536,6 +549,7 @@ class KernelReverser(FieldReverser):
         super().__init__(parsed, (False,) * len(parsed.tree.args.args), 0)
         self.depth = 0  # how deep in loops the statement being transformed stands (0: the kernel's top level)
         self.config: ast.Expr | None = None  # a ``ti.loop_config(...)`` waiting for its loop
+        self.accumulators: dict[str, str] = {}  # top-level local -> its cotangent's sum over a parallel loop
         self.template_fields = self._template_fields()
         for p in self.template_fields:
             self.gradients[p] = ast.Attribute(name(p), "grad", ast.Load())
@@ -678,15 +692,12 @@ class KernelReverser(FieldReverser):
         self.alone_in_extremes(self.accesses[start:], self.ties, "load")
         self.no_chain(self.accesses[start:])
         self.env = env
-        outer = uses(block.ops) - block.defined - set(counters)
-        if any(self.is_active(name(n)) for n in outer):
-            raise NotReversible("a parallel loop reading a differentiable value computed outside it (compute it "
-                                "inside the loop)")
+        outer = sorted(n for n in uses(block.ops) - block.defined - set(counters) if self.is_active(name(n)))
         config, self.config = self.config, None
         if config is not None and self.serialized(config):
             self.in_order(self.accesses[start:])
         if has_effects(block.ops):
-            self.ops.append(ParallelLoop(header, block, self.ties, config))  # type: ignore[arg-type]
+            self.ops.append(ParallelLoop(header, block, self.ties, config, outer))  # type: ignore[arg-type]
 
     def serialized(self, config: ast.Expr) -> bool:
         """Whether ``ti.loop_config(...)`` asks for a serial loop (its ``serialize`` a constant true, or unknown)."""
@@ -742,20 +753,41 @@ class KernelReverser(FieldReverser):
 
     def reverse_parallel(self, loop: ParallelLoop) -> None:
         self.flush()
+        for variable in loop.outer:  # NOTE: [Top-level values in parallel loops]
+            self.accumulators[variable] = self.namer.fresh(f"ct_{variable}_sum")
+            self.backward.append(ast.Assign([ast.Name(self.accumulators[variable], ast.Store())],
+                                            zero_of(variable)))
         body = copy.deepcopy(loop.body.forward) + self.emitted(lambda: super(KernelReverser, self).sweep_ops(
             loop.body.ops))
+        sums, self.accumulators = self.accumulators, {}
         header = copy.deepcopy(loop.node)
         header.body = body or [ast.Pass()]
         config = [copy.deepcopy(loop.config)] if loop.config is not None else []
         if not loop.ties:
             self.backward += config + [header]
-            return
+        else:
+            self.reverse_extremes(loop, config, header)
+        for variable, total in sums.items():
+            self.add(variable, Sym(name(total)))
+
+    def add(self, variable: str, contribution: Sym) -> None:
+        """A contribution to the cotangent of a top-level local, from inside a parallel loop's adjoint, adds into
+        its sum atomically (``+=`` on a top-level local is a reduction in Taichi)."""
+        total = self.accumulators.get(variable)
+        if total is None:
+            return super().add(variable, contribution)
+        self.backward.append(ast.AugAssign(ast.Name(total, ast.Store()), ast.Add(), contribution.node))
+
+    def reverse_extremes(self, loop: ParallelLoop, config: list[ast.stmt], header: ast.For) -> None:
+        """The reverse of a parallel loop with atomic max / min: counts, the counting loop, the reverse loop, the
+        lost old values (NOTE: [Atomic extremes in reverse])."""
         counting = copy.deepcopy(loop.node)  # NOTE: [Atomic extremes in reverse]
         counting.body = copy.deepcopy(loop.body.forward)
         counted = {ties for ties, _ in loop.ties}
         for ties, _ in loop.ties:
             self.backward += extremes.zeroed(ties, self.helpers[ties].shape, self.namer.fresh)
-        self.backward += config + [counting] + copy.deepcopy(config) + [_WithoutCounts(counted, self.kept_made).visit(header)]
+        self.backward += config + [counting] + copy.deepcopy(config)
+        self.backward.append(_WithoutCounts(counted, self.kept_made).visit(header))
         for ties, field in loop.ties:
             self.backward += extremes.lost(ties, self.helpers[ties].shape, self.namer.fresh, self.gradients[field])
 
