@@ -259,6 +259,7 @@ class FieldReverser(Reverser):
     depth = 0  # how deep in a kernel's loops the statement being transformed stands (a func's: 0)
     parallel_loop: ast.For | None = None  # the kernel's parallel loop being transformed
     repeated = 0  # how many runtime loops (not the parallel one) stand around it
+    config: ast.Expr | None = None  # a kernel's ``ti.loop_config(...)`` waiting for its parallel loop
 
     def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int) -> None:
         super().__init__(parsed, active, n_outputs, _field_made if self.arrays is None else _made)
@@ -495,7 +496,7 @@ class FieldReverser(Reverser):
                 return None
             if callee is print:  # the adjoint does not print again
                 return None
-            if callee is ti.loop_config and self.depth == 0:  # for the next parallel loop (``parallel``)
+            if callee is ti.loop_config and self.stores and self.depth == 0:  # for the next parallel loop
                 self.config = node
                 return None
         if not self.compile_time_statement(node):  # any other statement may write a field
@@ -548,7 +549,7 @@ class KernelReverser(FieldReverser):
         self.array_params = frozenset(arrays or ())
         super().__init__(parsed, (False,) * len(parsed.tree.args.args), 0)
         self.depth = 0  # how deep in loops the statement being transformed stands (0: the kernel's top level)
-        self.config: ast.Expr | None = None  # a ``ti.loop_config(...)`` waiting for its loop
+        self.config = None
         self.accumulators: dict[str, str] = {}  # top-level local -> its cotangent's sum over a parallel loop
         self.template_fields = self._template_fields()
         for p in self.template_fields:
