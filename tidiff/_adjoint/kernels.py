@@ -68,10 +68,15 @@ what won). Forward mode: NOTE: [Atomic extremes forward].
 A ``@ti.func`` that writes fields, or is given one, is written out in the
 kernel first (NOTE: [Funcs that write fields, inlined]); so is a method of
 an object that does. A kernel's final ``return e`` is left out: the number
-reaches the program without a derivative. A kernel the transform does not
-take (a call of a func with no reverse function, an update ``x[i] *= e`` of
-a field, ...: docs/limits.md) has no adjoint here: :func:`vjp_kernel` says
-why, and the tape replays Taichi's ``kernel.grad`` for it.
+reaches the program without a derivative. ``x[i] *= e`` is ``x[i] = x[i] * e``
+(the recorder keeps the entry it overwrites). An index computed from floats
+(``w[int(x[i] * n)]``) carries no derivative, as in Taichi: the adjoint
+computes it again. ``ti.loop_config(...)`` goes before the adjoint's loops
+too; ``assert`` and ``print`` do not run again. A kernel the transform does
+not take (a loop assigning a top-level local, a loop whose iterations read
+what another wrote, ...: docs/limits.md) has no adjoint here:
+:func:`vjp_kernel` says why, and the tape replays Taichi's ``kernel.grad``
+for it, checked.
 
 NOTE: [Reverse of an ndarray kernel] A kernel over ``ti.types.ndarray()``
 parameters (``td.function(k, inputs=[...], outputs={...})``) is reversed by
@@ -92,8 +97,7 @@ it): then it is exact, with no run-time check. A kernel reading an output
 gets it as the kernel left it (the kernel runs first), which is right
 unless it wrote the entry after reading it or reads its own write: such a
 vjp is checked against forward mode (NOTE: [Checking Taichi's reverse
-mode]). Atomic max / min into an array is not taken (Taichi's
-``kernel.grad`` runs, checked).
+mode]). Atomic max / min into an array is not taken (nor by forward mode).
 """
 from __future__ import annotations
 
