@@ -160,6 +160,25 @@ def top_level_values():
         ti.atomic_max(la[None], ya[i] * s)
 
 
+@ti.kernel
+def reductions():
+    total = xa[0]  # sums into top-level locals: Taichi's reduction idiom
+    sq = 0.0
+    for i in xa:
+        total += ti.sin(xa[i]) * xa[(i + 1) % N]
+        if xa[i] > 0.5:
+            sq -= xa[i] ** 2
+        for j in range(i):  # a runtime loop summing too
+            sq += 0.1 * xa[j] * xa[i]
+    count = 0
+    for i in xa:
+        if xa[i] > 1.0:
+            count += 1  # an integer count: no derivative
+    la[None] = total**2 + sq * total / (1 + count)
+    for i in xa:
+        ya[i] = total * xa[i]
+
+
 def run_recurrence():
     recurrence(0.9)
 
@@ -177,6 +196,7 @@ PROGRAMS = {
     "rescale": td.function(run_rescale, inputs=[xa], outputs=[ya, la]),
     "binned": td.function(binned, inputs=[xa], outputs=[ya]),
     "top_level_values": td.function(top_level_values, inputs=[xa], outputs=[ya, la]),
+    "reductions": td.function(reductions, inputs=[xa], outputs=[ya, la]),
 }
 POINTS = st.lists(st.floats(0.3, 2.0), min_size=N, max_size=N).map(np.array)
 
@@ -240,6 +260,12 @@ def torch_top_level_values(x):
     return y, (y * s).max()
 
 
+def torch_reductions(x):
+    total = x[0] + (torch.sin(x) * torch.roll(x, -1)).sum()
+    sq = -torch.where(x > 0.5, x**2, 0).sum() + sum(0.1 * x[j] * x[i] for i in range(N) for j in range(i))
+    return total * x, total**2 + sq * total / (1 + (x > 1.0).sum())
+
+
 def torch_rescale(x):
     y = x**2 * torch.sin(x)
     return y, (y / (1.5 + x)).sum()
@@ -252,11 +278,13 @@ def torch_binned(x):
 
 
 @pytest.mark.parametrize("name, twin", [("rescale", torch_rescale), ("binned", torch_binned),
-                                        ("top_level_values", torch_top_level_values)])
+                                        ("top_level_values", torch_top_level_values),
+                                        ("reductions", torch_reductions)])
 def test_updates_float_indices_and_top_level_values_are_exact_and_not_checked(name, twin):
     """``y[i] *= e`` is ``y[i] = y[i] * e`` (the recorder keeps the entry it overwrites); ``x[int(x[i] * 2)]``
     has no derivative through its index; a top-level local read in parallel loops gets the sum of their
-    cotangents (NOTE: [Top-level values in parallel loops]): tidiff's adjoints, equal to torch's, no check."""
+    cotangents (NOTE: [Top-level values in parallel loops]); one summed into in loops gives each term its
+    cotangent (NOTE: [Reductions into top-level locals]): tidiff's adjoints, equal to torch's, no check."""
     fn = PROGRAMS[name]
     x = np.array([0.45, 1.3, 0.8, 1.7, 0.6, 1.05])
     with warnings.catch_warnings():
@@ -365,8 +393,8 @@ def test_loop_config_assert_and_print_are_taken():
     assert fn.memo.peek("reverse verdict") is None
 
 
-@pytest.mark.parametrize("kernel", [recurrence, iterate, scatter_gather, rescale, binned, top_level_values],
-                         ids=lambda k: k.__name__)
+@pytest.mark.parametrize("kernel", [recurrence, iterate, scatter_gather, rescale, binned, top_level_values,
+                                    reductions], ids=lambda k: k.__name__)
 def test_the_transform_takes_these_kernels(kernel):
     assert isinstance(vjp_kernel(kernel), KernelAdjoint)
 

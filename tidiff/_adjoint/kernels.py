@@ -41,8 +41,18 @@ did; its cotangent is the sum of every iteration's, so the adjoint starts a
 sum ``ct_s_sum = ti.zero(s)`` before the loop's adjoint, each iteration adds
 into it with ``+=`` (on a top-level local inside a parallel loop, Taichi
 makes that an atomic add: its reduction idiom), and after the loop the sum
-joins the cotangent of ``s`` in the top-level sweep. A loop that assigns a
-top-level local (a reduction ``total += x[i]``) is not taken.
+joins the cotangent of ``s`` in the top-level sweep.
+
+NOTE: [Reductions into top-level locals] A parallel loop may sum into a
+top-level local (``total = 0.0``, ``for i in x: total += e``, then ``loss[None]
+= total ** 2``): Taichi's reduction idiom, an atomic add. The adjoint's top
+level computes the sum again where the kernel did, with a loop of the same
+iterations recomputing each ``e`` and adding it (its forward statements,
+fields read as the kernel left them), so later top-level code reads the sum's
+value. In the reverse loop ``e``'s cotangent is the sum's (negated for
+``-=``), read where the top-level sweep left it; the sum's value before the
+loop gets the same (an integer count has none). Taken where the loop
+writes the local only by ``+=`` / ``-=`` and reads it nowhere else.
 
 NOTE: [Atomic extremes in reverse] ``ti.atomic_max(y[i], e)`` leaves in
 ``y[i]`` the largest of its old value and every iteration's ``e``; the
@@ -73,7 +83,7 @@ reaches the program without a derivative. ``x[i] *= e`` is ``x[i] = x[i] * e``
 (``w[int(x[i] * n)]``) carries no derivative, as in Taichi: the adjoint
 computes it again. ``ti.loop_config(...)`` goes before the adjoint's loops
 too; ``assert`` and ``print`` do not run again. A kernel the transform does
-not take (a loop assigning a top-level local, a loop whose iterations read
+not take (a loop assigning a top-level local other than by ``+=`` / ``-=``, a loop whose iterations read
 what another wrote, ...: docs/limits.md) has no adjoint here:
 :func:`vjp_kernel` says why, and the tape replays Taichi's ``kernel.grad``
 for it, checked.
@@ -127,7 +137,7 @@ from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
 from . import _made
 from .accesses import Access, KernelAccesses
-from .control import Block, Branch, Loop, Store, has_effects, uses
+from .control import Block, Branch, Loop, Op, Store, has_effects, uses
 from .inline import inlined
 from .transform import NotReversible, Reverser
 
@@ -176,8 +186,9 @@ class ParallelLoop:
     of its ``ti.atomic_max`` / ``min`` (``(counting field, target field)``)."""
 
     def __init__(self, node: ast.For, body: Block, ties: list[tuple[str, str]], config: ast.stmt | None = None,
-                 outer: Sequence[str] = ()) -> None:
+                 outer: Sequence[str] = (), sums: set[str] | None = None) -> None:
         self.node, self.body, self.ties = node, body, ties
+        self.sums = sums or set()  # the top-level locals it sums into (NOTE: [Reductions into top-level locals])
         self.config = config  # the ``ti.loop_config(...)`` statement before the loop: its adjoint loops run so too
         self.outer = list(outer)  # differentiable locals of the kernel's top level the body reads (NOTE: [Top-level
         # values in parallel loops])
@@ -263,6 +274,7 @@ class FieldReverser(Reverser):
     depth = 0  # how deep in a kernel's loops the statement being transformed stands (a func's: 0)
     parallel_loop: ast.For | None = None  # the kernel's parallel loop being transformed
     repeated = 0  # how many runtime loops (not the parallel one) stand around it
+    reductions: dict[str, str] = {}  # in a parallel loop: top-level locals it sums into -> their SSA names
     config: ast.Expr | None = None  # a kernel's ``ti.loop_config(...)`` waiting for its parallel loop
 
     def __init__(self, parsed: Parsed, active: Sequence[bool], n_outputs: int) -> None:
@@ -450,7 +462,7 @@ class FieldReverser(Reverser):
 
     def stmt_AugAssign(self, node: ast.AugAssign) -> None:
         target = node.target
-        if self.integer_store(target):
+        if self.integer_store(target) or self.reduce(node):
             return None
         if isinstance(target, ast.Subscript) and self.field_name(target.value) is not None:
             kinds = {ast.Add: "add", ast.Sub: "sub"}
@@ -460,6 +472,20 @@ class FieldReverser(Reverser):
             return self.store(target, node.value, kinds[type(node.op)])
         self.refuse_field_writes([target])
         super().stmt_AugAssign(node)
+
+    def reduce(self, node: ast.AugAssign) -> bool:
+        """``total += e`` in a parallel loop, ``total`` a local of the kernel's top level: an atomic add in
+        Taichi (NOTE: [Reductions into top-level locals]). Done again in the adjoint's recomputing loop only;
+        ``e``'s cotangent is the sum's."""
+        target = node.target
+        if not (isinstance(target, ast.Name) and target.id in self.reductions):
+            return False
+        total, value = self.reductions[target.id], self.operand(node.value)
+        self.forward.append(ast.AugAssign(ast.Name(total, ast.Store()), copy.deepcopy(node.op), value))
+        if self.is_active(value):
+            self.ops.append(Op(total, _added if isinstance(node.op, ast.Add) else _subtracted, [value]))
+            self.active.add(total)
+        return True
 
     def stmt_AnnAssign(self, node: ast.AnnAssign) -> None:
         self.refuse_field_writes([node.target])
@@ -476,8 +502,10 @@ class FieldReverser(Reverser):
 
     def carried(self, stmts: list[ast.stmt]) -> list[str]:
         """Variables a branch or loop carries out, without the field and array parameters whose entries it writes
-        (``out[b, c, t] += ...`` in a runtime loop writes the array, not a local)."""
-        return [v for v in super().carried(stmts) if v not in self.template_fields and v not in self.array_params]
+        (``out[b, c, t] += ...`` in a runtime loop writes the array, not a local) and the top-level locals a
+        parallel loop sums into (NOTE: [Reductions into top-level locals])."""
+        return [v for v in super().carried(stmts) if v not in self.template_fields and v not in self.array_params
+                and v not in self.reductions]
 
     def is_global(self, identifier: str) -> bool:
         """Whether ``identifier`` names a global (a field) or an ndarray parameter, not a local."""
@@ -674,8 +702,13 @@ class KernelReverser(FieldReverser):
         written = {n.id for stmt in node.body for n in ast.walk(stmt)
                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         shared = sorted(v for v in written if v in self.env and v not in counters)
-        if shared:
-            raise NotReversible(f"the parallel loop assigning `{shared[0]}`, a variable of the kernel's top level")
+        self.reductions = {}
+        for v in shared:  # NOTE: [Reductions into top-level locals]
+            ssa = self.env[v]
+            if not _reduced(v, node.body) or not isinstance(ssa, str):
+                raise NotReversible(f"the parallel loop assigning `{v}`, a variable of the kernel's top level (only "
+                                    "+= and -=, read nowhere else in the loop)")
+            self.reductions[v] = ssa
         header = ast.For(node.target, self.rename(node.iter), [], [])
         env = dict(self.env)
         for c in counters:
@@ -697,12 +730,21 @@ class KernelReverser(FieldReverser):
         self.alone_in_extremes(self.accesses[start:], self.ties, "load")
         self.no_chain(self.accesses[start:])
         self.env = env
+        sums = set(self.reductions.values())
+        if self.reductions:  # the sums' values, for the adjoint's top level (NOTE: [Reductions into top-level
+            # locals])
+            if self.ties:
+                raise NotReversible("a parallel loop summing into a top-level local beside ti.atomic_max / min")
+            again = copy.deepcopy(header)
+            again.body = copy.deepcopy(block.forward) or [ast.Pass()]
+            self.forward += ([copy.deepcopy(self.config)] if self.config is not None else []) + [again]
+            self.reductions = {}
         outer = sorted(n for n in uses(block.ops) - block.defined - set(counters) if self.is_active(name(n)))
         config, self.config = self.config, None
         if config is not None and self.serialized(config):
             self.in_order(self.accesses[start:])
         if has_effects(block.ops):
-            self.ops.append(ParallelLoop(header, block, self.ties, config, outer))  # type: ignore[arg-type]
+            self.ops.append(ParallelLoop(header, block, self.ties, config, outer, sums))  # type: ignore[arg-type]
 
     def serialized(self, config: ast.Expr) -> bool:
         """Whether ``ti.loop_config(...)`` asks for a serial loop (its ``serialize`` a constant true, or unknown)."""
@@ -764,6 +806,8 @@ class KernelReverser(FieldReverser):
                                             zero_of(variable)))
         body = copy.deepcopy(loop.body.forward) + self.emitted(lambda: super(KernelReverser, self).sweep_ops(
             loop.body.ops))
+        if loop.sums:  # done by the recomputing loop (NOTE: [Reductions into top-level locals])
+            body = [stmt for stmt in map(_WithoutSums(loop.sums).visit, body) if stmt is not None]
         sums, self.accumulators = self.accumulators, {}
         header = copy.deepcopy(loop.node)
         header.body = body or [ast.Pass()]
@@ -797,6 +841,23 @@ class KernelReverser(FieldReverser):
             self.backward += extremes.lost(ties, self.helpers[ties].shape, self.namer.fresh, self.gradients[field])
 
 
+class _WithoutSums(ast.NodeTransformer):
+    """A parallel loop's reverse without its sums into top-level locals (NOTE: [Reductions into top-level
+    locals])."""
+
+    def __init__(self, sums: set[str]) -> None:
+        self.sums = sums
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> ast.AST | None:
+        return None if isinstance(node.target, ast.Name) and node.target.id in self.sums else node
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        if isinstance(node, (ast.If, ast.For, ast.While)) and not node.body:
+            node.body = [ast.Pass()]
+        return node
+
+
 class _WithoutCounts(ast.NodeTransformer):
     """The reverse loop's code without the statements counting ties and keeping values (they run in the counting
     loop only)."""
@@ -820,6 +881,25 @@ class _WithoutCounts(ast.NodeTransformer):
         if not node.body:
             node.body = [ast.Pass()]
         return node
+
+
+def _added(g: Sym, out: Sym, e: Sym) -> list[Sym | None]:
+    return [g]
+
+
+def _subtracted(g: Sym, out: Sym, e: Sym) -> list[Sym | None]:
+    return [-g]
+
+
+def _reduced(variable: str, body: list[ast.stmt]) -> bool:
+    """Whether a loop body writes ``variable`` only by ``+=`` / ``-=`` and reads it nowhere else."""
+    sums = [n for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.AugAssign)
+            and isinstance(n.target, ast.Name) and n.target.id == variable]
+    if not sums or not all(isinstance(n.op, (ast.Add, ast.Sub)) for n in sums):
+        return False
+    targets = {id(n.target) for n in sums}
+    return not any(isinstance(n, ast.Name) and n.id == variable and id(n) not in targets
+                   for stmt in body for n in ast.walk(stmt))
 
 
 def _has_blocks(ops: list[Any]) -> bool:
