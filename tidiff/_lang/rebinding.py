@@ -109,11 +109,14 @@ def rebound_call(value: ast.expr, old: str) -> ast.expr:
     return ast.Call(func, [value, ast.Name(old, ast.Load())], [])
 
 
-def rename_rebindings(block: list[ast.stmt], params: Iterable[str], namer: Namer) -> list[ast.stmt]:
+def rename_rebindings(block: list[ast.stmt], params: Iterable[str], namer: Namer,
+                      keep: frozenset[str] = frozenset()) -> list[ast.stmt]:
     """``block`` with every new whole value of a variable under a fresh name, from the point where no
     branch, loop or unpacking binds it any more, in nested blocks too (see the NOTEs). The renaming edits
-    nodes in place, so it works on a copy: ``block`` may share nodes with a parsed function."""
-    return _renamed(copy.deepcopy(block), set(params), namer, write_back=False)
+    nodes in place, so it works on a copy: ``block`` may share nodes with a parsed function. Names in
+    ``keep`` keep their updates as written: a kernel's sums into top-level locals from its parallel loops
+    (``total += e``), which Taichi makes atomic adds, and which a copy and a write-back would race."""
+    return _renamed(copy.deepcopy(block), set(params), namer, write_back=False, keep=keep)
 
 
 def _leaves_early(block: list[ast.stmt]) -> bool:
@@ -121,12 +124,12 @@ def _leaves_early(block: list[ast.stmt]) -> bool:
     return any(isinstance(node, (ast.Break, ast.Continue, ast.Return)) for stmt in block for node in ast.walk(stmt))
 
 
-def _nested_renamed(stmt: ast.stmt, bound: set[str], namer: Namer) -> ast.stmt:
+def _nested_renamed(stmt: ast.stmt, bound: set[str], namer: Namer, keep: frozenset[str]) -> ast.stmt:
     """A loop or branch whose blocks are renamed (NOTE: [Rebinding in loops]); other statements as they are."""
     if isinstance(stmt, (ast.For, ast.While, ast.If)):
         inner = bound | _bound_in([stmt.target]) if isinstance(stmt, ast.For) else bound
-        body = stmt.body if _leaves_early(stmt.body) else _renamed(stmt.body, inner, namer, write_back=True)
-        orelse = stmt.orelse if _leaves_early(stmt.orelse) else _renamed(stmt.orelse, inner, namer, write_back=True)
+        body = stmt.body if _leaves_early(stmt.body) else _renamed(stmt.body, inner, namer, True, keep)
+        orelse = stmt.orelse if _leaves_early(stmt.orelse) else _renamed(stmt.orelse, inner, namer, True, keep)
         renamed = type(stmt)(**{**{f: getattr(stmt, f) for f in stmt._fields}, "body": body, "orelse": orelse})
         return ast.copy_location(renamed, stmt)
     return stmt
@@ -150,15 +153,16 @@ def _copies(names: list[str], current: dict[str, str], namer: Namer) -> list[ast
     return stmts
 
 
-def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: bool) -> list[ast.stmt]:
+def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: bool,
+             keep: frozenset[str] = frozenset()) -> list[ast.stmt]:
     """``block`` renamed, where ``outer`` are the names bound before it; ``write_back``: end by giving each
-    renamed one of those its last value under its own name."""
+    renamed one of those its last value under its own name; names in ``keep`` are not renamed."""
     last_other = _last_bound_otherwise(block)
-    bound = set(outer)
+    bound = set(outer) - keep
     current: dict[str, str] = {}
     out: list[ast.stmt] = []
     if write_back:  # read carried values through a copy made on entry (NOTE: [Rebinding in loops])
-        rebound_here = {name for stmt in block if (name := _simple(stmt)) is not None}
+        rebound_here = {name for stmt in block if (name := _simple(stmt)) is not None} - keep
         out += _copies(sorted((rebound_here & outer) - set(last_other)), current, namer)
     for k, stmt in enumerate(block):
         reads = _Reads(current)
@@ -175,12 +179,12 @@ def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: b
                     stmt = reads.visit(stmt)
                     for n in rebinds:
                         current.pop(n)
-            out.append(reads.visit(_nested_renamed(stmt, bound, namer)))
+            out.append(reads.visit(_nested_renamed(stmt, bound, namer, keep)))
             if isinstance(stmt, (ast.For, ast.While, ast.If)) and not (write_back and k == len(block) - 1):
                 # after the last loop or branch binding them (not where the block ends: written back at once)
                 out += _copies(sorted(n for n in _bound_in(stmt.body + stmt.orelse) & bound if last_other[n] == k),
                                current, namer)
-            bound |= _bound_here(stmt)
+            bound |= _bound_here(stmt) - keep
             continue
         old = current.get(name, name)
         if isinstance(stmt, ast.AugAssign):

@@ -569,6 +569,17 @@ class KernelTransformer(Transformer):
         self._check_store(node.target, node.value)
         super().stmt_AugAssign(node)
 
+    def kept_sums(self) -> frozenset[str]:
+        """A kernel's top-level locals its parallel loops update in place (``total += e``, ``dtotal += de``):
+        Taichi's reductions, atomic adds, kept as written by the renaming (NOTE: [Rebinding in loops]), whose copy
+        and write-back would race across iterations."""
+        if not self.is_kernel:
+            return frozenset()
+        top = {n.id for stmt in self.block if not isinstance(stmt, (ast.For, ast.While))
+               for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        return frozenset(n.target.id for stmt in self.block if isinstance(stmt, ast.For) for n in ast.walk(stmt)
+                         if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id in top)
+
     # --- statements ----------------------------------------------------------
     def stmt_For(self, node: ast.For) -> None:
         if not (self.is_kernel and self.depth == 0):

@@ -159,11 +159,16 @@ class Transformer:
             tangent_args = [ast.arg(lanes.names[a.arg][k], a.annotation)
                             for k in range(self.width) for a in tangent_args]
         # NOTE: [Rebinding in straight-line code]
-        self.block = rename_rebindings(self.block, [a.arg for a in args.args + tangent_args], self.namer)
+        self.block = rename_rebindings(self.block, [a.arg for a in args.args + tangent_args], self.namer,
+                                       self.kept_sums())
         decorator = ast.Attribute(_name(TAICHI), self.decorator, ast.Load())
         fn = ast.FunctionDef(name, ast.arguments([], args.args + tangent_args, None, [], [], None, []),
                              self.block or [ast.Pass()], [decorator], self.returns)
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
+
+    def kept_sums(self) -> frozenset[str]:
+        """Names whose updates the renaming keeps as written (a kernel's sums: ``kernels.py``); a func's: none."""
+        return frozenset()
 
     def generated(self) -> dict[str, Any]:
         """What the tangent function's record says of it (``_lang/compile.py``)."""
