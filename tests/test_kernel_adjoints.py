@@ -541,10 +541,14 @@ class Shaper:
     def shape(self, v):  # a method reading a field of the object
         return ti.tan(v) * self.x[0]
 
+    @ti.func
+    def bias(self, i):  # given only an index: its tangent func is called with no tangent argument
+        return ti.sin(self.x[(i + 1) % N])
+
     @ti.kernel
     def step(self, a: ti.f64):
         for i in self.x:
-            self.y[i] = self.shape(self.x[i]) * a
+            self.y[i] = self.shape(self.x[i]) * a + self.bias(i)
 
     @ti.kernel
     def total(self):
@@ -562,9 +566,18 @@ def test_a_data_oriented_program_with_a_method_reading_fields():
     fn = td.function(shaper.run, inputs=[shaper.x], outputs=[shaper.loss])
     x = np.array([0.3, 0.5, 0.7, 0.9, 0.2, 0.4])
     xt = torch.tensor(x, requires_grad=True)
-    ((torch.tan(xt) * xt[0] * 0.5) ** 2).sum().backward()
+
+    def twin(a):
+        return ((torch.tan(a) * a[0] * 0.5 + torch.sin(torch.roll(a, -1))) ** 2).sum()
+
+    twin(xt).backward()
     np.testing.assert_allclose(td.grad(fn)(x), xt.grad.numpy(), rtol=1e-13)
     np.testing.assert_allclose(td.jacfwd(fn)(x), xt.grad.numpy(), rtol=1e-13)
+    for k in fn.program.tangent()._kernels:  # the tangent kernels too: Hessians go through their adjoints
+        assert isinstance(vjp_kernel(k, shaper), KernelAdjoint)
+    v = np.linspace(-1.0, 1.0, N)
+    want = torch.autograd.functional.hvp(twin, torch.tensor(x), torch.tensor(v))[1]
+    np.testing.assert_allclose(td.hvp(fn, (x,), (v,))[1][0], want.numpy(), rtol=1e-12)
 
 
 @ti.data_oriented

@@ -251,7 +251,16 @@ class Reverser(ControlFlow):
         self.bind(node.target.id, self.value(node.value), annotation=self.rename(node.annotation))
 
     def stmt_Expr(self, node: ast.Expr) -> None:
-        """A statement of inactive values, or a compile-time one (``ti.static(check(pair))``), as written."""
+        """A statement of inactive values, or a compile-time one (``ti.static(check(pair))``), as written;
+        ``v.fill(e)`` of a differentiable value as the new value ``v = ti.zero(v) + e``."""
+        value = node.value
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "fill" \
+                and isinstance(value.func.value, ast.Name) and value.func.value.id in self.env \
+                and len(value.args) == 1 and not value.keywords and self.reads_active(value) \
+                and value.func.value.id not in self.integral:
+            local = value.func.value.id
+            filled = ast.BinOp(call(taichi("zero"), _name(local)), ast.Add(), value.args[0])
+            return self.stmt_Assign(ast.Assign([ast.Name(local, ast.Store())], filled))
         if self.reads_active(node.value) and not self.compile_time_statement(node):
             raise NotReversible(f"the statement `{ast.unparse(node)}`")
         self.forward.append(ast.Expr(self.rename(node.value)))
@@ -877,7 +886,7 @@ class Reverser(ControlFlow):
         rule = lookup(callee.obj) if callee.sort is Sort.OP else None
         if not (callee.sort in (Sort.CUSTOM, Sort.FUNCTION, Sort.FUNC) or getattr(rule, "n_outputs", 1) == count):
             raise NotReversible(f"the call `{ast.unparse(node)}` returning {count} values")
-        if not any(self.reads_active(a) for a in node.args + [k.value for k in node.keywords]):
+        if not self.reads_active(node):  # (a kernel's: nor a func reading fields, whose reads have adjoints)
             value = self.operand(node)
             return [_element(value, path) for path in paths]
         if callee.sort is Sort.OP:  # an op with a rule: U, S, V = ti.svd(A)
