@@ -53,6 +53,8 @@ APPLY = {
     "by name": "y[i] = f(x[i], w[i])",
     "a func writing into a field given to it": "put(y, i, f(x[i], w[i]))",
     "a func reading the fields given to it": "y[i] = f(take(x, i), take(w, i))",
+    # a func reading a global field, given only an index: its tangent is called with no tangent argument
+    "a func reading a field by index": "y[i] = f(x[i], w[i]) + 0.25 * ti.sin(neighbour(i))",
     # y[i] = max(0, f(x[i], w[i]), f(x[i - 1], w[i - 1]) - 0.5): the derivative to the winner (NOTE: [Atomic
     # extremes in reverse]); y starts at 0
     "atomic maxima": "v = f(x[i], w[i])\n        ti.atomic_max(y[i], v)\n"
@@ -131,6 +133,11 @@ def put(out: ti.template(), i, v):
 @ti.func
 def take(src: ti.template(), i):
     return src[i]
+
+
+@ti.func
+def neighbour(i):
+    return x[(i + 1) % N]
 
 
 @ti.kernel
@@ -225,6 +232,8 @@ def field_program(case: Case, variant: str, passes: str):
         y = y_twin(variant, element_values(case, variant, x, w))
         if variant == "a top-level sum":
             y = y + 0.125 * (torch.sin(x) * w).sum() * x
+        elif variant == "a func reading a field by index":
+            y = y + 0.25 * torch.sin(torch.roll(x, -1))
         if passes == "in place":
             y = y * 0.75 + 0.25 * torch.sin(w)
         elif passes == "in place, *=":
