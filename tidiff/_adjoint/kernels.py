@@ -581,7 +581,6 @@ class KernelReverser(FieldReverser):
         self.array_params = frozenset(arrays or ())
         super().__init__(parsed, (False,) * len(parsed.tree.args.args), 0)
         self.depth = 0  # how deep in loops the statement being transformed stands (0: the kernel's top level)
-        self.config = None
         self.accumulators: dict[str, str] = {}  # top-level local -> its cotangent's sum over a parallel loop
         self.template_fields = self._template_fields()
         for p in self.template_fields:
