@@ -19,6 +19,7 @@ import torch
 import tidiff as td
 import tidiff.testing as tt
 from tidiff._adjoint import vjp_func, why_not
+from tidiff._adjoint.kernels import KernelAdjoint, vjp_kernel
 from tidiff._tangent import jvp_func, source
 
 # Taichi warns at each call of a plain Python function in the user's code: expected here
@@ -262,6 +263,10 @@ def test_field_program_grad_hessian_and_hvp():
     args = (np.linspace(-0.8, 1.1, 5), np.array(0.7))
     tt.check_against_torch(E, energy_torch, args, order=2)  # hessian and hvp: the tangent kernel
     tt.check_grads(E, args, order=2)
+    # power_sum loops over ti.static(range(n)), n its parameter: no reverse function of its own, its calls
+    # reversed by pushes of its tangent (NOTE: [Calls reversed by pushes]), so both kernels are tidiff's
+    for kernel in [energy, *E.program.tangent()._kernels]:
+        assert isinstance(vjp_kernel(kernel), KernelAdjoint), vjp_kernel(kernel)
 
 
 # --- kernels over ndarrays: the tangent kernel, and Taichi's reverse mode over it ----------------
@@ -280,6 +285,10 @@ def apply_torch(a, b):
 
 
 def test_ndarray_kernel_first_and_second_order():
+    a, b = np.linspace(0.1, 0.9, 4), np.linspace(-0.5, 0.5, 4)
+    assert F.adjoint_for(F.specs_for([a, b])) is not None  # tidiff's adjoint, power_sum's calls by pushes
+    tangent = F.tangent_at(F.specs_for([a, b]))
+    assert tangent.adjoint_for(tangent.specs_for([a, b, a, b])) is not None
     rng = np.random.default_rng(1)
     args = (rng.uniform(0.2, 1.0, 4), rng.uniform(0.2, 1.0, 4))
     # jvp (the tangent kernel), vjp, Jacobians; jacfwd(jacrev) and jacrev(jacrev): the tangent kernel again

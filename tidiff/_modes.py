@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._adjoint import vjp_func, why_not
+from ._adjoint.linearize import TANGENT_OF
 from ._errors import NoForwardRule, TransformError
 from ._lang.compile import info
 from ._lang.generate import owned_cache
@@ -36,6 +37,8 @@ from ._rules.calls import CUSTOM_VJPS
 from ._signature import ArgSpec
 from ._tangent import jvp_func
 from ._tangent.fence import may_refuse
+
+TANGENT_OF.append(jvp_func)  # NOTE: [Calls reversed by pushes]: a callee without a reverse function
 
 # NOTE: [Vector-mode pushes] A Jacobian by an argument of n components is
 # best one call of the parent's tangent function widened to carry all n

@@ -59,7 +59,7 @@ from .._rules.table import (
 )
 from . import results
 from .control import Branch, ControlFlow, Loop, Op, Store
-from .linearize import linearized
+from .linearize import linearized, pushed
 
 
 class NotReversible(Exception):
@@ -803,6 +803,8 @@ class Reverser(ControlFlow):
             reverse = (
                 rule.reverse(callee, mask, n_outputs) if rule is not None else self.vjp_of(callee, mask, n_outputs)
             )
+            if isinstance(reverse, NotReversible) and rule is None:  # NOTE: [Calls reversed by pushes]
+                reverse = pushed(callee, mask, n_outputs) or reverse
             if reverse is None or isinstance(reverse, NotReversible):
                 why = f": {reverse}" if isinstance(reverse, NotReversible) else ""
                 raise NotReversible(f"the call of `{ast.unparse(node.func)}`, which is not reversible{why}")
