@@ -90,6 +90,11 @@ class Call:
         """The flat outputs of ``G`` a value shaped like the call's result stands for (for cotangents)."""
         raise NotImplementedError
 
+    def leaf_of(self, args: Sequence[Any]) -> list[int | None] | None:
+        """For each flat output of ``G`` that :meth:`unpack` gives, the leaf of the call's result it comes from
+        (None: a constant zero); None where they are the leaves in order."""
+        return None
+
     def tree(self, args: Sequence[Any]) -> Tree:
         G = self.function(args)
         values = [p.value for p in self.expand(args)]
@@ -217,9 +222,11 @@ class ReverseOf(Call):
         n = len(self.active)
         pieces = self.call.expand(primal)
         flat_cts = self.call.unpack(cts, primal)
+        leaves = self.call.leaf_of(primal) or list(range(len(flat_cts)))
         if self.n_outputs == 1:
-            return pieces + [Piece(c, n) for c in flat_cts]
-        return pieces + [Piece(c, n + j) for j, c in enumerate(flat_cts)]  # one cotangent per output
+            return pieces + [Piece(c, None if leaf is None else n) for c, leaf in zip(flat_cts, leaves, strict=True)]
+        return pieces + [Piece(c, None if leaf is None else n + leaf)  # one cotangent per output leaf
+                         for c, leaf in zip(flat_cts, leaves, strict=True)]
 
     def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
         primal, _ = self._split(args)
@@ -273,6 +280,9 @@ class FlatCall(Call):
 
     def pack(self, flat: Sequence[Any], args: Sequence[Any]) -> Any:
         return self.call.pack(flat, self.nested(args))
+
+    def leaf_of(self, args: Sequence[Any]) -> list[int | None] | None:
+        return self.call.leaf_of(self.nested(args))
 
     def unpack(self, value: Any, args: Sequence[Any]) -> list[Any]:
         """As the call's, from its value nested as the call returns it or from the flat tuple of its leaves (the
@@ -357,6 +367,11 @@ class HvpCall(JvpCall):
         _, floats = self._floats(args)
         primals, (v, hv) = list(args[1]), value
         return [v, *[_zero_of(primals[k]) for k in floats], _zero_of(v), *[hv[k] for k in floats]]
+
+    def leaf_of(self, args: Sequence[Any]) -> list[int | None]:
+        """The value is leaf 0 of ``(value, (hv_0, ..., hv_n))``, ``hv_k`` leaf ``1 + k``; the rest are zeros."""
+        _, floats = self._floats(args)
+        return [0, *[None] * len(floats), None, *[1 + k for k in floats]]
 
 
 class _Rule:
