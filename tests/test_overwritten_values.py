@@ -11,6 +11,7 @@ import torch
 from electric import Electric
 
 import tidiff as td
+from tidiff._adjoint.kernels import KernelAdjoint, vjp_kernel
 
 ELECTRIC = Electric(steps=10, n_hidden=6, strength=0.05)
 ELECTRIC.fill(seed=3)
@@ -46,6 +47,12 @@ def test_electric_as_published_has_the_gradient_of_the_program_as_run():
     tape = ELECTRIC.tape_gradients()
     np.testing.assert_allclose(tape[0], want_value, rtol=1e-12)  # the same program: the same loss
     assert not np.allclose(tape[1], want[0], rtol=1e-3)  # Taichi's reverse mode sees the values advance wrote
+    # every kernel, of the program and of its tangent program, is reversed by tidiff's adjoint (advance's loop
+    # of one iteration, reading v[t] where it wrote it, chains no iterations), with no check
+    for program in (LOSS.program, LOSS.program.tangent()):
+        for kernel in program._kernels:
+            assert isinstance(vjp_kernel(kernel), KernelAdjoint), (kernel, vjp_kernel(kernel))
+    assert LOSS.memo.peek("reverse verdict") is None
 
 
 def test_electric_forward_mode_and_the_hessian_vector_product_agree_with_torch():

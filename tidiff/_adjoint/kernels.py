@@ -727,7 +727,8 @@ class KernelReverser(FieldReverser):
             self.stopped = set()
             self.parallel_loop = None
         self.alone_in_extremes(self.accesses[start:], self.ties, "load")
-        self.no_chain(self.accesses[start:])
+        if not self.single(node):  # one iteration (``for _ in range(1)``, as DiffTaichi writes a step) chains none
+            self.no_chain(self.accesses[start:])
         self.env = env
         sums = set(self.reductions.values())
         if self.reductions:  # the sums' values, for the adjoint's top level (NOTE: [Reductions into top-level
@@ -760,6 +761,11 @@ class KernelReverser(FieldReverser):
         written = {a.field_key() for a in accesses if a.kind == "store"}
         if any(a.kind == "load" and a.field_key() in written for a in accesses):
             raise NotReversible("a serialized loop (ti.loop_config(serialize=True)) reading a field it writes")
+
+    def single(self, loop: ast.For) -> bool:
+        """Whether a parallel loop runs one iteration (its iterations known when the kernel is transformed)."""
+        space = extremes.iterations(loop, self.parsed.namespace)
+        return space is not None and all(n == 1 for n in space[0])
 
     def no_chain(self, accesses: list[Access]) -> None:
         """A parallel loop that writes one entry in every iteration (``y[None] = y[None] * e``) and reads the

@@ -58,7 +58,7 @@ def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, helpers:
     """Where the parallel loop ``loop`` keeps the bits of values of ``target``'s type, one integer entry per
     iteration (a new field, named after ``hint`` in ``helpers``); None where the iterations are not known when
     the kernel is transformed."""
-    space = _iterations(loop, namespace)
+    space = iterations(loop, namespace)
     dtype = str(target.dtype)
     bits = _BITS.get(dtype)
     if space is None or bits is None:
@@ -75,7 +75,7 @@ def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, helpers:
     return Kept(helper_name(helpers, namer, field, hint), index, dtype, str(bits))
 
 
-def _iterations(loop: ast.For, namespace: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def iterations(loop: ast.For, namespace: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """``(shape, offset)`` of a loop over a field (``for i in x``, ``for I in ti.grouped(x)``) or over ranges of
     constant integers (``range``, ``ti.ndrange``)."""
     over = loop.iter
