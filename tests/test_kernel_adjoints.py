@@ -179,6 +179,12 @@ def reductions():
         ya[i] = total * xa[i]
 
 
+@ti.kernel
+def grouped():
+    for at in ti.grouped(xa):  # a loop over a field's indices, as DiffTaichi writes grid loops
+        ya[at] = ti.sin(xa[at]) * xa[(at[0] + 1) % N]
+
+
 def run_recurrence():
     recurrence(0.9)
 
@@ -197,6 +203,7 @@ PROGRAMS = {
     "binned": td.function(binned, inputs=[xa], outputs=[ya]),
     "top_level_values": td.function(top_level_values, inputs=[xa], outputs=[ya, la]),
     "reductions": td.function(reductions, inputs=[xa], outputs=[ya, la]),
+    "grouped": td.function(grouped, inputs=[xa], outputs=[ya]),
 }
 POINTS = st.lists(st.floats(0.3, 2.0), min_size=N, max_size=N).map(np.array)
 
@@ -266,6 +273,10 @@ def torch_reductions(x):
     return total * x, total**2 + sq * total / (1 + (x > 1.0).sum())
 
 
+def torch_grouped(x):
+    return torch.sin(x) * torch.roll(x, -1)
+
+
 def torch_rescale(x):
     y = x**2 * torch.sin(x)
     return y, (y / (1.5 + x)).sum()
@@ -279,7 +290,7 @@ def torch_binned(x):
 
 @pytest.mark.parametrize("name, twin", [("rescale", torch_rescale), ("binned", torch_binned),
                                         ("top_level_values", torch_top_level_values),
-                                        ("reductions", torch_reductions)])
+                                        ("reductions", torch_reductions), ("grouped", torch_grouped)])
 def test_updates_float_indices_and_top_level_values_are_exact_and_not_checked(name, twin):
     """``y[i] *= e`` is ``y[i] = y[i] * e`` (the recorder keeps the entry it overwrites); ``x[int(x[i] * 2)]``
     has no derivative through its index; a top-level local read in parallel loops gets the sum of their
@@ -418,7 +429,7 @@ def test_a_reduction_over_many_iterations_in_both_modes():
 
 
 @pytest.mark.parametrize("kernel", [recurrence, iterate, scatter_gather, rescale, binned, top_level_values,
-                                    reductions], ids=lambda k: k.__name__)
+                                    reductions, grouped], ids=lambda k: k.__name__)
 def test_the_transform_takes_these_kernels(kernel):
     assert isinstance(vjp_kernel(kernel), KernelAdjoint)
 

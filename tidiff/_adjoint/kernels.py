@@ -696,7 +696,7 @@ class KernelReverser(FieldReverser):
         if node.orelse:
             raise NotReversible("a loop with an `else` block")
         counters = [n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)]
-        if self.reads_active(node.iter):
+        if self.reads_active(node.iter) and not self.over_indices(node.iter):
             raise NotReversible(f"the loop over `{ast.unparse(node.iter)}`")
         written = {n.id for stmt in node.body for n in ast.walk(stmt)
                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
@@ -761,6 +761,13 @@ class KernelReverser(FieldReverser):
         written = {a.field_key() for a in accesses if a.kind == "store"}
         if any(a.kind == "load" and a.field_key() in written for a in accesses):
             raise NotReversible("a serialized loop (ti.loop_config(serialize=True)) reading a field it writes")
+
+    def over_indices(self, over: ast.expr) -> bool:
+        """``ti.grouped(x)`` of a field (or array) by name: the loop runs over its indices, reading no value."""
+        return isinstance(over, ast.Call) and len(over.args) == 1 and not over.keywords \
+            and not self._is_local(over.func) and resolve(over.func, self.parsed.namespace) is ti.grouped \
+            and isinstance(over.args[0], ast.Name) and (self.field_name(over.args[0]) is not None
+                                                        or over.args[0].id in self.constant_fields)
 
     def single(self, loop: ast.For) -> bool:
         """Whether a parallel loop runs one iteration (its iterations known when the kernel is transformed)."""
