@@ -17,6 +17,9 @@ arguments only): one push per active input entry at the call, the rest of the
 caller one reverse sweep, where the whole caller was pushed forward (or, in a
 kernel, reversed by Taichi's ``kernel.grad``). The tangent transform lives in the
 other mode's package, so the layer above both gives it here (``TANGENT_OF``).
+Taken for callees whose results are not nested (nested ones would have the
+pushes follow the nesting: conformance net, seed 93, a third-order
+composition).
 """
 import ast
 import copy
@@ -32,6 +35,7 @@ from .._lang.naming import RULE_HELPERS, spell_taichi
 from .._lang.nodes import assign, call, for_range, function, name, taichi, unpack, zero_of
 from .._lang.sym import Sym, helpers
 from .._rules import helpers as rule_helpers
+from .results import function_shape
 
 TANGENT_OF: list[Callable[[Any, tuple[bool, ...]], Any]] = []
 """The tangent transform (``jvp_func(f, active)``), given by the layer above both modes (NOTE: [Calls reversed by
@@ -52,7 +56,8 @@ def linearized(f: Any, rule: Any, active: Sequence[bool], n_outputs: int, every_
 def pushed(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
     """The reverse function of ``f`` by pushes of its tangent function (NOTE: [Calls reversed by pushes]), or
     None where forward mode does not take ``f`` either."""
-    if not TANGENT_OF:
+    if not TANGENT_OF or n_outputs > 1 and function_shape(f) != (None,) * n_outputs:  # nested results (NOTE:
+        # [Nested results]): not yet
         return None
     mask = tuple(bool(a) for a in active)
     try:
@@ -71,15 +76,20 @@ def _compile(f: Any, rule: Any, active: tuple[bool, ...], n_outputs: int, every_
     def tangents(values: list[Any]) -> list[Any]:
         return values if every_tangent else [v for v, a in zip(values, active, strict=True) if a]
 
-    # several outputs: the rule's ((out...), (dout...)) unpacked leaf by leaf (Taichi binds no tuple to a name)
+    # several outputs: the rule's ((out...), (dout...)) unpacked into two names, then read entry by entry
     outs = ["out"] if n_outputs == 1 else [f"out{j}" for j in range(n_outputs)]
     ts = ["t"] if n_outputs == 1 else [f"t{j}" for j in range(n_outputs)]
 
-    def pushed_at(values: list[Any], targets: list[str]) -> ast.stmt:
+    def pushed_at(values: list[Any], targets: list[str], tangent: bool) -> list[ast.stmt]:
         pushed = call("rule", *xs, *tangents(values))
-        return unpack(targets, pushed if n_outputs == 1 else helpers.leaves(pushed))
+        if n_outputs == 1:
+            return [unpack(["_", targets[0]] if tangent else [targets[0], "_"], pushed)]
+        both = ["pushed_value", "pushed_tangent"] if not tangent else ["pushed_value_e", "pushed_tangent_e"]  # (a
+        # name bound to a tuple is not bound again: the loop's own, in a scope per iteration)
+        read = both[tangent]
+        return [unpack(both, pushed)] + [assign(t, Sym(name(read))[j]) for j, t in enumerate(targets)]
 
-    body: list[ast.stmt] = [pushed_at(zeros, outs + ["_"] * len(outs))]
+    body: list[ast.stmt] = pushed_at(zeros, outs, tangent=False)
     results = []
     for k, x in enumerate(xs):
         if not active[k]:
@@ -88,7 +98,7 @@ def _compile(f: Any, rule: Any, active: tuple[bool, ...], n_outputs: int, every_
         pairing = [helpers.inner(name(ct), name(t)) for ct, t in zip(cts, ts, strict=True)]
         body += [assign(f"ct_{x}", zero_of(x)),
                  for_range("e", [helpers.size_of(name(x))],
-                           [pushed_at(zeros[:k] + [unit] + zeros[k + 1:], ["_"] * len(ts) + ts),
+                           [*pushed_at(zeros[:k] + [unit] + zeros[k + 1:], ts, tangent=True),
                             assign(f"ct_{x}", Sym(name(f"ct_{x}")) + unit * sum(pairing[1:], pairing[0]))],
                            static=True)]
         results.append(f"ct_{x}")

@@ -439,15 +439,6 @@ def scattered2(like, *triples):
 
 
 @compile_time
-def leaves(value):
-    """The leaves of nested tuples, in order: ``((a, b), (da, db))`` -> ``(a, b, da, db)``, for an unpacking
-    (Taichi binds no tuple to a name)."""
-    if isinstance(value, tuple):
-        return tuple(leaf for v in value for leaf in leaves(v))
-    return (value,)
-
-
-@compile_time
 def size_of(x):
     """How many entries a Taichi value has: 1 for scalars."""
     size = 1
