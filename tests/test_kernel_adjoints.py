@@ -185,6 +185,13 @@ def grouped():
         ya[at] = ti.sin(xa[at]) * xa[(at[0] + 1) % N]
 
 
+@ti.kernel
+def boundaries():
+    for i in xa:  # conditional expressions: Taichi evaluates the side the test takes, so no entry outside xa
+        left = xa[i - 1] if i > 0 else 0.0
+        ya[i] = ti.sin(xa[i]) * (left + (xa[i + 1] ** 2 if i < N - 1 else 1.0))
+
+
 def run_recurrence():
     recurrence(0.9)
 
@@ -204,6 +211,7 @@ PROGRAMS = {
     "top_level_values": td.function(top_level_values, inputs=[xa], outputs=[ya, la]),
     "reductions": td.function(reductions, inputs=[xa], outputs=[ya, la]),
     "grouped": td.function(grouped, inputs=[xa], outputs=[ya]),
+    "boundaries": td.function(boundaries, inputs=[xa], outputs=[ya]),
 }
 POINTS = st.lists(st.floats(0.3, 2.0), min_size=N, max_size=N).map(np.array)
 
@@ -277,6 +285,12 @@ def torch_grouped(x):
     return torch.sin(x) * torch.roll(x, -1)
 
 
+def torch_boundaries(x):
+    left = torch.cat([torch.zeros(1, dtype=x.dtype), x[:-1]])
+    right = torch.cat([x[1:] ** 2, torch.ones(1, dtype=x.dtype)])
+    return torch.sin(x) * (left + right)
+
+
 def torch_rescale(x):
     y = x**2 * torch.sin(x)
     return y, (y / (1.5 + x)).sum()
@@ -290,7 +304,8 @@ def torch_binned(x):
 
 @pytest.mark.parametrize("name, twin", [("rescale", torch_rescale), ("binned", torch_binned),
                                         ("top_level_values", torch_top_level_values),
-                                        ("reductions", torch_reductions), ("grouped", torch_grouped)])
+                                        ("reductions", torch_reductions), ("grouped", torch_grouped),
+                                        ("boundaries", torch_boundaries)])
 def test_updates_float_indices_and_top_level_values_are_exact_and_not_checked(name, twin):
     """``y[i] *= e`` is ``y[i] = y[i] * e`` (the recorder keeps the entry it overwrites); ``x[int(x[i] * 2)]``
     has no derivative through its index; a top-level local read in parallel loops gets the sum of their
@@ -429,7 +444,7 @@ def test_a_reduction_over_many_iterations_in_both_modes():
 
 
 @pytest.mark.parametrize("kernel", [recurrence, iterate, scatter_gather, rescale, binned, top_level_values,
-                                    reductions, grouped], ids=lambda k: k.__name__)
+                                    reductions, grouped, boundaries], ids=lambda k: k.__name__)
 def test_the_transform_takes_these_kernels(kernel):
     assert isinstance(vjp_kernel(kernel), KernelAdjoint)
 

@@ -544,6 +544,23 @@ class Reverser(ControlFlow):
             raise NotReversible(f"the subscript `{ast.unparse(node)}`")
         return index
 
+    def expr_IfExp(self, node: ast.IfExp) -> ast.expr:
+        """``a if c else b``: Taichi evaluates only the side the test takes (``ifte``), so the value is a branch
+        binding a fresh local on each side (NOTE: [Reverse control flow]), declared first by the expression
+        itself without a derivative (``u[i - 1] if i > 0 else 0.0`` reads no entry outside ``u``)."""
+        taken = self.constant(node.test, "test")
+        if taken is not None:
+            return self.value(node.body if taken else node.orelse)
+        local = self.namer.fresh("picked")
+        self.forward.append(_assign(local, self.rename(node)))
+        self.env[local] = local
+        self.defined.add(local)
+        self.statement(ast.If(node.test, [ast.Assign([ast.Name(local, ast.Store())], node.body)],
+                              [ast.Assign([ast.Name(local, ast.Store())], node.orelse)]))
+        picked = self.env[local]
+        assert isinstance(picked, str)  # bound by the branch, a name
+        return _name(picked)
+
     def expr_Subscript(self, node: ast.Subscript) -> ast.expr:
         return self.read_entry(node)
 
