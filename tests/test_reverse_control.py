@@ -664,3 +664,25 @@ def test_torch_gradcheck_and_gradgradcheck_through_a_loop_and_branches():
     pw = td.torch.function(piecewise)
     assert torch.autograd.gradcheck(pw, (x,))
     assert torch.autograd.gradgradcheck(pw, (x,))
+
+
+@ti.func
+def picked(x: vec2) -> ti.f64:
+    a = ti.sin(x[0]) * x[1] if x[0] > 0.0 else x[0] ** 2  # a conditional expression: the side the test takes
+    return a * (x[1] ** 3 if x[1] < 0.5 else ti.exp(x[1]))
+
+
+def _picked_twin(x):
+    a = torch.sin(x[0]) * x[1] if x[0] > 0.0 else x[0] ** 2
+    return a * (x[1] ** 3 if x[1] < 0.5 else torch.exp(x[1]))
+
+
+@pytest.mark.parametrize("x", [[0.4, -0.3], [-0.6, 0.9], [1.1, 0.2], [-0.2, -1.3]])
+def test_a_conditional_expression_is_reversed_as_a_branch(x):
+    assert why_not(picked, (True,)) is None
+    x = np.array(x)
+    xt = torch.tensor(x)
+    np.testing.assert_allclose(td.grad(picked)(x), torch.autograd.functional.jacobian(_picked_twin, xt).numpy(),
+                               rtol=1e-13)
+    np.testing.assert_allclose(td.hessian(picked)(x), torch.autograd.functional.hessian(_picked_twin, xt).numpy(),
+                               rtol=1e-12, atol=1e-14)
