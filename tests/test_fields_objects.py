@@ -10,6 +10,7 @@ import taichi as ti
 from taped import tape
 
 import tidiff as td
+from tidiff._adjoint.kernels import KernelAdjoint, vjp_kernel
 
 RTOL = 1e-10
 
@@ -83,6 +84,12 @@ def test_data_oriented_program_value_and_grad_equal_tape():
     assert value == tape_value
     np.testing.assert_allclose(grad, tape_grad, rtol=1e-12)  # tidiff's adjoint kernels, rounded their own way
     np.testing.assert_allclose(grad, central(F, V0), rtol=1e-7)
+    # every kernel of the program and of its tangent program is tidiff's, compute_loss's list of scratch fields
+    # (self.scratch[k][i] in a static loop) too
+    for program in (F.program, F.program.tangent()):
+        for kernel in program._kernels:
+            assert isinstance(vjp_kernel(kernel, CHAIN), KernelAdjoint), (kernel, vjp_kernel(kernel, CHAIN))
+    assert F.memo.peek("reverse verdict") is None
 
 
 def test_data_oriented_program_forward_mode_and_hessian():

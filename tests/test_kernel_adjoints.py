@@ -858,3 +858,30 @@ def test_a_tangent_kernel_unpacking_a_func_given_fields_is_reversed_by_tidiff():
     hv = td.hvp(fn, (x,), (v,))[1][0]
     want = torch.autograd.functional.hvp(energy, torch.tensor(x), torch.tensor(v))[1]
     np.testing.assert_allclose(hv, want.numpy(), rtol=1e-12)
+
+
+pair_in = [ti.field(ti.f64, 3, needs_grad=True), ti.field(ti.f64, 3, needs_grad=True)]
+pair_out = (ti.field(ti.f64, 3, needs_grad=True), ti.field(ti.f64, 3, needs_grad=True))
+
+
+@ti.kernel
+def through_containers():
+    for i in range(3):
+        for k in ti.static(range(2)):  # fields as entries of a list and a tuple, at constant indices
+            pair_out[(k + 2) % 2][i] = pair_in[k][i] + 0.1 * ti.sin(pair_in[1 - k][i]) * pair_in[k][(i + 1) % 3]
+
+
+def test_fields_in_lists_and_tuples_are_reversed_by_tidiff():
+    fn = td.function(through_containers, inputs=pair_in, outputs=list(pair_out))
+    assert isinstance(vjp_kernel(through_containers), KernelAdjoint)
+
+    def twin(a, b):
+        return a + 0.1 * torch.sin(b) * torch.roll(a, -1), b + 0.1 * torch.sin(a) * torch.roll(b, -1)
+
+    a, b = np.linspace(-1.0, 1.0, 3), np.linspace(0.2, 0.9, 3)
+    jac = td.jacrev(fn, argnums=(0, 1))(a, b)
+    want = torch.autograd.functional.jacobian(twin, (torch.tensor(a), torch.tensor(b)))
+    for i in range(2):
+        for j in range(2):
+            np.testing.assert_allclose(jac[i][j], want[i][j].numpy(), rtol=1e-13, atol=1e-15)
+    assert fn.memo.peek("reverse verdict") is None

@@ -298,26 +298,57 @@ class FieldReverser(Reverser):
         # (a template parameter's type is known only at launch: cast as if it were)
         self.touching: dict[int, bool] = {}
         self.types: dict[str, ast.expr] = {}  # a float array's element type, where a gradient's is not at hand
+        self.containers: dict[str, Any] = {}  # a name of a list or tuple of fields -> it
+        self.entries_named: dict[int, str] = {}  # a field reached as an entry of one -> the adjoint's name for it
         local = {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         for identifier in sorted({n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)} - local):
             obj = resolve(ast.Name(identifier, ast.Load()), self.parsed.namespace)
             if isinstance(obj, Field):
-                if self.arrays is not None:  # an ndarray kernel's fields are constants of its function
-                    self.constant_fields.add(identifier)
-                elif is_float_field(obj):
-                    if obj.grad is None:
-                        raise NotReversible(f"the float field `{identifier}` without a gradient field")
-                    gradient = self.namer.fresh(identifier + "_grad")
-                    self.helpers[gradient] = obj.grad
-                    self.gradients[identifier] = name(gradient)
-                    self.narrow[identifier] = obj.dtype != ti.f64
-                else:
-                    self.constant_fields.add(identifier)
+                self.take_field(identifier, obj)
+            elif self.arrays is None and isinstance(obj, (list, tuple)) and fields_of(obj):
+                self.containers[identifier] = obj  # ``xs[k][i]``, ``k`` a constant: the field by its entry
             elif fields_of(obj):
                 raise NotReversible(f"the fields reached through `{identifier}`")
 
+    def take_field(self, identifier: str, obj: Field) -> None:
+        """A global field named ``identifier``: a float one gets its gradient field's name, an integer one (or
+        any in an ndarray kernel, whose fields are constants of its function) is a constant."""
+        if self.arrays is not None or not is_float_field(obj):
+            self.constant_fields.add(identifier)
+            return
+        if obj.grad is None:
+            raise NotReversible(f"the float field `{identifier}` without a gradient field")
+        gradient = self.namer.fresh(identifier + "_grad")
+        self.helpers[gradient] = obj.grad
+        self.gradients[identifier] = name(gradient)
+        self.narrow[identifier] = obj.dtype != ti.f64
+
+    def entry_field(self, node: ast.Subscript) -> str | None:
+        """``xs[k]`` of a list (or tuple) of fields at a constant ``k`` (a static loop's counter): a name of the
+        adjoint's own for that field (taken as a field by name), or None where ``node`` is no such entry."""
+        if not (isinstance(node.value, ast.Name) and node.value.id in self.containers and node.value.id not in
+                self.env):
+            return None
+        key = self._static(node.slice)  # constants, static loops' counters: as Taichi evaluates it
+        container = self.containers[node.value.id]
+        try:
+            field = container[key]
+        except (KeyError, IndexError, TypeError):
+            raise NotReversible(f"the field `{ast.unparse(node)}`, at an index not known when the kernel is "
+                                "transformed") from None
+        if id(field) not in self.entries_named:
+            entry = self.namer.fresh(f"{node.value.id}_entry")
+            self.helpers[entry] = field
+            self.take_field(entry, field)
+            self.entries_named[id(field)] = entry
+        return self.entries_named[id(field)]
+
     def field_name(self, node: ast.expr) -> str | None:
-        """The global name of a float field with a gradient that ``node`` names, else None."""
+        """The global name of a float field with a gradient that ``node`` names (``xs[k]`` of a list of fields:
+        the adjoint's name for it), else None."""
+        if isinstance(node, ast.Subscript):
+            entry = self.entry_field(node)
+            return entry if entry is not None and entry in self.gradients else None
         if isinstance(node, ast.Name) and node.id in self.gradients and node.id not in self.stopped and \
                 (node.id not in self.env or node.id in self.template_fields):
             return node.id
@@ -438,7 +469,8 @@ class FieldReverser(Reverser):
         """What a field's name stands for: a global field, or the position of a template parameter."""
         if field in self.template_fields or field in self.array_params:
             return [a.arg for a in self.tree.args.args].index(field)
-        found = resolve(ast.Name(field, ast.Load()), self.parsed.namespace)
+        found = self.helpers[field] if field in self.helpers else resolve(ast.Name(field, ast.Load()),
+                                                                          self.parsed.namespace)
         assert isinstance(found, Field)  # find_fields names fields only
         return found
 
