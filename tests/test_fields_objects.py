@@ -168,6 +168,7 @@ def test_attributes_and_dicts_of_a_plain_object():
     np.testing.assert_allclose(gb, 5.0 * a[:, None] * b, rtol=RTOL)
     _, t = td.jvp(G, (a, b), (np.ones(3), np.zeros((3, 2))))
     assert t == pytest.approx(ga.sum(), rel=RTOL)
+    assert isinstance(vjp_kernel(through_attributes), KernelAdjoint)  # P.out[None] named as a field, reversed
 
 
 # --- what cannot be followed, and how it is refused -------------------------------------------

@@ -249,8 +249,9 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     bound = getattr(kernel, "_is_classkernel", False)
     if bound and owner is None:
         raise NotReversible("a kernel of a @ti.data_oriented class, without the object it runs on")
-    parsed = inlined(bind(parse(Unbound(kernel)), owner) if bound else parse(kernel))  # NOTE: [Funcs that write
-    # fields, inlined]
+    # attribute chains named (NOTE: [Fields through objects]), then funcs writing fields written out (NOTE: [Funcs
+    # that write fields, inlined])
+    parsed = inlined(bind(parse(Unbound(kernel)), owner) if bound else bind(parse(kernel), None))
     reverser = KernelReverser(parsed, kernel, bound, arrays)
     tree = reverser.run()
     text = wrap_long_lines(ast.unparse(ast.Module([tree], [])))
