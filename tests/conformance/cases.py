@@ -306,6 +306,8 @@ class _Watch(TorchFunctionMode):
             self.at_a_jump = _at_a_jump(func, args)
         if func in _BRANCHES and isinstance(args[1], float) and not self.at_a_jump:
             self.at_a_jump = _at_a_branch(args[0], args[1])
+        if func in _EXTREMES and not self.at_a_jump:
+            self.at_a_jump = _near_tie(func, args, kwargs or {})
         return out
 
 
@@ -317,10 +319,30 @@ class _Watch(TorchFunctionMode):
 # is the threshold up to rounding by construction (long run, seed 34229: the determinant of a matrix with two
 # proportional rows, exactly 0 in torch, which skips the branch, and a few ulps above 0 in Taichi, which
 # takes it: the value 1e-3 apart). A comparison of two values (the twin's min and max) is not one: its ties,
-# exact in both, are conventions the net checks (NOTE: [Ties]).
+# exact in both, are conventions the net checks (NOTE: [Ties]); two values within rounding of each other but not
+# equal are a jump (long run, seed 6002 at 99050c0: the atomic minima of 0 and a 2-D cross product of proportional
+# vectors, 0 up to rounding by construction: torch's 5.6e-17 kept 0 where Taichi's value won, jvps 0.77 apart).
 _JUMPS = (torch.remainder, torch.floor, torch.trunc, torch.Tensor.__mod__, torch.Tensor.remainder,
           torch.Tensor.floor, torch.Tensor.trunc)
 _BRANCHES = (torch.Tensor.__gt__, torch.Tensor.gt, torch.gt, torch.Tensor.__lt__, torch.Tensor.lt, torch.lt)
+
+_EXTREMES = (torch.minimum, torch.maximum, torch.amin, torch.amax, torch.Tensor.amin, torch.Tensor.amax)
+
+
+def _near_tie(func, args, kwargs) -> bool:
+    """Whether two values ``func`` compares are within rounding (1e-9 of their size) of each other, not equal."""
+    if func in (torch.minimum, torch.maximum):
+        a, b = (np.asarray(as_numpy(v), dtype=np.float64) for v in args[:2])
+        values = np.stack(np.broadcast_arrays(a, b))
+    else:
+        values = np.asarray(as_numpy(args[0]), dtype=np.float64)
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        values = values.reshape(-1) if dim is None or dim == () else np.moveaxis(values, dim, 0)
+    if values.ndim == 0 or values.shape[0] < 2:
+        return False
+    ordered = np.sort(values, axis=0)
+    gaps = np.abs(np.diff(ordered, axis=0))
+    return bool(np.any((gaps > 0) & (gaps <= 1e-9 * np.maximum(1.0, np.abs(ordered[1:])))))
 
 
 def _at_a_jump(func, args) -> bool:
