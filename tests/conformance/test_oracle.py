@@ -201,6 +201,24 @@ def test_inputs_putting_a_branch_at_its_threshold_up_to_rounding_are_rejected():
     assume_tame(lambda a: torch.maximum(torch.tensor(a[0]), torch.tensor(a[0])), [np.array([0.5])])  # a tie
 
 
+def atomic_minima_of_a_cross_product(arrays):
+    """Seed 6002's twin reduced: ``min(0, cross(-v, -0.6 v))``, a 2-D cross product of proportional vectors."""
+    x, w = (torch.tensor(a) for a in arrays)
+    f = (-x) * (-0.6 * w) - (-w) * (-0.6 * x)
+    return torch.amin(torch.stack([torch.zeros_like(f), f]), dim=0)
+
+
+def test_inputs_putting_two_compared_values_within_rounding_are_rejected():
+    """Long run, seed 6002 at 99050c0 (NOTE: [Values at a jump] in cases.py): the cross product is 0 up to rounding
+    by construction, torch's 5.6e-17 beside the atomic minimum's 0; which side wins is rounding. Rejected; an
+    exact tie (a convention, NOTE: [Ties]) and values apart are kept."""
+    x, w = np.array([0.60223913, 0.43689112]), np.array([1.3742621, 0.69372341])
+    with pytest.raises(UnsatisfiedAssumption):
+        assume_tame(atomic_minima_of_a_cross_product, [x, w])
+    assume_tame(lambda a: torch.amin(torch.stack([torch.tensor(a[0]), torch.tensor(a[0]) + 1e-3]), dim=0), [x])
+    assume_tame(lambda a: torch.tensor(a[0]).amax(), [np.array([0.5, 0.5])])
+
+
 def atan2_of_a_large_square(scale):
     """Seed 12107's output reduced: ``atan2(tanh(x), (scale x)**2 + 0.5)``, a value near 1 / (scale x)**2."""
     def twin(arrays):
