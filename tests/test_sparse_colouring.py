@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tidiff as td
-from tidiff._elements.colouring import colour_columns
+from tidiff._elements.colouring import colour_columns, recover_symmetric, star_colours
 
 RTOL = 1e-7
 
@@ -81,6 +81,32 @@ def test_a_banded_hessian_from_hvps_against_torch():
     assert S.products == 3
 
 
+@ti.kernel
+def anchored_energy(u: ti.types.ndarray(ndim=1), out: ti.types.ndarray(ndim=0)):
+    for i in range(1, u.shape[0]):
+        out[None] += (u[i] - u[0]) ** 4 + ti.cos(u[i]) * u[0]
+
+
+anchored = td.function(anchored_energy, inputs=["u"], outputs={"out": lambda u: ()})
+
+
+def test_an_arrow_hessian_from_two_products_against_torch():
+    n = 40
+    u = np.random.default_rng(2).standard_normal(n)
+    arrow = np.eye(n, dtype=bool)
+    arrow[0, :] = arrow[:, 0] = True
+    S = td.sparse_hessian(anchored, sparsity=np.triu(arrow))  # either half: a Hessian's pattern is symmetric
+    H = S(u)
+
+    def anchored_torch(v):
+        return ((v[1:] - v[0]) ** 4 + torch.cos(v[1:]) * v[0]).sum()
+
+    dense = torch.autograd.functional.hessian(anchored_torch, torch.tensor(u)).numpy()
+    np.testing.assert_allclose(H.toarray(), dense, rtol=RTOL, atol=1e-12)
+    assert H.nnz == arrow.sum()
+    assert S.products == 2  # a star colouring (NOTE: [Star colouring]); columns sharing no row take 40
+
+
 @given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 30), cols=st.integers(1, 30),
        density=st.floats(0.0, 0.5))
 def test_no_two_columns_of_one_colour_share_a_row(seed, rows, cols, density):
@@ -94,6 +120,43 @@ def test_no_two_columns_of_one_colour_share_a_row(seed, rows, cols, density):
         initial=0)) + 1  # greedy: at most (conflicts per column) + 1
 
 
+def _symmetric_pattern(seed, n, density):
+    rng = np.random.default_rng(seed)
+    upper = np.triu(rng.random((n, n)) < density, 1)
+    return rng, sparse.csc_matrix((upper | upper.T | np.eye(n, dtype=bool)).astype(np.int8))
+
+
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 40), density=st.floats(0.0, 0.6))
+def test_star_colourings_leave_no_path_of_four_in_two_colours(seed, n, density):
+    _, pattern = _symmetric_pattern(seed, n, density)
+    colours = star_colours(pattern)
+    adjacent = pattern.toarray().astype(bool) & ~np.eye(n, dtype=bool)
+    assert not (adjacent & (colours[:, None] == colours[None, :])).any()
+    edges = np.argwhere(adjacent)
+    for a, b in edges:
+        for c in np.flatnonzero(adjacent[b]):
+            for d in np.flatnonzero(adjacent[c]):
+                if len({a, b, c, d}) == 4:
+                    assert colours[a] != colours[c] or colours[b] != colours[d], (a, b, c, d)
+
+
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 40), density=st.floats(0.0, 0.6))
+def test_a_symmetric_matrix_is_recovered_from_its_star_colours(seed, n, density):
+    rng, pattern = _symmetric_pattern(seed, n, density)
+    values = rng.standard_normal((n, n))
+    H = pattern.toarray() * (values + values.T)
+    colours = star_colours(pattern)
+    products = np.stack([H @ (colours == c) for c in range(colours.max() + 1)])
+    data = recover_symmetric(pattern, colours, products)
+    got = sparse.csc_matrix((data, pattern.indices, pattern.indptr), shape=(n, n)).toarray()
+    np.testing.assert_array_equal(got, H)
+
+
+@ti.func
+def cubed(x: ti.f64) -> ti.f64:
+    return x**3
+
+
 def test_bad_patterns_are_named():
     u = np.zeros((4, 4))
     with pytest.raises(ValueError, match="sparsity must have the derivative's shape \\(16, 16\\)"):
@@ -105,4 +168,99 @@ def test_bad_patterns_are_named():
     with pytest.raises(TypeError, match="needs a scalar output"):
         td.sparse_hessian(step, sparsity=five_point(4))(u)
     with pytest.raises(TypeError, match="or sparsity= \\(the pattern\\) for any other function"):
-        td.sparse_hessian(chain)
+        td.sparse_hessian(td.function(cubed))  # a @ti.func over a batch: its pattern is given
+
+
+# -- patterns read from the kernel's index expressions (NOTE: [Patterns from index expressions]) --------------------
+
+def test_a_stencils_pattern_is_read_from_its_code():
+    n = 9
+    u = np.random.default_rng(3).standard_normal((n, n))
+    S = td.sparse_jacobian(step)  # no sparsity=: the boundary tests guard reads outside, which are dropped
+    J = S(u)
+    assert (J != 0).nnz == five_point(n).nnz and ((J != 0) != five_point(n)).nnz == 0
+    dense = torch.autograd.functional.jacobian(diffuse_torch, torch.tensor(u)).reshape(n * n, n * n).numpy()
+    np.testing.assert_allclose(J.toarray(), dense, rtol=RTOL, atol=1e-14)
+    assert S.products <= 7
+
+
+def test_a_sums_hessian_pattern_is_read_from_its_code():
+    n = 12
+    u = np.random.default_rng(4).standard_normal(n)
+    S = td.sparse_hessian(chain)
+    H = S(u)
+    band = sparse.diags([np.ones(n - 1), np.ones(n), np.ones(n - 1)], [-1, 0, 1]) != 0
+    assert ((H != 0) != band).nnz == 0 and S.products == 3
+    dense = td.hessian(chain)(u)
+    np.testing.assert_allclose(H.toarray(), dense, rtol=RTOL, atol=1e-12)
+    A = td.sparse_hessian(anchored)(u)  # u[0] in every term: an arrow, two products
+    np.testing.assert_allclose(A.toarray(), td.hessian(anchored)(u), rtol=RTOL, atol=1e-12)
+
+
+@ti.kernel
+def shifted(u: ti.types.ndarray(ndim=1), out: ti.types.ndarray(ndim=1), a: ti.i32, b: ti.i32):
+    n = u.shape[0]
+    for i in out:
+        s = 0.0
+        for k in ti.static(range(2)):
+            s += ti.sin(u[(i + a * k + n) % n])
+        j = ti.min(i + b, n - 1)
+        out[n - 1 - i] = s * u[j] + ti.cos(u[i // 2])
+
+
+def shifted_torch(u, a, b):
+    n = u.shape[0]
+    i = torch.arange(n)
+    s = torch.sin(u[(i + n) % n]) + torch.sin(u[(i + a + n) % n])
+    value = s * u[torch.clamp(i + b, max=n - 1)] + torch.cos(u[i // 2])
+    return torch.flip(value, [0])
+
+
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 20), a=st.integers(-4, 4), b=st.integers(0, 3))
+def test_patterns_of_wrapped_clamped_and_reversed_indices_hold_the_jacobian(seed, n, a, b):
+    f = td.function(shifted, inputs=["u"], outputs={"out": lambda u: u.shape}, constants={"a": a, "b": b})
+    u = np.random.default_rng(seed).standard_normal(n)
+    S = td.sparse_jacobian(f)
+    J = S(u)
+    dense = torch.autograd.functional.jacobian(lambda v: shifted_torch(v, a, b), torch.tensor(u)).numpy()
+    np.testing.assert_allclose(J.toarray(), dense, rtol=RTOL, atol=1e-14)
+    assert J.nnz <= 4 * n  # the four reads of each iteration, no more
+
+
+@ti.kernel
+def gathered(u: ti.types.ndarray(ndim=1), idx: ti.types.ndarray(dtype=ti.i32, ndim=1),
+             out: ti.types.ndarray(ndim=1)):
+    for i in out:
+        out[i] = u[idx[i]] ** 2
+
+
+@ti.func
+def first_of(v: ti.template()):
+    return v[0]
+
+
+@ti.kernel
+def passed_on(u: ti.types.ndarray(ndim=1), out: ti.types.ndarray(ndim=1)):
+    for i in out:
+        out[i] = first_of(u) * u[i]
+
+
+@ti.kernel
+def two_loops(u: ti.types.ndarray(ndim=1), out: ti.types.ndarray(ndim=1)):
+    for i in out:
+        out[i] = u[i]
+    for i in out:
+        out[i] += u[i] ** 2
+
+
+def test_kernels_whose_pattern_is_not_in_their_indices_are_named():
+    gather = td.function(gathered, inputs=["u", "idx"], outputs={"out": lambda u, idx: u.shape})
+    with pytest.raises(TypeError, match="sparsity of gathered is not read from its code: the index expression "
+                                        "`idx\\[i\\]`; give it as sparsity="):
+        td.sparse_jacobian(gather)(np.ones(4), np.arange(4, dtype=np.int32))
+    with pytest.raises(TypeError, match="passes `u` on"):
+        td.sparse_jacobian(td.function(passed_on, inputs=["u"], outputs={"out": lambda u: u.shape}))
+    with pytest.raises(TypeError, match="it has 2 top-level loops"):
+        td.sparse_jacobian(td.function(two_loops, inputs=["u"], outputs={"out": lambda u: u.shape}))
+    J = td.sparse_jacobian(gather, sparsity=np.eye(4))(np.ones(4), np.arange(4, dtype=np.int32))  # given: taken
+    np.testing.assert_array_equal(J.toarray(), 2 * np.eye(4))

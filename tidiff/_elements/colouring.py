@@ -9,8 +9,24 @@ product per colour: ``J[i, j] = (J t_c)[i]`` for ``j`` of colour ``c``. A
 stencil's Jacobian takes a handful of colours whatever its size (a 5-point
 stencil 5 to 7 with the greedy order here), so a 2-D step's Jacobian at
 10^5 unknowns is a few ``td.jvp`` calls. A Hessian is the Jacobian of the
-gradient, its products ``td.hvp``; the same colouring recovers it (star
-colourings, which use symmetry for fewer colours, are not implemented).
+gradient, its products ``td.hvp``; being symmetric, it takes fewer (NOTE:
+[Star colouring]).
+
+NOTE: [Star colouring] A Hessian's entry ``H[i, j]`` is also ``H[j, i]``: it
+may be read from the product of ``j``'s colour at row ``i`` or from that of
+``i``'s colour at row ``j``. A star colouring of the graph whose edges are
+the off-diagonal entries (adjacent vertices differ, and no path of four
+vertices takes only two colours: Gebremedhin, Manne and Pothen 2005) lets one
+of the two always hold alone: were ``i`` to have another neighbour ``k`` of
+``j``'s colour and ``j`` another neighbour ``l`` of ``i``'s, ``k-i-j-l``
+would be such a path. The diagonal is read at its own colour, which no
+neighbour has. Colours are chosen greedily, each vertex avoiding the colours
+of its neighbours and those that would close a two-coloured path of four
+through it. A distance-2 colouring (the column colouring of a symmetric
+pattern with its diagonal) is a star colouring too, so the fewest star
+colours are never more; of the two greedy colourings the one with fewer
+colours is used: a Hessian coupling one value to all the others (an arrow)
+takes 2 products instead of one per value, a 5-point stencil's 5 instead of 7.
 """
 from __future__ import annotations
 
@@ -22,6 +38,7 @@ import numpy as np
 from .._api import hvp, jvp
 from .._protocol import Function, as_function, require_taichi
 from .._tree import leaves
+from .detected import KernelPattern, NotDetected
 
 
 def _pattern(sparsity: Any, shape: tuple[int, int], call: str) -> Any:
@@ -49,6 +66,69 @@ def colour_columns(pattern: Any) -> np.ndarray:
         used[taken[(taken >= 0) & (taken < len(used))]] = True
         colours[j] = int(np.argmin(used))
     return colours
+
+
+def star_colours(pattern: Any) -> np.ndarray:
+    """A star colouring (NOTE: [Star colouring]) of the graph of a symmetric pattern's off-diagonal entries."""
+    import scipy.sparse as sparse
+
+    adjacency = sparse.csr_matrix(pattern + pattern.T)
+    adjacency.setdiag(0)
+    adjacency.eliminate_zeros()
+    ptr, idx = adjacency.indptr, adjacency.indices
+    n = adjacency.shape[0]
+    neighbours = [idx[ptr[v]:ptr[v + 1]].tolist() for v in range(n)]
+    colours = [-1] * n
+    around: list[dict[int, int]] = [{} for _ in range(n)]  # per vertex: colour -> its coloured neighbours of it
+    for v in range(n):
+        forbidden = set()
+        for w in neighbours[v]:
+            cw = colours[w]
+            if cw < 0:
+                continue
+            forbidden.add(cw)
+            beside_v = around[v][cw] >= 2  # u - v - w - x would take two colours with x's
+            for x in neighbours[w]:
+                cx = colours[x]
+                if cx >= 0 and x != v and (beside_v or around[x].get(cw, 0) >= 2):  # or v - w - x - y
+                    forbidden.add(cx)
+        c = 0
+        while c in forbidden:
+            c += 1
+        colours[v] = c
+        for u in neighbours[v]:
+            around[u][c] = around[u].get(c, 0) + 1
+    return np.asarray(colours, np.int64)
+
+
+def recover_symmetric(pattern: Any, colours: np.ndarray, products: np.ndarray) -> np.ndarray:
+    """The values of a symmetric matrix at ``pattern``'s entries (CSC order) from ``products[c] = H t_c`` of a
+    star colouring (NOTE: [Star colouring]): ``H[i, j]`` from ``j``'s colour at row ``i`` where ``j`` is ``i``'s
+    one neighbour of that colour, else from ``i``'s colour at row ``j``."""
+    import scipy.sparse as sparse
+
+    n = pattern.shape[0]
+    adjacency = sparse.csr_matrix(pattern + pattern.T)
+    adjacency.setdiag(0)
+    adjacency.eliminate_zeros()
+    adjacency.data[:] = 1
+    count = int(colours.max()) + 1 if colours.size else 0
+    by_colour = (adjacency @ sparse.csr_matrix((np.ones(n), (np.arange(n), colours)), shape=(n, count))).toarray()
+    rows = pattern.indices
+    cols = np.repeat(np.arange(n), np.diff(pattern.indptr))
+    alone = (by_colour[rows, colours[cols]] == 1) | (rows == cols)
+    return np.where(alone, products[colours[cols], rows], products[colours[rows], cols])
+
+
+def _symmetric_colouring(pattern: Any) -> tuple[Any, np.ndarray]:
+    """A Hessian's pattern made symmetric, and the fewer-coloured of its greedy star and distance-2 colourings."""
+    import scipy.sparse as sparse
+
+    symmetric = sparse.csc_matrix(((pattern + pattern.T) != 0).astype(np.int8))
+    star = star_colours(symmetric)
+    distance2 = colour_columns(sparse.csc_matrix(((symmetric + sparse.identity(pattern.shape[0])) != 0)
+                                                 .astype(np.int8)))
+    return symmetric, star if star.max(initial=0) <= distance2.max(initial=0) else distance2
 
 
 class ColouredDerivative:
@@ -80,19 +160,25 @@ class ColouredDerivative:
         rows = x.size if self.second else out_size
         shape = (rows, x.size)
         if shape not in self.coloured:
-            pattern = _pattern(self.sparsity, shape, self.call)
-            self.coloured[shape] = (pattern, colour_columns(pattern))
+            if isinstance(self.sparsity, KernelPattern):  # NOTE: [Patterns from index expressions]
+                by_name = {s.name: s for s in (*batch.specs, *outs)}
+                pattern = self.sparsity.pattern(by_name, self.second, self.call)
+            else:
+                pattern = _pattern(self.sparsity, shape, self.call)
+            self.coloured[shape] = _symmetric_colouring(pattern) if self.second else (pattern, colour_columns(pattern))
         pattern, colours = self.coloured[shape]
-        data = np.empty(pattern.nnz, x.dtype if x.dtype.kind == "f" else np.float64)
-        row_of = pattern.indices
-        col_of = np.repeat(np.arange(shape[1]), np.diff(pattern.indptr))
+        dtype = x.dtype if x.dtype.kind == "f" else np.float64
         count = int(colours.max()) + 1 if colours.size else 0
+        products = np.empty((count, shape[0]), dtype)
         for c in range(count):
-            tangent = (colours == c).astype(data.dtype).reshape(x.shape)
-            product = np.ravel(self._product(args, tangent))
-            mine = colours[col_of] == c
-            data[mine] = product[row_of[mine]]
+            tangent = (colours == c).astype(dtype).reshape(x.shape)
+            products[c] = np.ravel(self._product(args, tangent))
         self.products = count
+        if self.second:
+            data = recover_symmetric(pattern, colours, products)
+        else:
+            col_of = np.repeat(np.arange(shape[1]), np.diff(pattern.indptr))
+            data = products[colours[col_of], pattern.indices]
         import scipy.sparse as sparse
 
         matrix = sparse.csc_matrix((data, pattern.indices, pattern.indptr), shape=shape)
@@ -107,3 +193,24 @@ class ColouredDerivative:
 
 def coloured(f: Any, argnums: int, sparsity: Any, format: str, second: bool, call: str) -> ColouredDerivative:
     return ColouredDerivative(as_function(f, call), argnums, sparsity, format, second, call)
+
+
+def detected(f: Any, argnums: Any, format: str, second: bool, call: str) -> ColouredDerivative | None:
+    """The coloured derivative of an ndarray kernel whose pattern its index expressions give (NOTE: [Patterns from
+    index expressions]); None for any other function. A kernel whose pattern cannot be read is a TypeError."""
+    from .._kinds.ndarray import NdarrayFunction
+
+    if not isinstance(f, NdarrayFunction):
+        return None
+    if isinstance(argnums, bool) or not isinstance(argnums, int):
+        raise TypeError(f"{call}: argnums must be one int; got {argnums!r}")
+    if not -len(f.inputs) <= argnums < len(f.inputs):
+        raise ValueError(f"{call}: argnums {argnums} is out of range for {f.name}'s {len(f.inputs)} inputs")
+    if len(f.outputs) != 1:
+        raise TypeError(f"{call}: {f.name} must have one output; it has {len(f.outputs)}")
+    try:
+        pattern = KernelPattern(f, argnums % len(f.inputs))
+    except NotDetected as reason:
+        raise TypeError(f"{call}: the sparsity of {f.name} is not read from its code: {reason}; give it as "
+                        "sparsity= (the pattern)") from None
+    return ColouredDerivative(f, argnums, pattern, format, second, call)

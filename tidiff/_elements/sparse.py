@@ -18,7 +18,7 @@ from .._api import grad, hessian, jacfwd
 from .._codegen.batch import identifier
 from .._protocol import Function, require_taichi, taichi_callable
 from .._signature import ArgSpec
-from .colouring import coloured
+from .colouring import coloured, detected
 from .function import Elements
 from .kernels import BLOCKS, EACH, NODE, SKIP, ElementKernel, _add_blocks, _add_rows, element_kernel, fill_builder, same
 from .pattern import Pattern
@@ -258,8 +258,10 @@ def sparse_hessian(f: Function, argnums: int = 0, *, format: str = "csr", projec
         sparsity: for any other function with a scalar output: the
             Hessian's pattern (a scipy sparse matrix or a boolean array,
             ``(n, n)`` for an argument of ``n`` values); the Hessian is then
-            recovered from one ``td.hvp`` per colour of its columns (NOTE:
-            [Column colouring]), as CSR or CSC.
+            recovered from one ``td.hvp`` per colour (NOTE: [Star
+            colouring]), as CSR or CSC. A kernel over ndarrays with one
+            parallel loop needs none: its index expressions give the pattern
+            (NOTE: [Patterns from index expressions]).
 
     Returns:
         a function of ``f``'s arguments returning the matrix. The pattern is
@@ -283,6 +285,8 @@ def sparse_hessian(f: Function, argnums: int = 0, *, format: str = "csr", projec
         if project is not None:
             raise ValueError(f"{call}: project applies to element sums' blocks; with sparsity= it must be None")
         return coloured(f, argnums, sparsity, format, True, call)
+    if project is None and (found := detected(f, argnums, format, True, call)) is not None:
+        return found
     F = _elements_of(f, True, call)
     return SparseHessian(F, _node_argument(F, argnums, call), format, project, call)
 
@@ -301,11 +305,16 @@ def sparse_jacobian(f: Function, argnums: int = 0, *, format: str = "csr", spars
     one output is given its Jacobian's pattern as ``sparsity`` (a scipy
     sparse matrix or a boolean array, outputs by the argument's values, both
     flattened); the Jacobian is then recovered from one ``td.jvp`` per colour
-    of its columns (NOTE: [Column colouring]), as CSR or CSC.
+    of its columns (NOTE: [Column colouring]), as CSR or CSC. A kernel over
+    ndarrays whose work is one parallel loop needs no ``sparsity``: the
+    pattern is read from its index expressions (NOTE: [Patterns from index
+    expressions]).
     """
     call = "td.sparse_jacobian"
     if sparsity is not None:
         return coloured(f, argnums, sparsity, format, False, call)
+    if (found := detected(f, argnums, format, False, call)) is not None:
+        return found
     F = _elements_of(f, False, call)
     return SparseJacobian(F, _node_argument(F, argnums, call), format, call)
 
