@@ -253,6 +253,30 @@ def two_loops(u: ti.types.ndarray(ndim=1), out: ti.types.ndarray(ndim=1)):
         out[i] += u[i] ** 2
 
 
+@ti.kernel
+def halved(u: ti.types.ndarray(ndim=1), out: ti.types.ndarray(ndim=1)):
+    for i in u:
+        ti.atomic_add(out[i // 2], u[i] ** 2)
+
+
+@ti.kernel
+def carried(u: ti.types.ndarray(ndim=1), out: ti.types.ndarray(ndim=1)):
+    s = 0.0
+    for i in u:
+        s += u[i]
+        out[i] = s
+
+
+def test_atomic_writes_are_writes_and_values_carried_between_iterations_are_named():
+    f = td.function(halved, inputs=["u"], outputs={"out": lambda u: (u.shape[0] // 2 + 1,)})
+    u = np.random.default_rng(5).standard_normal(7)
+    J = td.sparse_jacobian(f)(u)
+    np.testing.assert_allclose(J.toarray(), td.jacobian(f)(u), rtol=RTOL, atol=0)
+    assert J.nnz == 7
+    with pytest.raises(TypeError, match="its loop updates `s`, a variable of the kernel's top level"):
+        td.sparse_jacobian(td.function(carried, inputs=["u"], outputs={"out": lambda u: u.shape}))
+
+
 def test_kernels_whose_pattern_is_not_in_their_indices_are_named():
     gather = td.function(gathered, inputs=["u", "idx"], outputs={"out": lambda u, idx: u.shape})
     with pytest.raises(TypeError, match="sparsity of gathered is not read from its code: the index expression "

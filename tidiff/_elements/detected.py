@@ -24,7 +24,7 @@ import ast
 import builtins
 import itertools
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ import taichi as ti
 from .._lang.parse import parse
 from .._signature import ArgSpec
 
+_ATOMICS = (ti.atomic_add, ti.atomic_sub, ti.atomic_min, ti.atomic_max)
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod}
@@ -75,9 +76,22 @@ class KernelPattern:
             self._no_array_reads(s, "a statement outside the loop")
         self.targets = _names(self.loop.target, "the loop's target")
         self.assigned = _assigned_once(parsed.tree)
+        shared = _bound(self.top) & _bound(self.loop.body)
+        if shared:
+            raise NotDetected(f"its loop updates `{sorted(shared)[0]}`, a variable of the kernel's top level (a value "
+                              "carried between iterations)")
+        self.atomics = {id(node.args[0]) for node in ast.walk(self.loop) if isinstance(node, ast.Call) and node.args
+                        and self.resolve(node.func) in _ATOMICS}
         self.reads: list[_Access] = []
         self.writes: list[_Access] = []
         self._collect(self.loop.body, ())
+
+    def resolve(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Name):
+            return self.namespace.get(node.id, getattr(builtins, node.id, None))
+        if isinstance(node, ast.Attribute):
+            return getattr(self.resolve(node.value), node.attr, None)
+        return None
 
     def _no_array_reads(self, node: ast.AST, where: str) -> None:
         for sub in ast.walk(node):
@@ -106,7 +120,7 @@ class KernelPattern:
                 if name == self.input:
                     self.reads.append(_Access(node, loops))
                 elif name == self.output:
-                    if isinstance(node.ctx, ast.Load):
+                    if isinstance(node.ctx, ast.Load) and id(node) not in self.atomics:
                         raise NotDetected(f"it reads its output `{ast.unparse(node)}`")
                     self.writes.append(_Access(node, loops))
                 elif name in self.arrays and not isinstance(node.ctx, ast.Load):
@@ -219,7 +233,7 @@ class _Env:
         if isinstance(it, ast.Name) and it.id in self.shapes:  # for i, j in u: over u's shape
             return [range(n) for n in self.shapes[it.id]]
         if isinstance(it, ast.Call) and not it.keywords:
-            callee = self.resolve(it.func)
+            callee = self.kernel.resolve(it.func)
             if callee is range:
                 return [range(*(self._int(a, scope) for a in it.args))]
             if callee is ti.ndrange:
@@ -232,13 +246,6 @@ class _Env:
         if np.ndim(value) != 0:
             raise NotDetected(f"`{ast.unparse(node)}` bounds a loop but varies with the outer loop's index")
         return int(value)
-
-    def resolve(self, node: ast.expr) -> Any:
-        if isinstance(node, ast.Name):
-            return self.kernel.namespace.get(node.id, getattr(builtins, node.id, None))
-        if isinstance(node, ast.Attribute):
-            return getattr(self.resolve(node.value), node.attr, None)
-        return None
 
     def value(self, node: ast.expr, scope: dict[str, Any]) -> Any:
         """The integer value of ``node`` (an array of one per iteration where it depends on the loop's index)."""
@@ -256,7 +263,7 @@ class _Env:
                 and isinstance(node.value.value, ast.Name) and node.value.value.id in self.shapes:
             return self.shapes[node.value.value.id][self._int(node.slice, scope)]
         if isinstance(node, ast.Call) and len(node.args) == 2 and not node.keywords:
-            callee = self.resolve(node.func)
+            callee = self.kernel.resolve(node.func)
             if callee in (min, ti.min):
                 return np.minimum(self.value(node.args[0], scope), self.value(node.args[1], scope))
             if callee in (max, ti.max):
@@ -293,6 +300,18 @@ def _names(target: ast.expr, what: str) -> list[str]:
     if not all(isinstance(e, ast.Name) for e in elts):
         raise NotDetected(f"{what} `{ast.unparse(target)}`")
     return [e.id for e in elts if isinstance(e, ast.Name)]
+
+
+def _bound(body: Iterable[ast.stmt]) -> set[str]:
+    """Names a block binds (``=``, ``+=``, a loop's target)."""
+    names: set[str] = set()
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+    return names
 
 
 def _assigned_once(tree: ast.FunctionDef) -> dict[str, ast.expr]:
