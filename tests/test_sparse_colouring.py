@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tidiff as td
-from tidiff._elements.colouring import colour_columns, recover_symmetric, star_colours
+from tidiff._elements.colouring import colour_columns, star_colours, symmetric_gather
 
 RTOL = 1e-7
 
@@ -147,7 +147,7 @@ def test_a_symmetric_matrix_is_recovered_from_its_star_colours(seed, n, density)
     H = pattern.toarray() * (values + values.T)
     colours = star_colours(pattern)
     products = np.stack([H @ (colours == c) for c in range(colours.max() + 1)])
-    data = recover_symmetric(pattern, colours, products)
+    data = products.ravel()[symmetric_gather(pattern, colours)]
     got = sparse.csc_matrix((data, pattern.indices, pattern.indptr), shape=(n, n)).toarray()
     np.testing.assert_array_equal(got, H)
 
@@ -277,14 +277,54 @@ def test_atomic_writes_are_writes_and_values_carried_between_iterations_are_name
         td.sparse_jacobian(td.function(carried, inputs=["u"], outputs={"out": lambda u: u.shape}))
 
 
-def test_kernels_whose_pattern_is_not_in_their_indices_are_named():
+@ti.kernel
+def spring_forces(x: ti.types.ndarray(dtype=ti.math.vec2, ndim=1), springs: ti.types.ndarray(dtype=ti.i32, ndim=2),
+                  force: ti.types.ndarray(dtype=ti.math.vec2, ndim=1)):
+    for s in range(springs.shape[0]):
+        a, b = springs[s, 0], springs[s, 1]
+        d = x[b] - x[a]
+        f = (d.norm() - 1.0) * d.normalized()
+        force[a] += f
+        force[b] -= f
+
+
+def test_a_mass_spring_jacobian_reads_its_pattern_through_the_spring_array():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((12, 2))
+    springs = np.array([[k, (k + 1) % 12] for k in range(12)] + [[0, 6], [3, 9]], np.int32)
+    forces = td.function(spring_forces, inputs=["x", "springs"], outputs={"force": lambda x, s: x.shape})
+    S = td.sparse_jacobian(forces)
+    J = S(x, springs)
+    dense = td.jacobian(forces)(x, springs).reshape(24, 24)
+    np.testing.assert_allclose(J.toarray(), dense, rtol=RTOL, atol=1e-14)
+    assert J.nnz == 4 * (12 + 2 * 14)  # 2 x 2 blocks: each node's own and one per spring each way
+    fewer = springs[:12]
+    J2 = S(x, fewer)  # another mesh, another pattern (kept by the integer arrays' values)
+    assert J2.nnz == 4 * (12 + 2 * 12)
+    np.testing.assert_allclose(J2.toarray(), td.jacobian(forces)(x, fewer).reshape(24, 24), rtol=RTOL, atol=1e-14)
     gather = td.function(gathered, inputs=["u", "idx"], outputs={"out": lambda u, idx: u.shape})
-    with pytest.raises(TypeError, match="sparsity of gathered is not read from its code: the index expression "
-                                        "`idx\\[i\\]`; give it as sparsity="):
-        td.sparse_jacobian(gather)(np.ones(4), np.arange(4, dtype=np.int32))
+    idx = np.array([3, 0, 3, 1], np.int32)
+    np.testing.assert_allclose(td.sparse_jacobian(gather)(x[:4, 0], idx).toarray(),
+                               td.jacobian(gather)(x[:4, 0], idx), rtol=RTOL, atol=0)
+    with pytest.raises(TypeError, match="sparsity of gathered is not read from its code: `idx\\[i\\]` reads "
+                                        "outside `idx`; give it as sparsity="):
+        td.sparse_jacobian(gather)(x[:5, 0], np.array([0, 1, 2, 3], np.int32))  # i = 4 reads idx[4]
+
+
+@ti.kernel
+def by_value(u: ti.types.ndarray(ndim=1), out: ti.types.ndarray(ndim=1)):
+    for i in out:
+        out[i] = u[int(ti.abs(u[i]) * 2) % u.shape[0]]
+
+
+def test_kernels_whose_pattern_is_not_in_their_indices_are_named():
+    with pytest.raises(TypeError, match="sparsity of by_value is not read from its code: the index expression "
+                                        "`int\\(.*\\)`; give it as sparsity="):
+        td.sparse_jacobian(td.function(by_value, inputs=["u"], outputs={"out": lambda u: u.shape}))(np.ones(4))
     with pytest.raises(TypeError, match="passes `u` on"):
         td.sparse_jacobian(td.function(passed_on, inputs=["u"], outputs={"out": lambda u: u.shape}))
     with pytest.raises(TypeError, match="it has 2 top-level loops"):
         td.sparse_jacobian(td.function(two_loops, inputs=["u"], outputs={"out": lambda u: u.shape}))
+    gather = td.function(gathered, inputs=["u", "idx"], outputs={"out": lambda u, idx: u.shape})
     J = td.sparse_jacobian(gather, sparsity=np.eye(4))(np.ones(4), np.arange(4, dtype=np.int32))  # given: taken
     np.testing.assert_array_equal(J.toarray(), 2 * np.eye(4))

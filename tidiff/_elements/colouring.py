@@ -30,6 +30,7 @@ takes 2 products instead of one per value, a 5-point stencil's 5 instead of 7.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,6 +81,9 @@ def star_colours(pattern: Any) -> np.ndarray:
     neighbours = [idx[ptr[v]:ptr[v + 1]].tolist() for v in range(n)]
     colours = [-1] * n
     around: list[dict[int, int]] = [{} for _ in range(n)]  # per vertex: colour -> its coloured neighbours of it
+    # per coloured vertex w: the colours of its coloured neighbours x having another neighbour of w's colour
+    # (x - w ... x - y, y of w's colour): what a vertex beside w may not take (v - w - x - y)
+    centres: list[set[int]] = [set() for _ in range(n)]
     for v in range(n):
         forbidden = set()
         for w in neighbours[v]:
@@ -87,24 +91,40 @@ def star_colours(pattern: Any) -> np.ndarray:
             if cw < 0:
                 continue
             forbidden.add(cw)
-            beside_v = around[v][cw] >= 2  # u - v - w - x would take two colours with x's
-            for x in neighbours[w]:
-                cx = colours[x]
-                if cx >= 0 and x != v and (beside_v or around[x].get(cw, 0) >= 2):  # or v - w - x - y
-                    forbidden.add(cx)
+            if around[v][cw] >= 2:  # u - v - w - x: every colour beside w
+                forbidden.update(around[w])
+            else:
+                forbidden.update(centres[w])
         c = 0
         while c in forbidden:
             c += 1
         colours[v] = c
         for u in neighbours[v]:
-            around[u][c] = around[u].get(c, 0) + 1
+            seen = around[u][c] = around[u].get(c, 0) + 1
+            if colours[u] < 0:
+                continue
+            if seen == 2:  # u now has two neighbours of colour c: each of them is beside a centre
+                for w in neighbours[u]:
+                    if colours[w] == c:
+                        centres[w].add(colours[u])
+            elif seen > 2:
+                centres[v].add(colours[u])
+            if around[v].get(colours[u], 0) >= 2:  # v has two neighbours of u's colour
+                centres[u].add(c)
     return np.asarray(colours, np.int64)
 
 
-def recover_symmetric(pattern: Any, colours: np.ndarray, products: np.ndarray) -> np.ndarray:
-    """The values of a symmetric matrix at ``pattern``'s entries (CSC order) from ``products[c] = H t_c`` of a
-    star colouring (NOTE: [Star colouring]): ``H[i, j]`` from ``j``'s colour at row ``i`` where ``j`` is ``i``'s
-    one neighbour of that colour, else from ``i``'s colour at row ``j``."""
+def column_gather(pattern: Any, colours: np.ndarray) -> np.ndarray:
+    """Where each entry of ``pattern`` (CSC order) lies in the products ``P[c] = J t_c`` of a column colouring,
+    flattened: ``J[i, j] = P[colour of j, i]``."""
+    col_of = np.repeat(np.arange(pattern.shape[1]), np.diff(pattern.indptr))
+    return colours[col_of] * pattern.shape[0] + pattern.indices
+
+
+def symmetric_gather(pattern: Any, colours: np.ndarray) -> np.ndarray:
+    """Where each entry of a symmetric ``pattern`` (CSC order) lies in the products ``P[c] = H t_c`` of a star
+    colouring (NOTE: [Star colouring]), flattened: ``H[i, j]`` from ``j``'s colour at row ``i`` where ``j`` is
+    ``i``'s one neighbour of that colour, else from ``i``'s colour at row ``j``."""
     import scipy.sparse as sparse
 
     n = pattern.shape[0]
@@ -113,11 +133,11 @@ def recover_symmetric(pattern: Any, colours: np.ndarray, products: np.ndarray) -
     adjacency.eliminate_zeros()
     adjacency.data[:] = 1
     count = int(colours.max()) + 1 if colours.size else 0
-    by_colour = (adjacency @ sparse.csr_matrix((np.ones(n), (np.arange(n), colours)), shape=(n, count))).toarray()
+    by_colour = (adjacency @ sparse.csr_matrix((np.ones(n), (np.arange(n), colours)), shape=(n, count))).tocsr()
     rows = pattern.indices
     cols = np.repeat(np.arange(n), np.diff(pattern.indptr))
-    alone = (by_colour[rows, colours[cols]] == 1) | (rows == cols)
-    return np.where(alone, products[colours[cols], rows], products[colours[rows], cols])
+    alone = (np.asarray(by_colour[rows, colours[cols]]).ravel() == 1) | (rows == cols)
+    return np.where(alone, colours[cols] * n + rows, colours[rows] * n + cols)
 
 
 def _symmetric_colouring(pattern: Any) -> tuple[Any, np.ndarray]:
@@ -126,8 +146,10 @@ def _symmetric_colouring(pattern: Any) -> tuple[Any, np.ndarray]:
 
     symmetric = sparse.csc_matrix(((pattern + pattern.T) != 0).astype(np.int8))
     star = star_colours(symmetric)
-    distance2 = colour_columns(sparse.csc_matrix(((symmetric + sparse.identity(pattern.shape[0])) != 0)
-                                                 .astype(np.int8)))
+    with_diagonal = sparse.csc_matrix(((symmetric + sparse.identity(pattern.shape[0])) != 0).astype(np.int8))
+    if np.sum(np.diff(with_diagonal.indptr).astype(np.float64) ** 2) > 50 * with_diagonal.nnz + 10**6:
+        return symmetric, star  # columns sharing a row: a dense conflict graph (an arrow's), more colours anyway
+    distance2 = colour_columns(with_diagonal)
     return symmetric, star if star.max(initial=0) <= distance2.max(initial=0) else distance2
 
 
@@ -141,7 +163,8 @@ class ColouredDerivative:
             raise TypeError(f"{call}: argnums must be one int; got {argnums!r}")
         self.fn, self.p, self.sparsity, self.format, self.second = fn, argnums, sparsity, format, second
         self.call = call
-        self.coloured: dict[tuple[int, int], tuple[Any, np.ndarray]] = {}
+        # by shape (and the integer arrays indices read): colours, the result's pattern, where its entries lie
+        self.coloured: dict[tuple[Any, ...], tuple[np.ndarray, Any, np.ndarray]] = {}
         self.products = 0  # products the last call took
 
     def __call__(self, *args: Any) -> Any:
@@ -159,14 +182,20 @@ class ColouredDerivative:
                             f"{batch.shape + outs[0].shape}")
         rows = x.size if self.second else out_size
         shape = (rows, x.size)
-        if shape not in self.coloured:
-            if isinstance(self.sparsity, KernelPattern):  # NOTE: [Patterns from index expressions]
+        key: tuple[Any, ...] = shape
+        if isinstance(self.sparsity, KernelPattern):  # NOTE: [Patterns from index expressions]
+            integers = self.sparsity.integers(batch.specs, batch.arrays)
+            key = (shape, *((n, v.shape, hashlib.blake2b(v.tobytes()).digest()) for n, v in sorted(integers.items())))
+        if key not in self.coloured:
+            if isinstance(self.sparsity, KernelPattern):
                 by_name = {s.name: s for s in (*batch.specs, *outs)}
-                pattern = self.sparsity.pattern(by_name, self.second, self.call)
+                pattern = self.sparsity.pattern(by_name, integers, self.second, self.call)
             else:
                 pattern = _pattern(self.sparsity, shape, self.call)
-            self.coloured[shape] = _symmetric_colouring(pattern) if self.second else (pattern, colour_columns(pattern))
-        pattern, colours = self.coloured[shape]
+            if len(self.coloured) >= 8:  # a mesh changing every call: the oldest patterns go
+                del self.coloured[next(iter(self.coloured))]
+            self.coloured[key] = self._plan(pattern)
+        colours, template, gather = self.coloured[key]
         dtype = x.dtype if x.dtype.kind == "f" else np.float64
         count = int(colours.max()) + 1 if colours.size else 0
         products = np.empty((count, shape[0]), dtype)
@@ -174,15 +203,24 @@ class ColouredDerivative:
             tangent = (colours == c).astype(dtype).reshape(x.shape)
             products[c] = np.ravel(self._product(args, tangent))
         self.products = count
-        if self.second:
-            data = recover_symmetric(pattern, colours, products)
-        else:
-            col_of = np.repeat(np.arange(shape[1]), np.diff(pattern.indptr))
-            data = products[colours[col_of], pattern.indices]
+        matrix = template.copy()
+        matrix.data = products.ravel()[gather]
+        return matrix
+
+    def _plan(self, pattern: Any) -> tuple[np.ndarray, Any, np.ndarray]:
+        """The colours, the result's pattern in its format, and where each of its entries lies in the products."""
         import scipy.sparse as sparse
 
-        matrix = sparse.csc_matrix((data, pattern.indices, pattern.indptr), shape=shape)
-        return matrix.tocsr() if self.format == "csr" else matrix
+        if self.second:
+            pattern, colours = _symmetric_colouring(pattern)
+            gather = symmetric_gather(pattern, colours)
+        else:
+            colours = colour_columns(pattern)
+            gather = column_gather(pattern, colours)
+        order = sparse.csc_matrix((np.arange(1, pattern.nnz + 1), pattern.indices, pattern.indptr), shape=pattern.shape)
+        template = order.tocsr() if self.format == "csr" else order
+        gather = gather[template.data - 1]
+        return colours, template, gather
 
     def _product(self, args: Sequence[Any], tangent: np.ndarray) -> Any:
         tangents = tuple(tangent if k == self.p else None for k in range(len(args)))

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import taichi as ti
 
+from .._arrays import to_numpy
 from .._lang.parse import parse
 from .._signature import ArgSpec
 
@@ -131,21 +132,29 @@ class KernelPattern:
                 raise NotDetected(f"it passes `{node.id}` on (`{ast.unparse(stmt).splitlines()[0]}`)")
 
     # -- at given shapes ------------------------------------------------------------------------------------------
-    def pattern(self, specs: dict[str, ArgSpec], hessian: bool, call: str) -> Any:
-        """The pattern at the arrays' shapes (``specs`` by parameter name) as a scipy CSC matrix: outputs by the
-        input's values for a Jacobian, the input's values by themselves for a Hessian."""
+    def integers(self, specs: Sequence[ArgSpec], arrays: Sequence[Any]) -> dict[str, np.ndarray]:
+        """The integer arrays of a call (inputs and constants) by name: indices may read them (``x[springs[s, 0]]``),
+        so a pattern is kept for their values."""
+        named = {s.name: a for s, a in zip(specs, arrays, strict=True)}
+        named.update({n: v for n, v in self.constants.items() if n in self.arrays})
+        values = {n: np.asarray(to_numpy(a, n, self.name)) for n, a in named.items()}
+        return {n: v for n, v in values.items() if v.ndim > 0 and v.dtype.kind in "iu"}
+
+    def pattern(self, specs: dict[str, ArgSpec], integers: dict[str, np.ndarray], hessian: bool, call: str) -> Any:
+        """The pattern at the arrays' shapes (``specs`` by parameter name) and integer arrays' values as a scipy CSC
+        matrix: outputs by the input's values for a Jacobian, the input's values by themselves for a Hessian."""
         shapes = {name: tuple(s.shape) for name, s in specs.items()}
         shapes.update({n: np.shape(v) for n, v in self.constants.items() if n in self.arrays})
         try:
-            return self._pattern(shapes, hessian)
+            return self._pattern(shapes, integers, hessian)
         except NotDetected as reason:
             raise TypeError(f"{call}: the sparsity of {self.name} is not read from its code: {reason}; give it "
                             "as sparsity= (the pattern)") from None
 
-    def _pattern(self, shapes: dict[str, tuple[int, ...]], hessian: bool) -> Any:
+    def _pattern(self, shapes: dict[str, tuple[int, ...]], integers: dict[str, np.ndarray], hessian: bool) -> Any:
         import scipy.sparse as sparse
 
-        env = _Env(self, shapes)
+        env = _Env(self, shapes, integers)
         points = env.domain(self.loop)
         n_in = int(np.prod(shapes[self.input], dtype=np.int64))
         n_out = 1 if hessian else int(np.prod(shapes[self.output], dtype=np.int64))
@@ -187,8 +196,9 @@ class KernelPattern:
 class _Env:
     """Integer values of the names index expressions use, at given shapes."""
 
-    def __init__(self, kernel: KernelPattern, shapes: dict[str, tuple[int, ...]]) -> None:
-        self.kernel, self.shapes = kernel, shapes
+    def __init__(self, kernel: KernelPattern, shapes: dict[str, tuple[int, ...]],
+                 integers: dict[str, np.ndarray]) -> None:
+        self.kernel, self.shapes, self.integers = kernel, shapes, integers
         self.top: dict[str, Any] = {}
         for stmt in sorted(kernel.top, key=lambda s: s.lineno):
             self._bind_top(stmt)
@@ -259,6 +269,8 @@ class _Env:
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             v = self.value(node.operand, scope)
             return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in self.integers:
+            return self._entries(node, self.integers[node.value.id], scope)
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "shape" \
                 and isinstance(node.value.value, ast.Name) and node.value.value.id in self.shapes:
             return self.shapes[node.value.value.id][self._int(node.slice, scope)]
@@ -269,6 +281,17 @@ class _Env:
             if callee in (max, ti.max):
                 return np.maximum(self.value(node.args[0], scope), self.value(node.args[1], scope))
         raise NotDetected(f"the index expression `{ast.unparse(node)}`")
+
+    def _entries(self, node: ast.Subscript, array: np.ndarray, scope: dict[str, Any]) -> Any:
+        """``springs[s, 0]``: the integer array's entries at every iteration."""
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if len(parts) != array.ndim:
+            raise NotDetected(f"the index expression `{ast.unparse(node)}` (one index per axis of the array)")
+        index = np.broadcast_arrays(*(np.asarray(self.value(e, scope), np.int64) for e in parts))
+        for k, extent in zip(index, array.shape, strict=True):
+            if k.size and (k.min() < 0 or k.max() >= extent):
+                raise NotDetected(f"`{ast.unparse(node)}` reads outside `{ast.unparse(node.value)}`")
+        return array[tuple(index)].astype(np.int64)
 
     def _name(self, name: str, scope: dict[str, Any]) -> Any:
         if name in scope:
@@ -315,19 +338,19 @@ def _bound(body: Iterable[ast.stmt]) -> set[str]:
 
 
 def _assigned_once(tree: ast.FunctionDef) -> dict[str, ast.expr]:
-    """Names assigned exactly once in the kernel, by a plain ``name = e``, with their ``e``."""
+    """Names bound exactly once in the kernel, by ``name = e`` (or ``a, b = e1, e2``), with their ``e``."""
     counts: dict[str, int] = {}
     values: dict[str, ast.expr] = {}
     for node in ast.walk(tree):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-            if len(targets) == 1 and isinstance(targets[0], ast.Name):
-                values[targets[0].id] = node.value
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)):
-            targets = [node.target]
-        for t in targets:
-            for sub in ast.walk(t):
-                if isinstance(sub, ast.Name):
-                    counts[sub.id] = counts.get(sub.id, 0) + 1
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            counts[node.id] = counts.get(node.id, 0) + 1
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target = node.targets[0]
+        if isinstance(target, ast.Name):
+            values[target.id] = node.value
+        elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) and len(target.elts) == len(
+                node.value.elts):  # a, b = springs[s, 0], springs[s, 1]
+            values.update((t.id, v) for t, v in zip(target.elts, node.value.elts, strict=True)
+                          if isinstance(t, ast.Name))
     return {n: e for n, e in values.items() if counts.get(n) == 1}
