@@ -47,7 +47,7 @@ from taichi.lang.field import Field
 from .._lang.callees import is_taichi_func
 from .._lang.naming import Namer, names_in
 from .._lang.objects import fields_of, parsed_for
-from .._lang.parse import MISSING, Parsed, resolve
+from .._lang.parse import MISSING, Parsed, resolve, without_docstring
 
 DEEPEST = 8
 
@@ -124,9 +124,7 @@ def _is_fields(obj: object) -> bool:
 
 
 def _body(callee: Any) -> list[ast.stmt]:
-    body = parsed_for(callee).tree.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]  # the docstring
+    body = without_docstring(parsed_for(callee).tree.body)
     return body
 
 

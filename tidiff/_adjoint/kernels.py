@@ -132,7 +132,7 @@ from .._lang.launch import NumberLaunch
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
 from .._lang.nodes import entry_root, name, zero_of
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
-from .._lang.parse import MISSING, Parsed, hashable, parse, resolve
+from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, without_docstring
 from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
 from . import _made
@@ -630,9 +630,7 @@ class KernelReverser(FieldReverser):
                 self.narrow[p] = False
 
     def run(self) -> ast.FunctionDef:
-        body = self.tree.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-            body = body[1:]  # the docstring
+        body = without_docstring(self.tree.body)
         body = self.without_return(body)
         read = sorted({n.value.id for n in ast.walk(self.tree) if isinstance(n, ast.Subscript)
                        and isinstance(n.value, ast.Name) and n.value.id in self.constant_fields})

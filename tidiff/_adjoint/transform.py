@@ -39,7 +39,7 @@ from .._lang.naming import RULE_HELPERS, TAICHI, Namer, helper_name, names_in, s
 from .._lang.nodes import assign as _assign
 from .._lang.nodes import call, taichi, zero_of
 from .._lang.nodes import name as _name
-from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call
+from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call, without_docstring
 from .._lang.rebinding import rebound_call
 from .._lang.sym import Sym, helpers
 from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, Callee, Sort, callable_rule, classify
@@ -125,9 +125,7 @@ class Reverser(ControlFlow):
         args = self.tree.args
         if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
             raise NotReversible("a parameter list with *args, **kwargs or keyword-only parameters")
-        body = self.tree.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-            body = body[1:]  # the docstring
+        body = without_docstring(self.tree.body)
         if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
             raise NotReversible("no single return statement at the end")
         for stmt in body[:-1]:

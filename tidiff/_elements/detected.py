@@ -31,7 +31,7 @@ import numpy as np
 import taichi as ti
 
 from .._arrays import to_numpy
-from .._lang.parse import parse
+from .._lang.parse import parse, without_docstring
 from .._signature import ArgSpec
 
 _ATOMICS = (ti.atomic_add, ti.atomic_sub, ti.atomic_min, ti.atomic_max)
@@ -67,7 +67,7 @@ class KernelPattern:
         self.namespace, self.constants, self.name = parsed.namespace, fn.constants, fn.name
         self.input, self.output = fn.inputs[p], fn.outputs[0]
         self.arrays = set(fn.inputs) | set(fn.outputs) | {n for n, v in fn.constants.items() if np.ndim(v) > 0}
-        body = [s for s in parsed.tree.body if not _docstring(s)]
+        body = without_docstring(parsed.tree.body)
         loops = [s for s in body if isinstance(s, ast.For)]
         if len(loops) != 1:
             raise NotDetected(f"it has {len(loops)} top-level loops, not one")
@@ -304,10 +304,6 @@ class _Env:
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             return int(value)
         raise NotDetected(f"the name `{name}` in an index (not an integer known at launch)")
-
-
-def _docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
 
 def _unstatic(node: ast.expr) -> ast.expr:

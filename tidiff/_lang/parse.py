@@ -89,6 +89,13 @@ def parse(f: Any) -> Parsed:
     return Parsed(tree, filename, first_line, namespace, form)
 
 
+def without_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
+    """A function's statements after its docstring (a leading string constant), if it has one."""
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        return body[1:]
+    return body
+
+
 MISSING = object()
 
 

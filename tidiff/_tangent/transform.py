@@ -20,7 +20,7 @@ from .._lang.activity import active_variables, loaded_names, local_names, root_n
 from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name
 from .._lang.compile import info
 from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
-from .._lang.parse import MISSING, Parsed, positional, resolve
+from .._lang.parse import MISSING, Parsed, positional, resolve, without_docstring
 from .._lang.rebinding import rename_rebindings
 from .._lang.sym import Sym, zero_like
 from .._rules.calls import Callee, Sort, callable_rule, classify
@@ -147,9 +147,7 @@ class Transformer:
         for param in self.params:
             if param in self.active and param not in self.active_params:
                 self.emit(_assign(self.namer.tangent(param), zero_like(_name(param)).node))
-        body = self.tree.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-            body = body[1:]  # the docstring
+        body = without_docstring(self.tree.body)
         for stmt in body:
             self.statement(stmt)
         self.lane_cost = lane_cost(self.block, set(self.namer.tangents.values()), self._callee_cost)
