@@ -58,15 +58,15 @@ def _pattern(sparsity: Any, shape: tuple[int, int], call: str) -> Any:
 def colour_columns(pattern: Any) -> np.ndarray:
     """A colour per column such that no two columns of one colour share a row (greedy, natural order)."""
     conflicts = (pattern.T @ pattern).tocsr()  # columns sharing a row
-    n = pattern.shape[1]
-    colours = np.full(n, -1, np.int64)
-    ptr, idx = conflicts.indptr, conflicts.indices
-    for j in range(n):
-        taken = colours[idx[ptr[j]:ptr[j + 1]]]
-        used = np.zeros(len(taken) + 2, bool)
-        used[taken[(taken >= 0) & (taken < len(used))]] = True
-        colours[j] = int(np.argmin(used))
-    return colours
+    ptr, idx = conflicts.indptr.tolist(), conflicts.indices.tolist()
+    colours = [-1] * pattern.shape[1]
+    for j in range(len(colours)):
+        taken = {colours[k] for k in idx[ptr[j]:ptr[j + 1]]}
+        c = 0
+        while c in taken:
+            c += 1
+        colours[j] = c
+    return np.asarray(colours, np.int64)
 
 
 def star_colours(pattern: Any) -> np.ndarray:
