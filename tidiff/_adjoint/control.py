@@ -496,15 +496,18 @@ _SHAPE_ONLY = {"sum_to": 1, "zeros_like": 0}  # rule helpers reading an argument
 
 
 def _reads(code: list[ast.stmt], names: set[str]) -> bool:
-    """Whether ``code`` reads the value of one of ``names`` (not just its type, as ``sum_to(v, like)`` does)."""
-    skipped: set[int] = set()
-    for node in (n for stmt in code for n in ast.walk(stmt)):
+    """Whether ``code`` reads the value of one of ``names`` (not just its type, as ``sum_to(v, like)`` does).
+    Walked occurrence by occurrence: generated code may hold one node object in several places (``sum_to(ct *
+    h, h)`` with both ``h`` one node), and only the occurrence in the shape-only position is skipped."""
+    def reads(node: ast.AST) -> bool:
+        if isinstance(node, ast.Name):
+            return isinstance(node.ctx, ast.Load) and node.id in names
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SHAPE_ONLY \
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == RULE_HELPERS \
                 and len(node.args) > _SHAPE_ONLY[node.func.attr]:
-            skipped.add(id(node.args[_SHAPE_ONLY[node.func.attr]]))
-    for node in (n for stmt in code for n in ast.walk(stmt)):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names \
-                and id(node) not in skipped:
-            return True
-    return False
+            skip = _SHAPE_ONLY[node.func.attr]
+            return any(reads(a) for k, a in enumerate(node.args) if k != skip) or any(
+                reads(k.value) for k in node.keywords)
+        return any(reads(child) for child in ast.iter_child_nodes(node))
+
+    return any(reads(stmt) for stmt in code)
