@@ -309,17 +309,29 @@ def with_tan_product():
         yr[None] *= 1.0 + ti.tan(xr[i])  # a product into a field: Taichi's reverse mode, which refuses ti.tan
 
 
+@ti.kernel
+def seeded_tan_product():
+    for _ in range(1):  # a parallel loop beside the serialized one: the kernel is not taken as one iteration
+        yr[None] = 2.0
+    ti.loop_config(serialize=True)
+    for i in range(4):
+        yr[None] *= 1.0 + ti.tan(xr[i])
+
+
 def tan_product():
     seed_product()
     with_tan_product()
 
 
 def test_reverse_mode_names_the_kernel_taichi_cannot_reverse_and_forward_mode_works():
-    F = td.function(tan_product, inputs=[xr], outputs=[yr])
+    F = td.function(seeded_tan_product, inputs=[xr], outputs=[yr])
     x = np.array([0.3, -0.7, 1.1, 0.45])
-    with pytest.raises(td.TransformError, match=r"the kernel `with_tan_product` in reverse mode: .*ti\.tan"):
+    with pytest.raises(td.TransformError, match=r"the kernel `seeded_tan_product` in reverse mode: .*ti\.tan"):
         td.grad(F)(x)
     _, dy = td.jvp(F, (x,), (np.ones(4),))
     product = 2.0 * np.prod(1.0 + np.tan(x))
-    assert dy == pytest.approx(product * np.sum(1 / np.cos(x) ** 2 / (1.0 + np.tan(x))), rel=1e-12)
+    exact = product / np.cos(x) ** 2 / (1.0 + np.tan(x))
+    assert dy == pytest.approx(exact.sum(), rel=1e-12)
     assert not xr.to_numpy().any() and yr[None] == 0.0
+    # every loop serialized: one iteration around a runtime loop (NOTE: [Serialized kernels as one iteration])
+    np.testing.assert_allclose(td.grad(td.function(tan_product, inputs=[xr], outputs=[yr]))(x), exact, rtol=1e-12)

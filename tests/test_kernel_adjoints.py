@@ -890,3 +890,46 @@ def test_fields_in_lists_and_tuples_are_reversed_by_tidiff():
         for j in range(2):
             np.testing.assert_allclose(jac[i][j], want[i][j].numpy(), rtol=1e-13, atol=1e-15)
     assert fn.memo.peek("reverse verdict") is None
+
+
+sx, sy, sloss = ti.field(ti.f64, 9, needs_grad=True), ti.field(ti.f64, 9, needs_grad=True), ti.field(
+    ti.f64, (), needs_grad=True)
+
+
+@ti.kernel
+def serial_scan():
+    h = 0.0
+    ti.loop_config(serialize=True)
+    for i in range(9):
+        h = 0.8 * h * ti.cos(h) + ti.sin(sx[i])
+        sy[i] = h * sx[i]
+
+
+@ti.kernel
+def scan_loss():
+    for i in sy:
+        sloss[None] += sy[i] ** 2
+
+
+def torch_serial_scan(x):
+    h, total = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    for v in x:
+        h = 0.8 * h * torch.cos(h) + torch.sin(v)
+        total = total + (h * v) ** 2
+    return total
+
+
+def test_a_serialized_loop_carrying_a_value_in_a_field_program():
+    """NOTE: [Serialized kernels as one iteration]: Taichi's reverse mode refuses the kernel (a top-level value
+    assigned in its loop); tidiff takes it as one iteration around a runtime loop."""
+    assert isinstance(vjp_kernel(serial_scan), KernelAdjoint)
+
+    def program():
+        serial_scan()
+        scan_loss()
+
+    F = td.function(program, inputs=[sx], outputs=[sloss])
+    x = np.linspace(-1.2, 1.4, 9)
+    want = torch.autograd.functional.jacobian(torch_serial_scan, torch.tensor(x)).numpy()
+    np.testing.assert_allclose(td.grad(F)(x), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(td.jacfwd(F)(x), want, rtol=1e-10, atol=1e-12)
