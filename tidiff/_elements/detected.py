@@ -24,7 +24,7 @@ import ast
 import builtins
 import itertools
 import operator
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ import taichi as ti
 
 from .._arrays import to_numpy
 from .._lang.parse import parse, without_docstring
+from .._lang.rebinding import bound_in
 from .._signature import ArgSpec
 
 _ATOMICS = (ti.atomic_add, ti.atomic_sub, ti.atomic_min, ti.atomic_max)
@@ -77,7 +78,7 @@ class KernelPattern:
             self._no_array_reads(s, "a statement outside the loop")
         self.targets = _names(self.loop.target, "the loop's target")
         self.assigned = _assigned_once(parsed.tree)
-        shared = _bound(self.top) & _bound(self.loop.body)
+        shared = bound_in(self.top) & bound_in(self.loop.body)
         if shared:
             raise NotDetected(f"its loop updates `{sorted(shared)[0]}`, a variable of the kernel's top level (a value "
                               "carried between iterations)")
@@ -319,18 +320,6 @@ def _names(target: ast.expr, what: str) -> list[str]:
     if not all(isinstance(e, ast.Name) for e in elts):
         raise NotDetected(f"{what} `{ast.unparse(target)}`")
     return [e.id for e in elts if isinstance(e, ast.Name)]
-
-
-def _bound(body: Iterable[ast.stmt]) -> set[str]:
-    """Names a block binds (``=``, ``+=``, a loop's target)."""
-    names: set[str] = set()
-    for stmt in body:
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                names.add(node.id)
-            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-                names.add(node.target.id)
-    return names
 
 
 def _assigned_once(tree: ast.FunctionDef) -> dict[str, ast.expr]:

@@ -55,7 +55,7 @@ from collections.abc import Iterable
 from .naming import RULE_HELPERS, Namer
 
 
-def _bound_in(stmts: Iterable[ast.AST]) -> set[str]:
+def bound_in(stmts: Iterable[ast.AST]) -> set[str]:
     """Names bound anywhere in ``stmts``, nested blocks included."""
     names: set[str] = set()
     for stmt in stmts:
@@ -70,7 +70,7 @@ def _bound_here(stmt: ast.stmt) -> set[str]:
     a loop's body and counter) to that block."""
     targets = stmt.targets if isinstance(stmt, ast.Assign) else \
         [stmt.target] if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) else []
-    return _bound_in(targets)
+    return bound_in(targets)
 
 
 def _simple(stmt: ast.stmt) -> str | None:
@@ -88,7 +88,7 @@ def _last_bound_otherwise(block: list[ast.stmt]) -> dict[str, int]:
     last: dict[str, int] = {}
     for k, stmt in enumerate(block):
         if _simple(stmt) is None:
-            for name in _bound_in([stmt]):
+            for name in bound_in([stmt]):
                 last[name] = k
     return last
 
@@ -127,7 +127,7 @@ def _leaves_early(block: list[ast.stmt]) -> bool:
 def _nested_renamed(stmt: ast.stmt, bound: set[str], namer: Namer, keep: frozenset[str]) -> ast.stmt:
     """A loop or branch whose blocks are renamed (NOTE: [Rebinding in loops]); other statements as they are."""
     if isinstance(stmt, (ast.For, ast.While, ast.If)):
-        inner = bound | _bound_in([stmt.target]) if isinstance(stmt, ast.For) else bound
+        inner = bound | bound_in([stmt.target]) if isinstance(stmt, ast.For) else bound
         body = stmt.body if _leaves_early(stmt.body) else _renamed(stmt.body, inner, namer, True, keep)
         orelse = stmt.orelse if _leaves_early(stmt.orelse) else _renamed(stmt.orelse, inner, namer, True, keep)
         renamed = type(stmt)(**{**{f: getattr(stmt, f) for f in stmt._fields}, "body": body, "orelse": orelse})
@@ -169,7 +169,7 @@ def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: b
         name = _simple(stmt)
         if name is None or name not in bound:
             if name is None:  # a loop, branch or unpacking binds these by their own names from here on
-                rebinds = sorted(_bound_in([stmt]) & set(current))
+                rebinds = sorted(bound_in([stmt]) & set(current))
                 if isinstance(stmt, (ast.For, ast.While, ast.If)):  # each path starts from the last value
                     _read_once_before(stmt, reads)
                     out += [ast.Assign([ast.Name(n, ast.Store())], ast.Name(current.pop(n), ast.Load()))
@@ -182,7 +182,7 @@ def _renamed(block: list[ast.stmt], outer: set[str], namer: Namer, write_back: b
             out.append(reads.visit(_nested_renamed(stmt, bound, namer, keep)))
             if isinstance(stmt, (ast.For, ast.While, ast.If)) and not (write_back and k == len(block) - 1):
                 # after the last loop or branch binding them (not where the block ends: written back at once)
-                out += _copies(sorted(n for n in _bound_in(stmt.body + stmt.orelse) & bound if last_other[n] == k),
+                out += _copies(sorted(n for n in bound_in(stmt.body + stmt.orelse) & bound if last_other[n] == k),
                                current, namer)
             bound |= _bound_here(stmt) - keep
             continue
