@@ -85,10 +85,11 @@ class If:
 
 @dataclass(frozen=True)
 class Loop:
-    kind: str  # "static", "range", "while"
+    kind: str  # "static", "range", "while", "runtime" (range(count) with a bound known only when it runs)
     var: str
     count: int
     body: tuple
+    bound: str = ""  # "runtime": a value read for the bound, as `range(count + 0 * int(value))`
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,11 @@ def _walk_expr(e):
 
 # -- what may be drawn --------------------------------------------------------------------------
 
-STATEMENTS = ("assign", "aug", "entry_write", "unpack", "if", "static_for", "range_for", "while")
+# runtime_for: a for loop whose bound the transforms cannot evaluate (reversed with its carried values recomputed,
+# where range_for's constant bound is unrolled; long run at 99050c0's successors: never drawn before, and
+# reverse mode read a carried value's final value through products, tests/test_reverse_control.py)
+STATEMENTS = ("assign", "aug", "entry_write", "unpack", "if", "static_for", "range_for", "while", "runtime_for")
+LOOPS = ("static_for", "range_for", "while", "runtime_for")
 
 
 @dataclass(frozen=True)
@@ -368,9 +373,9 @@ def draw_statement(draw, scope, in_block, block_depth):
     kinds = [k for k in g.statements
              if (k != "assign" or not in_block or scope.locals)
              and (k != "unpack" or not in_block or len(scope.locals) >= 2)
-             and (k not in ("aug", "if", "static_for", "range_for", "while") or scope.locals)
+             and (k not in ("aug", "if", *LOOPS) or scope.locals)
              and (k != "entry_write" or any(s != () for _, s in scope.locals))
-             and (k not in ("if", "static_for", "range_for", "while") or block_depth < 2)]
+             and (k not in ("if", *LOOPS) or block_depth < 2)]
     kind = kinds[_index(draw, len(kinds))]
     depth = g.max_depth
     if kind == "assign":
@@ -402,13 +407,17 @@ def draw_statement(draw, scope, in_block, block_depth):
         body = _draw_block(draw, scope, 1, block_depth + 1)
         orelse = _draw_block(draw, scope, 0, block_depth + 1)
         return If(cond, threshold, body, orelse)
-    loop_kind = {"static_for": "static", "range_for": "range", "while": "while"}[kind]
+    loop_kind = {"static_for": "static", "range_for": "range", "while": "while", "runtime_for": "runtime"}[kind]
     count = draw(st.integers(1, 3))
+    bound = ""
+    if loop_kind == "runtime":
+        name, S = scope.env[_index(draw, len(scope.env))]
+        bound = name if S == () else f"{name}[{', '.join('0' for _ in S)}]"
     var = scope.fresh("i" if loop_kind != "while" else "j")
     scope.loops.append((var, count, loop_kind))
     body = _draw_block(draw, scope, 1, block_depth + 1)
     scope.loops.pop()
-    return Loop(loop_kind, var, count, body)
+    return Loop(loop_kind, var, count, body, bound)
 
 
 def _draw_unpack(draw, scope, in_block, depth):

@@ -85,7 +85,8 @@ def statements(block, indent):
                 lines.extend(statements(s.body, indent + 1))
                 lines.append(f"{pad}    {s.var} += 1")
             else:
-                loop = f"ti.static(range({s.count}))" if s.kind == "static" else f"range({s.count})"
+                loop = f"ti.static(range({s.count}))" if s.kind == "static" else f"range({s.count})" \
+                    if s.kind == "range" else f"range({s.count} + 0 * int({s.bound}))"
                 lines.append(f"{pad}for {s.var} in {loop}:")
                 lines.extend(statements(s.body, indent + 1))
         else:
