@@ -31,6 +31,7 @@ from .compare import Mismatch, as_numpy, assert_values_close
 from .crashes import CURRENT_ENV, known_error
 from .grammar import Program
 from .oracle import broadcast_all, leaves, per_element
+from .pitfall_warning import TaichiPitfallWarning
 
 MAX_ELEMENTS = 4
 """Batch elements per example: the oracle loops over them in Python (NOTE: [Oracle per element])."""
@@ -134,10 +135,6 @@ class Case:
 
 
 PITFALL_LOG_ENV = "TIDIFF_CONFORMANCE_PITFALL_LOG"
-
-
-class TaichiPitfallWarning(UserWarning):
-    """A drawn program hit a Taichi miscompile: rejected, not counted as a tidiff failure."""
 
 
 def record_pitfall(pitfall: Exception) -> None:

@@ -8,8 +8,9 @@ import taichi as ti
 from hypothesis import given, settings
 from hypothesis.errors import Unsatisfiable
 
-from .cases import PITFALL_LOG_ENV, Case, TaichiPitfallWarning
+from .cases import PITFALL_LOG_ENV, Case
 from .crashes import CURRENT_ENV, TAICHI_ALONE, known_crash, known_error
+from .pitfall_warning import TaichiPitfallWarning
 
 
 def test_a_known_message_names_the_taichi_bug():
