@@ -101,6 +101,7 @@ IMPORTS_INSIDE_FUNCTIONS = {
     ("__init__.py", "importlib"): "td.torch loads on first use: it imports torch, an optional dependency",
     ("_elements/colouring.py", "scipy.sparse"): "scipy is optional (tidiff[sparse]): only sparse results need it",
     ("_elements/pattern.py", "scipy.sparse"): "scipy is optional (tidiff[sparse]): only the scipy formats need it",
+    ("_elements/detected.py", "scipy.sparse"): "scipy is optional (tidiff[sparse]): only sparse results need it",
     ("_kinds/ndarray.py", "torch"): "torch is optional: ndarray kernels run on NumPy arrays without it",
     ("_testing/against_torch.py", "torch"): "torch is optional: only check_against_torch needs it",
     ("_testing/strategies.py", "hypothesis"): "hypothesis is a test dependency, not a dependency of tidiff",

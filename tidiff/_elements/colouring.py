@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .._api import hvp, jvp
+from .._kinds.ndarray import NdarrayFunction
 from .._protocol import Function, as_function, require_taichi
 from .._tree import leaves
 from .detected import KernelPattern, NotDetected
@@ -236,8 +237,6 @@ def coloured(f: Any, argnums: int, sparsity: Any, format: str, second: bool, cal
 def detected(f: Any, argnums: Any, format: str, second: bool, call: str) -> ColouredDerivative | None:
     """The coloured derivative of an ndarray kernel whose pattern its index expressions give (NOTE: [Patterns from
     index expressions]); None for any other function. A kernel whose pattern cannot be read is a TypeError."""
-    from .._kinds.ndarray import NdarrayFunction
-
     if not isinstance(f, NdarrayFunction):
         return None
     if isinstance(argnums, bool) or not isinstance(argnums, int):
