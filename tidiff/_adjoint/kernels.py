@@ -263,10 +263,10 @@ def in_one_iteration(tree: ast.FunctionDef, namespace: dict[str, Any]) -> ast.Fu
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     counter = next(f"_once{k}" for k in itertools.count() if f"_once{k}" not in names)
     once = ast.For(ast.Name(counter, ast.Store()), ast.Call(ast.Name("range", ast.Load()), [ast.Constant(1)], []),
-                   [stmt for stmt in copy.deepcopy(body) if not serializes(stmt)], [])
-    wrapped = copy.deepcopy(tree)
-    wrapped.body = [once, *copy.deepcopy(last)]
-    return ast.fix_missing_locations(wrapped)
+                   [stmt for stmt in body if not serializes(stmt)], [])
+    wrapped = copy.copy(tree)
+    wrapped.body = [once, *last]
+    return ast.fix_missing_locations(copy.deepcopy(wrapped))
 
 
 def _field_made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:

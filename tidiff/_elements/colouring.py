@@ -70,13 +70,20 @@ def colour_columns(pattern: Any) -> np.ndarray:
     return np.asarray(colours, np.int64)
 
 
-def star_colours(pattern: Any) -> np.ndarray:
-    """A star colouring (NOTE: [Star colouring]) of the graph of a symmetric pattern's off-diagonal entries."""
+def _off_diagonal(pattern: Any) -> Any:
+    """The graph of a pattern's off-diagonal entries, both ways, as CSR with ones."""
     import scipy.sparse as sparse
 
     adjacency = sparse.csr_matrix(pattern + pattern.T)
     adjacency.setdiag(0)
     adjacency.eliminate_zeros()
+    adjacency.data[:] = 1
+    return adjacency
+
+
+def star_colours(pattern: Any) -> np.ndarray:
+    """A star colouring (NOTE: [Star colouring]) of the graph of a symmetric pattern's off-diagonal entries."""
+    adjacency = _off_diagonal(pattern)
     ptr, idx = adjacency.indptr, adjacency.indices
     n = adjacency.shape[0]
     neighbours = [idx[ptr[v]:ptr[v + 1]].tolist() for v in range(n)]
@@ -129,12 +136,9 @@ def symmetric_gather(pattern: Any, colours: np.ndarray) -> np.ndarray:
     import scipy.sparse as sparse
 
     n = pattern.shape[0]
-    adjacency = sparse.csr_matrix(pattern + pattern.T)
-    adjacency.setdiag(0)
-    adjacency.eliminate_zeros()
-    adjacency.data[:] = 1
     count = int(colours.max()) + 1 if colours.size else 0
-    by_colour = (adjacency @ sparse.csr_matrix((np.ones(n), (np.arange(n), colours)), shape=(n, count))).tocsr()
+    of_colour = sparse.csr_matrix((np.ones(n), (np.arange(n), colours)), shape=(n, count))
+    by_colour = (_off_diagonal(pattern) @ of_colour).tocsr()
     rows = pattern.indices
     cols = np.repeat(np.arange(n), np.diff(pattern.indptr))
     alone = (np.asarray(by_colour[rows, colours[cols]]).ravel() == 1) | (rows == cols)
@@ -154,14 +158,18 @@ def _symmetric_colouring(pattern: Any) -> tuple[Any, np.ndarray]:
     return symmetric, star if star.max(initial=0) <= distance2.max(initial=0) else distance2
 
 
+def _one_argnum(argnums: Any, call: str) -> None:
+    if isinstance(argnums, bool) or not isinstance(argnums, int):
+        raise TypeError(f"{call}: argnums must be one int; got {argnums!r}")
+
+
 class ColouredDerivative:
     """``td.sparse_jacobian(f, sparsity=...)`` / ``td.sparse_hessian(f, sparsity=...)``: one product per colour."""
 
     def __init__(self, fn: Function, argnums: int, sparsity: Any, format: str, second: bool, call: str) -> None:
         if format not in ("csr", "csc"):
             raise ValueError(f"{call}: with sparsity= the format is 'csr' or 'csc'; got {format!r}")
-        if isinstance(argnums, bool) or not isinstance(argnums, int):
-            raise TypeError(f"{call}: argnums must be one int; got {argnums!r}")
+        _one_argnum(argnums, call)
         self.fn, self.p, self.sparsity, self.format, self.second = fn, argnums, sparsity, format, second
         self.call = call
         # by shape (and the integer arrays indices read): colours, the result's pattern, where its entries lie
@@ -183,19 +191,20 @@ class ColouredDerivative:
                             f"{batch.shape + outs[0].shape}")
         rows = x.size if self.second else out_size
         shape = (rows, x.size)
-        key: tuple[Any, ...] = shape
         if isinstance(self.sparsity, KernelPattern):  # NOTE: [Patterns from index expressions]
-            integers = self.sparsity.integers(batch.specs, batch.arrays)
-            key = (shape, *((n, v.shape, hashlib.blake2b(v.tobytes()).digest()) for n, v in sorted(integers.items())))
+            read = self.sparsity
+            integers = read.integers(batch.specs, batch.arrays)
+            key: tuple[Any, ...] = (shape, *((n, v.shape, hashlib.blake2b(v.tobytes()).digest())
+                                             for n, v in sorted(integers.items())))
+            by_name = {s.name: s for s in (*batch.specs, *outs)}
+            make = lambda: read.pattern(by_name, integers, self.second, self.call)  # noqa: E731
+        else:
+            key = shape
+            make = lambda: _pattern(self.sparsity, shape, self.call)  # noqa: E731
         if key not in self.coloured:
-            if isinstance(self.sparsity, KernelPattern):
-                by_name = {s.name: s for s in (*batch.specs, *outs)}
-                pattern = self.sparsity.pattern(by_name, integers, self.second, self.call)
-            else:
-                pattern = _pattern(self.sparsity, shape, self.call)
             if len(self.coloured) >= 8:  # a mesh changing every call: the oldest patterns go
                 del self.coloured[next(iter(self.coloured))]
-            self.coloured[key] = self._plan(pattern)
+            self.coloured[key] = self._plan(make())
         colours, template, gather = self.coloured[key]
         dtype = x.dtype if x.dtype.kind == "f" else np.float64
         count = int(colours.max()) + 1 if colours.size else 0
@@ -239,8 +248,7 @@ def detected(f: Any, argnums: Any, format: str, second: bool, call: str) -> Colo
     index expressions]); None for any other function. A kernel whose pattern cannot be read is a TypeError."""
     if not isinstance(f, NdarrayFunction):
         return None
-    if isinstance(argnums, bool) or not isinstance(argnums, int):
-        raise TypeError(f"{call}: argnums must be one int; got {argnums!r}")
+    _one_argnum(argnums, call)
     if not -len(f.inputs) <= argnums < len(f.inputs):
         raise ValueError(f"{call}: argnums {argnums} is out of range for {f.name}'s {len(f.inputs)} inputs")
     if len(f.outputs) != 1:
@@ -248,6 +256,5 @@ def detected(f: Any, argnums: Any, format: str, second: bool, call: str) -> Colo
     try:
         pattern = KernelPattern(f, argnums % len(f.inputs))
     except NotDetected as reason:
-        raise TypeError(f"{call}: the sparsity of {f.name} is not read from its code: {reason}; give it as "
-                        "sparsity= (the pattern)") from None
+        raise reason.refusal(call, f.name) from None
     return ColouredDerivative(f, argnums, pattern, format, second, call)

@@ -21,7 +21,6 @@ given as ``sparsity=``.
 from __future__ import annotations
 
 import ast
-import builtins
 import itertools
 import operator
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +30,7 @@ import numpy as np
 import taichi as ti
 
 from .._arrays import to_numpy
-from .._lang.parse import parse, without_docstring
+from .._lang.parse import parse, resolve, without_docstring
 from .._lang.rebinding import bound_in
 from .._signature import ArgSpec
 
@@ -43,6 +42,11 @@ _BINARY: dict[type, Callable[[Any, Any], Any]] = {
 
 class NotDetected(Exception):
     """Why a kernel's pattern cannot be read from its code."""
+
+    def refusal(self, call: str, name: str) -> TypeError:
+        """The error a user gets, naming the kernel, the reason and what to do instead."""
+        return TypeError(f"{call}: the sparsity of {name} is not read from its code: {self}; give it as sparsity= "
+                         "(the pattern)")
 
 
 class _Access:
@@ -83,17 +87,10 @@ class KernelPattern:
             raise NotDetected(f"its loop updates `{sorted(shared)[0]}`, a variable of the kernel's top level (a value "
                               "carried between iterations)")
         self.atomics = {id(node.args[0]) for node in ast.walk(self.loop) if isinstance(node, ast.Call) and node.args
-                        and self.resolve(node.func) in _ATOMICS}
+                        and resolve(node.func, self.namespace) in _ATOMICS}
         self.reads: list[_Access] = []
         self.writes: list[_Access] = []
         self._collect(self.loop.body, ())
-
-    def resolve(self, node: ast.expr) -> Any:
-        if isinstance(node, ast.Name):
-            return self.namespace.get(node.id, getattr(builtins, node.id, None))
-        if isinstance(node, ast.Attribute):
-            return getattr(self.resolve(node.value), node.attr, None)
-        return None
 
     def _no_array_reads(self, node: ast.AST, where: str) -> None:
         for sub in ast.walk(node):
@@ -149,8 +146,7 @@ class KernelPattern:
         try:
             return self._pattern(shapes, integers, hessian)
         except NotDetected as reason:
-            raise TypeError(f"{call}: the sparsity of {self.name} is not read from its code: {reason}; give it "
-                            "as sparsity= (the pattern)") from None
+            raise reason.refusal(call, self.name) from None
 
     def _pattern(self, shapes: dict[str, tuple[int, ...]], integers: dict[str, np.ndarray], hessian: bool) -> Any:
         import scipy.sparse as sparse
@@ -244,7 +240,7 @@ class _Env:
         if isinstance(it, ast.Name) and it.id in self.shapes:  # for i, j in u: over u's shape
             return [range(n) for n in self.shapes[it.id]]
         if isinstance(it, ast.Call) and not it.keywords:
-            callee = self.kernel.resolve(it.func)
+            callee = resolve(it.func, self.kernel.namespace)
             if callee is range:
                 return [range(*(self._int(a, scope) for a in it.args))]
             if callee is ti.ndrange:
@@ -276,7 +272,7 @@ class _Env:
                 and isinstance(node.value.value, ast.Name) and node.value.value.id in self.shapes:
             return self.shapes[node.value.value.id][self._int(node.slice, scope)]
         if isinstance(node, ast.Call) and len(node.args) == 2 and not node.keywords:
-            callee = self.kernel.resolve(node.func)
+            callee = resolve(node.func, self.kernel.namespace)
             if callee in (min, ti.min):
                 return np.minimum(self.value(node.args[0], scope), self.value(node.args[1], scope))
             if callee in (max, ti.max):
