@@ -338,8 +338,8 @@ def _near_tie(func, args, kwargs) -> bool:
     if values.ndim == 0 or values.shape[0] < 2:
         return False
     ordered = np.sort(values, axis=0)
-    gaps = np.abs(np.diff(ordered, axis=0))
-    return bool(np.any((gaps > 0) & (gaps <= 1e-9 * np.maximum(1.0, np.abs(ordered[1:])))))
+    apart = ordered[1:] != ordered[:-1]  # an exact tie is a convention (NOTE: [Ties]), not a jump
+    return _within_rounding(ordered[1:][apart], ordered[:-1][apart])
 
 
 def _at_a_jump(func, args) -> bool:
@@ -356,5 +356,6 @@ def _at_a_branch(value, threshold: float) -> bool:
 
 
 def _within_rounding(y: np.ndarray, jump) -> bool:
-    """Whether some entry of ``y`` is within 1e-9 of its size (at least 1) of ``jump``."""
+    """Whether some entry of ``y`` is within 1e-9 of its size (at least 1) of ``jump`` (a value, or one per
+    entry)."""
     return bool(np.any(np.abs(y - jump) <= 1e-9 * np.maximum(1.0, np.abs(y))))
