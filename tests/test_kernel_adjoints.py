@@ -892,6 +892,90 @@ def test_fields_in_lists_and_tuples_are_reversed_by_tidiff():
     assert fn.memo.peek("reverse verdict") is None
 
 
+dict_x, dict_out = ti.field(ti.f64, 4, needs_grad=True), ti.field(ti.f64, 4, needs_grad=True)
+NUMBERED = {0: ti.field(ti.f64, 4, needs_grad=True), 1: ti.field(ti.f64, 4, needs_grad=True)}
+NAMED, NAMES = {"u": NUMBERED[0], "v": NUMBERED[1]}, ("u", "v")
+
+
+@ti.kernel
+def through_dicts():
+    for i in dict_x:
+        for k in ti.static(range(2)):  # a dict of fields at a static loop's counter, over numbers and names
+            NUMBERED[k][i] = ti.sin(dict_x[i]) * (k + 1.5)
+    for i in dict_x:
+        s = 0.0
+        for key in ti.static(NAMES):
+            s += NAMED[key][i]
+        dict_out[i] = s * dict_x[(i + 1) % 4]
+
+
+def test_fields_in_dicts_in_both_modes():
+    """Forward mode gave these a zero tangent (no error) and reverse mode fell back to Taichi's kernel.grad."""
+    assert isinstance(vjp_kernel(through_dicts), KernelAdjoint)
+    fn = td.function(through_dicts, inputs=[dict_x], outputs=[dict_out])
+    x = np.linspace(-0.9, 1.3, 4)
+    want = torch.autograd.functional.jacobian(lambda z: 4 * torch.sin(z) * torch.roll(z, -1), torch.tensor(x))
+    np.testing.assert_allclose(td.jacrev(fn)(x), want.numpy(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(td.jacfwd(fn)(x), want.numpy(), rtol=1e-13, atol=1e-15)
+    assert fn.memo.peek("reverse verdict") is None
+
+
+fx, fy, fz, tally = (ti.field(ti.f64, 5, needs_grad=True) for _ in range(4))
+MODE = 1
+
+
+@ti.func
+def pushed(i, v):
+    tally[i] += v
+    return ti.sin(v) * fx[i]
+
+
+@ti.func
+def settled(i):
+    if ti.static(MODE == 1):  # Taichi takes a return in a static branch
+        tally[i] += fx[i] ** 2
+        return ti.exp(fx[i])
+    return fx[i]
+
+
+@ti.kernel
+def funcs_writing_fields():
+    for i in fx:
+        fy[i] = pushed(i, fx[i] ** 2) if i % 2 == 0 else fx[i]  # Taichi writes the field on either side
+        fz[i] = settled(i) * fx[i]
+
+
+@ti.kernel
+def clear_tally():
+    for i in tally:
+        tally[i] = 0.0
+
+
+def run_funcs_writing_fields():
+    clear_tally()
+    funcs_writing_fields()
+
+
+def test_funcs_writing_fields_in_a_conditional_expression_or_returning_in_a_static_branch():
+    """NOTE: [Funcs in conditional expressions] and NOTE: [Static branches taken when inlining]: written out in
+    the kernel as Taichi compiles them; they fell back to Taichi's kernel.grad."""
+    assert isinstance(vjp_kernel(funcs_writing_fields), KernelAdjoint)
+    fn = td.function(run_funcs_writing_fields, inputs=[fx], outputs=[fy, fz, tally])
+    even = torch.arange(5) % 2 == 0
+
+    def twin(x):
+        return torch.where(even, torch.sin(x ** 2) * x, x), torch.exp(x) * x, 2 * x ** 2
+
+    x = np.linspace(-1.1, 0.8, 5)
+    for got, want in zip(fn(x), twin(torch.tensor(x)), strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-14, atol=1e-15)
+    wants = torch.autograd.functional.jacobian(twin, torch.tensor(x))
+    for transform in (td.jacrev, td.jacfwd):
+        for got, want in zip(transform(fn)(x), wants, strict=True):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-13, atol=1e-15)
+    assert fn.memo.peek("reverse verdict") is None
+
+
 sx, sy, sloss = ti.field(ti.f64, 9, needs_grad=True), ti.field(ti.f64, 9, needs_grad=True), ti.field(
     ti.f64, (), needs_grad=True)
 

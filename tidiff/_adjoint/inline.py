@@ -26,12 +26,28 @@ a fresh one bound there. A func ending in ``return e`` called as
 ``a, b = f(...)``, as a tangent func is, ``a, b = e1, e2``); called inside an expression, it is first
 taken out to ``v = f(...)`` before the statement (``while`` tests become
 ``c = test; while c: ...; c = test``); a func that returns elsewhere and
-calls inside conditional expressions or ``and`` / ``or`` are left as they are (the
-transform then refuses them by name, and Taichi's ``kernel.grad`` runs). A
+calls inside ``and`` / ``or`` are left as they are (the transform then
+refuses them by name, and Taichi's ``kernel.grad`` runs). A
 func of an object (``self.push(i, f)`` in a ``@ti.data_oriented`` class) is
 written out with its object bound (NOTE: [Fields through objects]): ``self.q``
 in its body becomes the field itself. Calls inside inlined bodies are
 inlined in turn, to a depth of eight.
+
+NOTE: [Funcs in conditional expressions] In ``y[i] = f(i, v) if c else e``
+Taichi compiles the func's statements where the call stands, whichever side
+the test takes (a field the func writes is written for every ``i``), and
+evaluates only its returned expression on the side taken (``ifte``). So the
+call's statements are written out before the statement and the call is
+replaced by the returned expression: ``x[i - 1]`` returned for ``i > 0``
+alone is read only there, as in Taichi.
+
+NOTE: [Static branches taken when inlining] Taichi compiles one side of
+``if ti.static(c):`` and nothing after a ``return``, so a func may return
+inside a static branch. Where ``c`` is made of module-level names and
+constants (``MODE == 1``), the func is written out as Taichi compiles it:
+the side ``c`` takes, up to its return. A condition on the func's
+parameters (a template argument) is left as written, and such a func is
+not written out.
 """
 from __future__ import annotations
 
@@ -124,8 +140,47 @@ def _is_fields(obj: object) -> bool:
 
 
 def _body(callee: Any) -> list[ast.stmt]:
-    body = without_docstring(parsed_for(callee).tree.body)
-    return body
+    """A func's statements as Taichi compiles them: a ``ti.static`` branch on what is known now (module-level
+    names and constants) replaced by the side it takes, and nothing after a return (NOTE: [Static branches
+    taken when inlining])."""
+    parsed = parsed_for(callee)
+    local = {a.arg for a in parsed.tree.args.args} | {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name)
+                                                      and isinstance(n.ctx, ast.Store)}
+    return _taken(without_docstring(parsed.tree.body), parsed.namespace, local)
+
+
+def _taken(stmts: list[ast.stmt], namespace: dict[str, Any], local: set[str]) -> list[ast.stmt]:
+    out: list[ast.stmt] = []
+    for stmt in stmts:
+        test = _static_test(stmt.test, namespace, local) if isinstance(stmt, ast.If) else MISSING
+        if isinstance(stmt, ast.If) and test is not MISSING:
+            out += _taken(stmt.body if test else stmt.orelse, namespace, local)
+        else:
+            out.append(stmt)
+        if out and isinstance(out[-1], ast.Return):  # Taichi compiles nothing after a return
+            break
+    return out
+
+
+_KNOWN_NODES = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Load,
+                ast.cmpop, ast.boolop, ast.operator, ast.unaryop, ast.Tuple)
+
+
+def _static_test(test: ast.expr, namespace: dict[str, Any], local: set[str]) -> Any:
+    """The value of ``ti.static(c)``'s ``c`` where it is made of module-level names and constants, else MISSING."""
+    if not (isinstance(test, ast.Call) and resolve(test.func, namespace) is ti.static and len(test.args) == 1
+            and not test.keywords):
+        return MISSING
+    condition = test.args[0]
+    for sub in ast.walk(condition):
+        if not isinstance(sub, _KNOWN_NODES) or isinstance(sub, ast.Name) and (
+                sub.id in local or resolve(sub, namespace) is MISSING):
+            return MISSING
+    try:
+        code = compile(ast.fix_missing_locations(ast.Expression(copy.deepcopy(condition))), "<static test>", "eval")
+        return bool(eval(code, dict(namespace)))  # names checked above: module-level objects and constants
+    except Exception:  # noqa: BLE001 -- Taichi reports what it cannot evaluate when it compiles
+        return MISSING
 
 
 def _writes_fields(callee: Any, seen: set[int]) -> bool:
@@ -189,7 +244,12 @@ def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], sites: _Sites, namer: Na
     out: list[ast.stmt] = []
 
     class Hoist(ast.NodeTransformer):
+        inside_ifexp = 0
+
         def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
+            self.inside_ifexp += 1
+            self.generic_visit(node)
+            self.inside_ifexp -= 1
             return node
 
         def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
@@ -197,11 +257,18 @@ def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], sites: _Sites, namer: Na
 
         def visit_Call(self, node: ast.Call) -> ast.AST:
             self.generic_visit(node)
-            fresh = namer.fresh("inlined")
-            assignment = ast.Assign([ast.Name(fresh, ast.Store())], node)
-            if _site(assignment, namespace, sites) is None:
+            assignment = ast.Assign([ast.Name("_", ast.Store())], node)
+            callee = _site(assignment, namespace, sites)
+            if callee is None:
                 return node
-            out.append(assignment)
+            if self.inside_ifexp:  # NOTE: [Funcs in conditional expressions]
+                body, value = _expanded(node, callee, namespace, namer)
+                if value is None:  # a func returning nothing has no value to select: Taichi refuses it
+                    return node
+                out.extend(body)
+                return value
+            fresh = namer.fresh("inlined")
+            out.append(ast.Assign([ast.Name(fresh, ast.Store())], node))
             return ast.Name(fresh, ast.Load())
 
     hoist = Hoist()
@@ -218,6 +285,17 @@ def _written_out(stmt: ast.Expr | ast.Assign, callee: Any, namespace: dict[str, 
     """The statements a call site stands for (see the NOTE)."""
     call = stmt.value
     assert isinstance(call, ast.Call)
+    body, value = _expanded(call, callee, namespace, namer)
+    if value is not None:
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else ast.Name(namer.fresh("unused"), ast.Store())
+        body.append(ast.Assign([copy.deepcopy(target)], value))
+    return body or [ast.Pass()]
+
+
+def _expanded(call: ast.Call, callee: Any, namespace: dict[str, Any], namer: Namer) -> tuple[list[ast.stmt],
+                                                                                           ast.expr | None]:
+    """The statements of a call of ``callee`` written out, and the value its final ``return`` gives (None where
+    it returns nothing)."""
     parsed = parsed_for(callee)
     params = [a.arg for a in parsed.tree.args.args]
     templates = _template_parameters(parsed.tree, parsed.namespace)
@@ -243,12 +321,8 @@ def _written_out(stmt: ast.Expr | ast.Assign, callee: Any, namespace: dict[str, 
         namespace[fresh] = obj
         renamed[name] = ast.Name(fresh, ast.Load())
     body = [_Renamed(renamed).visit(copy.deepcopy(s)) for s in _body(callee)]
-    if body and isinstance(body[-1], ast.Return):
-        value = body.pop().value
-        if value is not None:
-            target = stmt.targets[0] if isinstance(stmt, ast.Assign) else ast.Name(namer.fresh("unused"), ast.Store())
-            body.append(ast.Assign([copy.deepcopy(target)], value))
-    return prologue + body or [ast.Pass()]
+    value = body.pop().value if body and isinstance(body[-1], ast.Return) else None
+    return prologue + body, value
 
 
 class _Renamed(ast.NodeTransformer):

@@ -351,14 +351,14 @@ class FieldReverser(Reverser):
         # (a template parameter's type is known only at launch: cast as if it were)
         self.touching: dict[int, bool] = {}
         self.types: dict[str, ast.expr] = {}  # a float array's element type, where a gradient's is not at hand
-        self.containers: dict[str, Any] = {}  # a name of a list or tuple of fields -> it
+        self.containers: dict[str, Any] = {}  # a name of a list, tuple or dict of fields -> it
         self.entries_named: dict[int, str] = {}  # a field reached as an entry of one -> the adjoint's name for it
         local = {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         for identifier in sorted({n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)} - local):
             obj = resolve(ast.Name(identifier, ast.Load()), self.parsed.namespace)
             if isinstance(obj, Field):
                 self.take_field(identifier, obj)
-            elif self.arrays is None and isinstance(obj, (list, tuple)) and fields_of(obj):
+            elif self.arrays is None and isinstance(obj, (list, tuple, dict)) and fields_of(obj):
                 self.containers[identifier] = obj  # ``xs[k][i]``, ``k`` a constant: the field by its entry
             elif fields_of(obj):
                 raise NotReversible(f"the fields reached through `{identifier}`")

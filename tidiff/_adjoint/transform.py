@@ -324,13 +324,13 @@ class Reverser(ControlFlow):
         """The value of ``range(...)`` (a list of ints, ``kind`` "range"), of an int (``kind`` "int") or of a
         condition made of constants, else None."""
         node = self.rename(node)
-        if (
-            isinstance(node, ast.Call)
-            and resolve(node.func, self.parsed.namespace) is ti.static
+        static = isinstance(node, ast.Call) and resolve(node.func, self.parsed.namespace) is ti.static \
             and len(node.args) == 1
-        ):
+        if static and isinstance(node, ast.Call):
             node = node.args[0]
         if kind == "range":
+            if static and not isinstance(node, ast.Call):  # ti.static(("a", "b")), ti.static(KEYS): its entries
+                return self._static_entries(node)
             if not isinstance(node, ast.Call):
                 return None
             func = resolve(node.func, self.parsed.namespace)
@@ -348,6 +348,19 @@ class Reverser(ControlFlow):
         code = compile(ast.fix_missing_locations(ast.Expression(node)), "<constant>", "eval")
         value = eval(code, {"__builtins__": {}}, names)  # constants and operators only, checked above
         return value if kind != "int" or isinstance(value, int) else None
+
+    def _static_entries(self, node: ast.expr) -> list[Any] | None:
+        """What a static loop over a Python sequence takes, where it is a tuple or list written out or a global
+        one, of numbers and strings; else None."""
+        if isinstance(node, (ast.Tuple, ast.List)):
+            values: Any = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+        elif isinstance(node, ast.Name) and node.id not in self.env and node.id not in self.defined:
+            values = resolve(node, self.parsed.namespace)
+        else:
+            return None
+        if not isinstance(values, (tuple, list)):
+            return None
+        return list(values) if all(type(v) in (int, float, bool, str) for v in values) else None
 
     def static_values(self, node: ast.Call, count: int) -> list[Any] | None:
         """The ``count`` values of ``ti.static(a, b, ...)`` (one argument each) or ``ti.static(seq)`` (a Python

@@ -44,11 +44,13 @@ class Unbound:
 
 
 def fields_of(value: object) -> tuple[Field, ...]:
-    """The fields a namespace value stands for: a field, or a non-empty list or tuple of fields; else ()."""
+    """The fields a namespace value stands for: a field, or a non-empty list, tuple or dict (its values) of
+    fields; else ()."""
     if isinstance(value, Field):
         return (value,)
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, Field) for v in value):
-        return tuple(value)
+    entries = list(value.values()) if isinstance(value, dict) else value
+    if isinstance(entries, (list, tuple)) and entries and all(isinstance(v, Field) for v in entries):
+        return tuple(entries)
     return ()
 
 

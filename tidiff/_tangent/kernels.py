@@ -111,13 +111,14 @@ class FieldTangents:
         return None if pair is None or pair[0] is not field else pair[1]
 
     def of(self, value: object) -> Any:
-        """The tangent of a namespace value: a field's tangent field, or the list of a list's; else None."""
+        """The tangent of a namespace value: a field's tangent field, or the list (tuple, dict) of a list's; else
+        None."""
         fields = fields_of(value)
         if not fields:
             return None
         if isinstance(value, Field):
             return self[value]
-        assert isinstance(value, (list, tuple))  # what fields_of finds fields in besides a field
+        assert isinstance(value, (list, tuple, dict))  # what fields_of finds fields in besides a field
         tangents = [self[f] for f in fields]
         if all(t is None for t in tangents):
             return None
@@ -125,7 +126,7 @@ class FieldTangents:
             raise TypeError("a list of fields mixes fields with and without a tangent (integer fields, or "
                             "fields that do not depend on an input); keep float fields that depend on the "
                             "inputs in lists of their own")
-        return type(value)(tangents)
+        return dict(zip(value, tangents, strict=True)) if isinstance(value, dict) else type(value)(tangents)
 
     def add(self, pairs: Iterable[tuple[Field, Field]]) -> None:
         """Pair more fields (the twins a field program runs the tangent kernels on)."""
