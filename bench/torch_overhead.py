@@ -21,6 +21,10 @@ the td operators eager and inside torch.compile(backend="aot_eager", fullgraph=T
 inductor too (dynamo cannot trace the hand-written Function, which enters Taichi), and the layer in torch alone
 eager and compiled (what compiling costs with no Taichi in it); ratios to the eager hand-written one.
 
+Part 3, eight of those layers in one model (their sum), 16 rows: per operator, eager, compiled (aot_eager,
+inductor), compiled by a backend running dynamo's graph as it is, and that graph run alone, without
+torch.compile's entry (what the compiled model's operators cost by themselves); ratios to the same model eager.
+
     python bench/torch_overhead.py
 """
 import os
@@ -182,10 +186,83 @@ def linear_report():
                 print(f"{rows:>7} rows {label:18} {name:42} {t * 1e6:10.1f} µs   x{t / base:.2f}")
 
 
+LAYERS = 8
+
+
+def stacked_report():
+    """Part 3: what compiling costs per operator once a graph holds several: the model eager, compiled (aot_eager,
+    inductor), compiled by a backend that runs dynamo's graph as it is, and that graph run alone (the operators
+    as the compiled model calls them, without torch.compile's entry: frame, guards, wrappers)."""
+    import tidiff as td
+
+    ndarray_op = td.torch.function(linear_forward, inputs=["x", "W", "b"],
+                                   outputs={"y": lambda x, W, b: (x.shape[0], W.shape[0])})
+    func_op = td.torch.function(linear_row)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, IN, dtype=torch.float64, generator=g).requires_grad_()
+    Ws = [torch.randn(OUT, IN, dtype=torch.float64, generator=g).requires_grad_() for _ in range(LAYERS)]
+    bs = [torch.randn(OUT, dtype=torch.float64, generator=g).requires_grad_() for _ in range(LAYERS)]
+    cot = torch.randn(16, OUT, dtype=torch.float64, generator=g)
+
+    def model(layer):
+        def run(x, Ws, bs):
+            return sum(layer(x, W, b) for W, b in zip(Ws, bs, strict=True))  # LAYERS operators, their sum
+        return run
+
+    def in_torch(x, W, b):
+        return torch.tanh(x @ W.T + b)
+
+    def kept_by(graphs, label):
+        """A torch.compile backend that runs dynamo's graph as it is, kept to be run without the compiled entry."""
+        def backend(gm, example_inputs):
+            graphs[label] = (gm, list(example_inputs))  # the caller's own tensors, in the graph's order
+            return gm.forward
+        return backend
+
+    torch._dynamo.config.recompile_limit = 64  # nine compiled models share run's code object, each in two modes
+    models, eager_of, graphs = {}, {}, {}  # eager_of: a model -> the eager one it is compared with
+    for label, layer in (("td.torch.function, ndarray", ndarray_op), ("td.torch.function, @ti.func", func_op),
+                         ("torch alone (no Taichi)", in_torch)):
+        models[label] = model(layer)
+        for backend, suffix in (("aot_eager", "compiled"), ("inductor", "inductor"), (kept_by(graphs, label),
+                                                                                        "dynamo's graph")):
+            models[f"{label}, {suffix}"] = torch.compile(model(layer), backend=backend, fullgraph=True)
+            eager_of[f"{label}, {suffix}"] = label
+        models[f"{label}, {suffix}"](x, Ws, bs)  # keeps dynamo's graph: run alone, it is the ops without the entry
+        models[f"{label}, graph alone"] = lambda x, Ws, bs, label=label: graphs[label][0].forward(*graphs[label][1])[0]
+        eager_of[f"{label}, graph alone"] = label
+    want = models["torch alone (no Taichi)"](x, Ws, bs)
+    for f in models.values():  # first calls compile; every model checked against torch
+        torch.testing.assert_close(f(x, Ws, bs), want, rtol=1e-12, atol=1e-12)
+
+    def forward(f):
+        def run():
+            with torch.no_grad():
+                f(x, Ws, bs)
+        return run
+
+    def forward_backward(f):
+        def run():
+            x.grad = None
+            for p in (*Ws, *bs):
+                p.grad = None
+            f(x, Ws, bs).backward(cot)
+        return run
+
+    print(f"\n{LAYERS} of the linear layers in one model (their sum), 16 rows, float64; per operator, and "
+          "compiled against the same model eager:")
+    for label, make in (("forward (no_grad)", forward), ("forward+backward", forward_backward)):
+        times = rounds({name: make(f) for name, f in models.items()}, number=20, repeats=15)
+        for name, t in times.items():
+            eager = times[eager_of.get(name, name)]
+            print(f"{label:18} {name:42} {t / LAYERS * 1e6:8.1f} µs per operator   x{t / eager:.2f} of eager")
+
+
 def main():
     ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR)
     report()
     linear_report()
+    stacked_report()
 
 
 def report():
