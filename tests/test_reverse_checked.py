@@ -172,22 +172,41 @@ def test_an_ndarray_kernel_tidiff_reverses_is_not_checked_and_warns_nothing():
 def squared_again(x: ti.types.ndarray(dtype=ti.math.vec2, ndim=1), out: ti.types.ndarray(dtype=ti.math.vec2, ndim=1)):
     for i in range(x.shape[0]):
         out[i] = x[i] * 2.0
-        out[i] = out[i] * out[i]  # reads its own write: an adjoint reads the last value (4 x**2), not 2 x
+        out[i] = out[i] * out[i]  # reads its own write: 2 x, not the 4 x**2 the kernel leaves
+
+
+def test_an_ndarray_kernel_reading_what_it_stored_is_exact():
+    """NOTE: [Reads of what the iteration wrote]: the stored value is read; no check, no warning."""
+    op = td.function(squared_again, inputs=["x"], outputs={"out": lambda x: x.shape})
+    c = np.cos(np.arange(8.0)).reshape(4, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(td.vjp(op, START)[1](c)[0], 8 * START * c, rtol=1e-12)
+    assert op.reverse_refused() is None and op.memo.peek("reverse verdict") is None
+
+
+@ti.kernel
+def squared_in_a_loop(x: ti.types.ndarray(dtype=ti.math.vec2, ndim=1),
+                      out: ti.types.ndarray(dtype=ti.math.vec2, ndim=1)):
+    for i in range(x.shape[0]):
+        out[i] = x[i]
+        for _ in range(2):  # each time round reads what the time before wrote: the adjoint reads x**4 every time
+            out[i] = out[i] * out[i]
 
 
 def test_an_ndarray_kernel_reading_its_own_write_is_checked_and_pushed_forward():
-    op = td.function(squared_again, inputs=["x"], outputs={"out": lambda x: x.shape})
+    op = td.function(squared_in_a_loop, inputs=["x"], outputs={"out": lambda x: x.shape})
     c = np.cos(np.arange(8.0)).reshape(4, 2)
-    with pytest.warns(td.TaichiReverseWarning, match="ndarray kernel `squared_again`"):
-        np.testing.assert_allclose(td.vjp(op, START)[1](c)[0], 8 * START * c, rtol=1e-12)
+    with pytest.warns(td.TaichiReverseWarning, match="ndarray kernel `squared_in_a_loop`"):
+        np.testing.assert_allclose(td.vjp(op, START)[1](c)[0], 4 * START ** 3 * c, rtol=1e-12)
     assert op.reverse_refused() is not None  # Jacobians choose forward mode
-    np.testing.assert_allclose(td.jacobian(op)(START), np.einsum("ij,ik,jl->ijkl", 8 * START, np.eye(4), np.eye(2)),
-                               rtol=1e-12)
+    np.testing.assert_allclose(td.jacobian(op)(START),
+                               np.einsum("ij,ik,jl->ijkl", 4 * START ** 3, np.eye(4), np.eye(2)), rtol=1e-12)
 
 
 def test_too_many_components_to_push_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(reverse_check, "MOST_PUSHES", 4)
-    op = td.function(squared_again, inputs=["x"], outputs={"out": lambda x: x.shape})
+    op = td.function(squared_in_a_loop, inputs=["x"], outputs={"out": lambda x: x.shape})
     with pytest.warns(td.TaichiReverseWarning), pytest.raises(td.TransformError, match="8 tangent runs"):
         td.vjp(op, START)[1](np.ones((4, 2)))
 

@@ -725,3 +725,29 @@ def test_an_accumulating_loop_whose_adjoint_reads_a_carried_value_through_a_prod
     for b in range(len(x)):
         np.testing.assert_allclose(got[b], torch_grad(carried_products_twin, x[b], int(n[b])), rtol=1e-10,
                                    atol=1e-12)
+
+
+SCALES = (0.5, 2.0, -1.5)
+
+
+@ti.func
+def over_static_tuples(x: ti.types.vector(3, ti.f64)) -> ti.f64:
+    s = 0.0
+    for c in ti.static(SCALES):  # static loops over Python tuples of numbers: unrolled, the entry a constant
+        s += ti.sin(c * x[0]) * x[1] + c * x[2] ** 2
+    for k in ti.static((0, 2)):
+        s += x[k] * x[1]
+    return s
+
+
+def torch_over_static_tuples(x):
+    s = sum(torch.sin(c * x[0]) * x[1] + c * x[2] ** 2 for c in SCALES)
+    return s + sum(x[k] * x[1] for k in (0, 2))
+
+
+def test_static_loops_over_tuples_are_reversed():
+    """They were refused by the reverse transform (a `For` over a non-range), so grad pushed tangents forward."""
+    assert why_not(over_static_tuples, (True,)) is None
+    x = np.array([0.3, -0.7, 1.1])
+    want = torch.autograd.functional.jacobian(torch_over_static_tuples, torch.tensor(x)).numpy()
+    np.testing.assert_allclose(td.jacrev(over_static_tuples)(x), want, rtol=1e-13)

@@ -71,6 +71,9 @@ APPLY = {
                        "    for j in x:\n        y[j] += 0.125 * s * x[j]",
     # w a constant in the loop, as Taichi defines ti.stop_grad: no derivative to w through y
     "w stopped by ti.stop_grad": "ti.stop_grad(w)\n        y[i] = f(x[i], w[i])",
+    # y[i] read back where the iteration wrote it, then written again (NOTE: [Reads of what the iteration wrote]):
+    # y = v + v**2 / 4, v = f(x[i], w[i]) / 2
+    "read back where written": "y[i] = 0.5\n        y[i] *= f(x[i], w[i])\n        y[i] = y[i] + 0.25 * y[i] ** 2",
     # v = f(x[i], w[i]) grown by half until past 1, at most three times (NOTE: [Break as a flag])
     "a loop that breaks": "v = f(x[i], w[i])\n        for _ in range(3):\n            if v > 1.0:\n"
                           "                break\n            v = v * 1.5\n        y[i] = v",
@@ -113,6 +116,8 @@ def y_twin(variant: str, f_values):
     if variant == "atomic minima":
         zero = torch.zeros_like(f_values)
         return torch.amin(torch.stack([zero, f_values, torch.roll(f_values, 1) + 0.5]), dim=0)
+    if variant == "read back where written":
+        return 0.5 * f_values + 0.25 * (0.5 * f_values) ** 2
     if variant == "a loop that breaks":
         grown = []
         for v in f_values:

@@ -61,14 +61,20 @@ class Access:
 
 
 class KernelAccesses:
-    """A kernel's field accesses in code order (repeats dropped), with one compiled function giving the entries
+    """A kernel's field accesses in code order (an access like the one before it on its field dropped), with one
+    compiled function giving the entries
     each touches in a launch: ``(t + 1, None)`` for ``x[t + 1, i]`` launched with ``t``. An access is marked
     ``reread`` where its field may be read after the kernel wrote it (a read following a write in the code, or
     a field both read and written with an access that may happen anywhere)."""
 
     def __init__(self, accesses: Iterable[Access], params: Sequence[str]) -> None:
         accesses = list(accesses)
-        unique = list({a.key(): a for a in reversed(accesses)}.values())[::-1]  # the first of each kept
+        unique: list[Access] = []  # an access like the last one of its field dropped: a store after a load of the
+        last: dict[tuple[str, int], tuple[Any, ...]] = {}  # same entry stays after it, however often both repeat
+        for a in accesses:
+            if last.get(a.field_key()) != a.key():
+                unique.append(a)
+                last[a.field_key()] = a.key()
         self.accesses = unique
         reread = _reread(accesses)
         for a in unique:

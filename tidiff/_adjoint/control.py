@@ -89,6 +89,18 @@ class Store:
     kind: str
     won: ast.expr | None = None  # "max", "min": whether ``value`` is what the field holds after the kernel
     ties: str | None = None  # "max", "min": the field counting, per entry, the iterations whose value won
+    component: tuple[ast.expr | str, ...] = ()  # into one component of the entry: indices (``[0]``, ``[0, 1]``)
+    # or attributes (``.x``), outermost first (NOTE: [Writes into components])
+
+    def at(self, ctx: ast.expr_context) -> ast.expr:
+        """The gradient where the store wrote: ``v.grad[i]``, ``v.grad[i][0]``, ``v.grad[i].x``."""
+        at: ast.Subscript | ast.Attribute = ast.Subscript(copy.deepcopy(self.gradient), copy.deepcopy(self.index),
+                                                          ast.Load())
+        for part in self.component:
+            at = ast.Attribute(at, part, ast.Load()) if isinstance(part, str) else \
+                ast.Subscript(at, copy.deepcopy(part), ast.Load())
+        at.ctx = ctx
+        return at
 
 
 TAPE_ROWS = 0

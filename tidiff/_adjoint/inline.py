@@ -25,9 +25,9 @@ a fresh one bound there. A func ending in ``return e`` called as
 ``v = f(...)`` leaves ``v = e`` (and one ending in ``return e1, e2`` called as
 ``a, b = f(...)``, as a tangent func is, ``a, b = e1, e2``); called inside an expression, it is first
 taken out to ``v = f(...)`` before the statement (``while`` tests become
-``c = test; while c: ...; c = test``); a func that returns elsewhere and
-calls inside ``and`` / ``or`` are left as they are (the transform then
-refuses them by name, and Taichi's ``kernel.grad`` runs). A
+``c = test; while c: ...; c = test``); a func that returns elsewhere is
+left as it is (the transform then refuses it by name, and Taichi's
+``kernel.grad`` runs). A
 func of an object (``self.push(i, f)`` in a ``@ti.data_oriented`` class) is
 written out with its object bound (NOTE: [Fields through objects]): ``self.q``
 in its body becomes the field itself. Calls inside inlined bodies are
@@ -39,15 +39,16 @@ the test takes (a field the func writes is written for every ``i``), and
 evaluates only its returned expression on the side taken (``ifte``). So the
 call's statements are written out before the statement and the call is
 replaced by the returned expression: ``x[i - 1]`` returned for ``i > 0``
-alone is read only there, as in Taichi.
+alone is read only there, as in Taichi. ``and`` / ``or`` are the same:
+Taichi compiles every operand's statements, then combines their values.
 
 NOTE: [Static branches taken when inlining] Taichi compiles one side of
 ``if ti.static(c):`` and nothing after a ``return``, so a func may return
 inside a static branch. Where ``c`` is made of module-level names and
-constants (``MODE == 1``), the func is written out as Taichi compiles it:
-the side ``c`` takes, up to its return. A condition on the func's
-parameters (a template argument) is left as written, and such a func is
-not written out.
+constants (``MODE == 1``), or of template parameters a call gives a
+constant (``f(y, i, 2)``, ``ti.static(dim == 2)``), the call is written out
+as Taichi compiles it: the side ``c`` takes, up to its return. A condition
+on other parameters is left as written, and such a func is not written out.
 """
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def _site(stmt: ast.AST, namespace: dict[str, Any], sites: _Sites) -> Any:
                 for a in value.args)
     if not given and not _writes_fields(callee, set()) and not (sites.also is not None and sites.also(callee)):
         return None
-    body = _body(callee)
+    body = _body(callee, value.args)
     returns = [n for n in ast.walk(ast.Module(body, [])) if isinstance(n, ast.Return)]
     if any(r is not body[-1] for r in returns) or len(value.args) != len(parsed_for(callee).tree.args.args):
         return None
@@ -139,14 +140,17 @@ def _is_fields(obj: object) -> bool:
     return obj is not MISSING and bool(fields_of(obj))
 
 
-def _body(callee: Any) -> list[ast.stmt]:
-    """A func's statements as Taichi compiles them: a ``ti.static`` branch on what is known now (module-level
-    names and constants) replaced by the side it takes, and nothing after a return (NOTE: [Static branches
-    taken when inlining])."""
+def _body(callee: Any, args: list[ast.expr]) -> list[ast.stmt]:
+    """A func's statements as Taichi compiles them for a call with ``args``: a ``ti.static`` branch on what is
+    known now (module-level names, constants, template parameters given a constant) replaced by the side it
+    takes, and nothing after a return (NOTE: [Static branches taken when inlining])."""
     parsed = parsed_for(callee)
-    local = {a.arg for a in parsed.tree.args.args} | {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name)
-                                                      and isinstance(n.ctx, ast.Store)}
-    return _taken(without_docstring(parsed.tree.body), parsed.namespace, local)
+    params = [a.arg for a in parsed.tree.args.args]
+    templates = _template_parameters(parsed.tree, parsed.namespace)
+    given = {p: a.value for p, a in zip(params, args, strict=False) if p in templates and isinstance(a, ast.Constant)}
+    local = set(params) | {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name)
+                           and isinstance(n.ctx, ast.Store)}
+    return _taken(without_docstring(parsed.tree.body), {**parsed.namespace, **given}, local - set(given))
 
 
 def _taken(stmts: list[ast.stmt], namespace: dict[str, Any], local: set[str]) -> list[ast.stmt]:
@@ -244,16 +248,15 @@ def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], sites: _Sites, namer: Na
     out: list[ast.stmt] = []
 
     class Hoist(ast.NodeTransformer):
-        inside_ifexp = 0
+        inside_ifexp = 0  # how many conditional expressions or ``and`` / ``or`` stand around the node
 
-        def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
+        def visit_IfExp(self, node: ast.IfExp | ast.BoolOp) -> ast.AST:
             self.inside_ifexp += 1
             self.generic_visit(node)
             self.inside_ifexp -= 1
             return node
 
-        def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
-            return node
+        visit_BoolOp = visit_IfExp
 
         def visit_Call(self, node: ast.Call) -> ast.AST:
             self.generic_visit(node)
@@ -320,7 +323,7 @@ def _expanded(call: ast.Call, callee: Any, namespace: dict[str, Any], namer: Nam
         namer.taken.add(fresh)
         namespace[fresh] = obj
         renamed[name] = ast.Name(fresh, ast.Load())
-    body = [_Renamed(renamed).visit(copy.deepcopy(s)) for s in _body(callee)]
+    body = [_Renamed(renamed).visit(copy.deepcopy(s)) for s in _body(callee, call.args)]
     value = body.pop().value if body and isinstance(body[-1], ast.Return) else None
     return prologue + body, value
 

@@ -88,6 +88,33 @@ what another wrote, ...: docs/limits.md) has no adjoint here:
 :func:`vjp_kernel` says why, and the tape replays Taichi's ``kernel.grad``
 for it, checked.
 
+NOTE: [Writes into components] ``v[i][0] = e``, ``m[i][0, 1] = e``,
+``v[i].x = e`` (and ``+=``, ``-=``, ``ti.atomic_add`` into them) write one
+component of a vector or matrix field's entry. Their adjoint is a store's,
+at that component of the gradient: ``v.grad[i][0]`` is ``e``'s cotangent,
+and a "set" clears only it (the entry's other components keep theirs).
+``v[i][0] *= e`` is ``v[i][0] = v[i][0] * e``. The launch is recorded as
+writing the entry (NOTE: [Launches that keep the access rules]): the
+recorder keeps the whole entry where it keeps any.
+
+NOTE: [Reads of what the iteration wrote] The adjoint reads fields as the
+kernel left them, so ``z[i] = 0.5; z[i] *= x[i]`` read back ``0.5 * x[i]``
+where the kernel read 0.5, and the access log, keeping one access of each
+kind per field and index, dropped the second write as a repeat and called
+the launch exact: a wrong gradient without a word. Now a read of an entry
+(or a component) that the same iteration stored, by "set", at the same
+index, in the same block or one inside it, is the stored value itself, in
+the adjoint's forward sweep and for the cotangent (which goes to the stored
+value, not to the field's gradient); the log keeps every access unlike the
+one before it on its field, so a store after a read is seen. Stored values
+are forgotten at any other write of the field (entries may alias), around
+each branch and loop that writes the field (a later iteration, or the code
+after a branch, may read another value), and at the parallel loop's ends;
+float32 fields are read back (the stored value is rounded). Other reads of
+one's own writes (after a branch writing the entry, in a runtime loop that
+writes it) read the field and are checked (NOTE: [Checking Taichi's
+reverse mode]).
+
 NOTE: [Serialized kernels as one iteration] A kernel whose every loop runs
 in order (``ti.loop_config(serialize=True)`` before each) is sequential code:
 ``h = a * h + x[i]; y[i] = h`` carries ``h`` from one iteration to the next,
@@ -117,11 +144,13 @@ they are in its forward mode, in the kernel and in the funcs it calls
 constants; a method of an object reading float fields is not taken).
 The adjoint needs no values of the outputs where the kernel never reads
 them, and the kernel writes none of its inputs (``td.function`` refuses
-it): then it is exact, with no run-time check. A kernel reading an output
-gets it as the kernel left it (the kernel runs first), which is right
-unless it wrote the entry after reading it or reads its own write: such a
-vjp is checked against forward mode (NOTE: [Checking Taichi's reverse
-mode]). Atomic max / min into an array is not taken (nor by forward mode).
+it): then it is exact, with no run-time check. A read of what the same
+iteration stored is the stored value (NOTE: [Reads of what the iteration
+wrote]) and needs none either. Any other read of an output gets it as the
+kernel left it (the kernel runs first), which is right unless it wrote the
+entry after reading it or reads its own write: such a vjp is checked
+against forward mode (NOTE: [Checking Taichi's reverse mode]). Atomic max /
+min into an array is not taken (nor by forward mode).
 """
 from __future__ import annotations
 
@@ -337,6 +366,7 @@ class FieldReverser(Reverser):
         self.kept_made: set[str] = set()  # the fields keeping atomics' values (NOTE: [Winners by kept values])
         self.extremes: list[Access] = []  # the accesses of atomic max / min
         self.ties_made: list[tuple[str, str]] = []  # (tie counts, field) of every parallel loop
+        self.forwarded: dict[tuple[str, str], ast.expr] = {}  # NOTE: [Reads of what the iteration wrote]
         self.find_fields()
 
     def find_fields(self) -> None:
@@ -437,9 +467,14 @@ class FieldReverser(Reverser):
         return self.rename(node.slice)
 
     def expr_Subscript(self, node: ast.Subscript) -> ast.expr:
+        component = self.component_of(node)
+        if component is not None and (found := self.forwarded.get(self.written_key(*component))) is not None:
+            return copy.deepcopy(found)
         field = self.field_name(node.value)
         if field is None:
             return super().expr_Subscript(node)
+        if (found := self.forwarded.get(self.written_key(node))) is not None:
+            return copy.deepcopy(found)
         index = self.field_index(node)
         gradient = self.gradients[field]
 
@@ -456,7 +491,8 @@ class FieldReverser(Reverser):
         self.last_op().effect = effect
         return target
 
-    def store(self, target: ast.Subscript, value: ast.expr, kind: str) -> None:
+    def store(self, target: ast.Subscript, value: ast.expr, kind: str,
+              component: tuple[ast.expr | str, ...] = ()) -> None:
         field = self.field_name(target.value)
         assert field is not None
         if not self.stores:
@@ -464,7 +500,83 @@ class FieldReverser(Reverser):
         index = self.field_index(target)
         stored = self.operand(value)
         self.accesses.append(Access("store", self.field_key(field), index, self.scalar_params(), self.looped()))
-        self.ops.append(Store(self.gradients[field], index, stored, kind))
+        self.ops.append(Store(self.gradients[field], index, stored, kind, component=component))
+        self.forget({field})
+        if kind == "set" and not self.narrow.get(field, True):  # NOTE: [Reads of what the iteration wrote]
+            self.forwarded[self.written_key(target, component)] = stored
+
+    def written_key(self, entry: ast.Subscript, component: tuple[ast.expr | str, ...] = ()) -> tuple[str, str]:
+        """What names an entry (or a component of one) of a field for NOTE: [Reads of what the iteration wrote]:
+        the field and the index as the adjoint computes it."""
+        field = self.field_name(entry.value)
+        assert field is not None
+        index = self.rename(entry.slice)
+        return field, ast.dump(index) + "".join(p if isinstance(p, str) else ast.dump(p) for p in component)
+
+    def forget(self, fields: set[str] | None) -> None:
+        """Stored values of these fields (None: of every field) are no longer what a read gives (a write of any
+        entry may alias)."""
+        self.forwarded = {k: v for k, v in self.forwarded.items() if fields is not None and k[0] not in fields}
+
+    def nested(self, stmts: list[ast.stmt]) -> Block:
+        """A branch side or loop body: reads there may see values stored before it; what it stores stays in it
+        (NOTE: [Reads of what the iteration wrote])."""
+        outer = dict(self.forwarded)
+        try:
+            return super().nested(stmts)
+        finally:
+            self.forwarded = outer
+
+    def statement(self, node: ast.stmt) -> None:
+        """A branch or loop may read, in a later iteration or after the branch, what it writes: its fields'
+        stored values are forgotten before and after it (NOTE: [Reads of what the iteration wrote])."""
+        compound = isinstance(node, (ast.If, ast.For, ast.While))
+        if compound:
+            self.forget(self.fields_written(node))
+        super().statement(node)
+        if compound:
+            self.forget(self.fields_written(node))
+
+    def fields_written(self, node: ast.AST) -> set[str] | None:
+        """The fields a statement may write: targets of assignments, first arguments of calls (atomics), by the
+        names the code gives them; None where that is not known yet (an entry of a list of fields at a static
+        loop's counter)."""
+        found = set()
+        for sub in ast.walk(node):
+            targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] \
+                if isinstance(sub, (ast.AugAssign, ast.AnnAssign)) else sub.args[:1] if isinstance(sub, ast.Call) \
+                else []
+            for target in targets:
+                root = target
+                while isinstance(root, (ast.Subscript, ast.Attribute)):
+                    try:
+                        field = self.field_name(root.value) if isinstance(root, ast.Subscript) else None
+                    except NotReversible:
+                        return None
+                    if field is not None:
+                        found.add(field)
+                    root = root.value
+        return found
+
+    def component_of(self, target: ast.expr | None) -> tuple[ast.Subscript, tuple[ast.expr | str, ...]] | None:
+        """``v[i][0]``, ``m[i][0, 1]``, ``v[i].x`` of a float field: the entry ``v[i]`` and the component's indices
+        (computed again as the kernel computed them) or attribute, outermost first (NOTE: [Writes into
+        components]); None for any other target."""
+        path: list[ast.expr | str] = []
+        node = target
+        while isinstance(node, (ast.Subscript, ast.Attribute)):
+            if isinstance(node, ast.Subscript) and self.field_name(node.value) is not None:
+                return (node, tuple(reversed(path))) if path else None
+            if isinstance(node, ast.Attribute):
+                if node.attr not in ("x", "y", "z", "w"):
+                    return None
+                path.append(node.attr)
+            else:
+                if any(isinstance(n, ast.Slice) for n in ast.walk(node.slice)) or self.reads_active(node.slice):
+                    return None
+                path.append(self.rename(node.slice))
+            node = node.value
+        return None
 
     def extreme(self, target: ast.Subscript, value: ast.expr, kind: str) -> None:
         """``ti.atomic_max(y[i], e)`` (or min) in a parallel loop (NOTE: [Atomic extremes in reverse])."""
@@ -531,6 +643,8 @@ class FieldReverser(Reverser):
         target = node.targets[0] if len(node.targets) == 1 else None
         if isinstance(target, ast.Subscript) and self.field_name(target.value) is not None:
             return self.store(target, node.value, "set")
+        if (component := self.component_of(target)) is not None:
+            return self.store(component[0], node.value, "set", component[1])
         if self.integer_store(target):
             return None
         self.refuse_field_writes(node.targets)
@@ -549,12 +663,16 @@ class FieldReverser(Reverser):
         target = node.target
         if self.integer_store(target) or self.reduce(node):
             return None
-        if isinstance(target, ast.Subscript) and self.field_name(target.value) is not None:
+        component = self.component_of(target)
+        if isinstance(target, ast.Subscript) and self.field_name(target.value) is not None or component is not None:
             kinds = {ast.Add: "add", ast.Sub: "sub"}
+            entry, path = component or (target, ())
+            assert isinstance(entry, ast.Subscript)
             if type(node.op) not in kinds:  # ``x[i] *= e`` reads the entry, then writes it: ``x[i] = x[i] * e``
-                read = ast.Subscript(copy.deepcopy(target.value), copy.deepcopy(target.slice), ast.Load())
-                return self.store(target, ast.BinOp(read, node.op, node.value), "set")
-            return self.store(target, node.value, kinds[type(node.op)])
+                read = copy.deepcopy(target)
+                read.ctx = ast.Load()
+                return self.store(entry, ast.BinOp(read, node.op, node.value), "set", path)
+            return self.store(entry, node.value, kinds[type(node.op)], path)
         self.refuse_field_writes([target])
         super().stmt_AugAssign(node)
 
@@ -607,6 +725,9 @@ class FieldReverser(Reverser):
                 if kind in ("max", "min"):
                     return self.extreme(value.args[0], value.args[1], kind)
                 return self.store(value.args[0], value.args[1], kind)
+            if kind in ("add", "sub") and len(value.args) == 2 and not value.keywords \
+                    and (component := self.component_of(value.args[0])) is not None:  # ti.atomic_add(v[i][0], e)
+                return self.store(component[0], value.args[1], kind, component[1])
             if callee in _INTEGER_ATOMICS and value.args and self.integer_store(value.args[0]):
                 return None
             if self.is_stop_grad(value.func) and self.depth > 0:  # taken by the loop it stands in (``parallel``)
@@ -803,12 +924,14 @@ class KernelReverser(FieldReverser):
         self.ties = []
         self.parallel_loop = node
         start = len(self.accesses)
+        self.forwarded = {}  # an iteration reads what it wrote itself, never what the kernel's top level did
         try:
             block = self.nested(node.body)
         finally:
             self.depth -= 1
             self.stopped = set()
             self.parallel_loop = None
+            self.forwarded = {}
         self.alone_in_extremes(self.accesses[start:], self.ties, "load")
         if not self.single(node):  # one iteration (``for _ in range(1)``, as DiffTaichi writes a step) chains none
             self.no_chain(self.accesses[start:])

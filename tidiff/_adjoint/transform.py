@@ -1061,15 +1061,14 @@ class Reverser(ControlFlow):
         """The adjoint of a store into a field: the stored value's cotangent is the field's gradient there
         (negated for ``-=``); a "set" clears it, as the old value no longer matters (NOTE: [Reverse of a
         kernel] in ``kernels.py``)."""
-        at: ast.expr = ast.Subscript(copy.deepcopy(store.gradient), copy.deepcopy(store.index), ast.Load())
+        at = store.at(ast.Load())
         read = self.namer.fresh("ct_stored")
         if store.ties is not None:  # NOTE: [Atomic extremes in reverse]
             assert store.won is not None and isinstance(at, ast.Subscript)
             at = call(taichi("select"), copy.deepcopy(store.won), extremes.share(at, store.ties, at), 0.0)
         self.backward.append(_assign(read, ast.UnaryOp(ast.USub(), at) if store.kind == "sub" else at))
         if store.kind == "set":
-            cleared = ast.Subscript(copy.deepcopy(store.gradient), copy.deepcopy(store.index), ast.Store())
-            self.backward.append(ast.Assign([cleared], helpers.zeros_like(_name(read)).node))
+            self.backward.append(ast.Assign([store.at(ast.Store())], helpers.zeros_like(_name(read)).node))
         if self.is_active(store.value):
             self.add(store.value.id, Sym(_name(read)))
 
