@@ -1140,3 +1140,45 @@ def test_a_serialized_loop_carrying_a_value_in_a_field_program():
     want = torch.autograd.functional.jacobian(torch_serial_scan, torch.tensor(x)).numpy()
     np.testing.assert_allclose(td.grad(F)(x), want, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(td.jacfwd(F)(x), want, rtol=1e-10, atol=1e-12)
+
+
+ix, iy = ti.field(ti.f64, 5, needs_grad=True), ti.field(ti.f64, 5, needs_grad=True)
+
+
+@ti.kernel
+def in_place_in_one_kernel():
+    for i in ix:
+        iy[i] = ti.sin(ix[i])
+    for i in ix:
+        iy[i] = iy[i] * ix[i] + 1.0  # reads what the loop before wrote, then overwrites it
+
+
+@ti.kernel
+def sine_into_iy():
+    for i in ix:
+        iy[i] = ti.sin(ix[i])
+
+
+@ti.kernel
+def iy_in_place():
+    for i in ix:
+        iy[i] = iy[i] * ix[i] + 1.0
+
+
+def test_a_loop_overwriting_what_an_earlier_loop_of_its_kernel_wrote_is_checked_and_two_kernels_are_exact():
+    """docs/limits.md: the adjoint reads iy as the kernel left it; the check finds it, forward pushes answer."""
+    x = np.linspace(0.2, 1.1, 5)
+    want = np.diag(np.cos(x) * x + np.sin(x))
+    one = td.function(in_place_in_one_kernel, inputs=[ix], outputs=[iy])
+    with pytest.warns(td.TaichiReverseWarning, match="in_place_in_one_kernel"):
+        np.testing.assert_allclose(td.jacrev(one)(x), want, rtol=1e-12, atol=1e-14)
+
+    def two_kernels():
+        sine_into_iy()
+        iy_in_place()
+
+    two = td.function(two_kernels, inputs=[ix], outputs=[iy])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(td.jacrev(two)(x), want, rtol=1e-13, atol=1e-15)
+    assert two.memo.peek("reverse verdict") is None
