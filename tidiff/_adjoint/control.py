@@ -508,18 +508,20 @@ _SHAPE_ONLY = {"sum_to": 1, "zeros_like": 0}  # rule helpers reading an argument
 
 
 def _reads(code: list[ast.stmt], names: set[str]) -> bool:
-    """Whether ``code`` reads the value of one of ``names`` (not just its type, as ``sum_to(v, like)`` does).
+    """Whether ``code`` reads the value of one of ``names`` (not just its type, as ``sum_to(v, like)`` does)."""
+    return any(value_reads(stmt) & names for stmt in code)
+
+
+def value_reads(node: ast.AST) -> set[str]:
+    """The variables ``node`` reads the value of (not just the type, as ``sum_to(v, like)`` reads ``like``'s).
     Walked occurrence by occurrence: generated code may hold one node object in several places (``sum_to(ct *
     h, h)`` with both ``h`` one node), and only the occurrence in the shape-only position is skipped."""
-    def reads(node: ast.AST) -> bool:
-        if isinstance(node, ast.Name):
-            return isinstance(node.ctx, ast.Load) and node.id in names
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SHAPE_ONLY \
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == RULE_HELPERS \
-                and len(node.args) > _SHAPE_ONLY[node.func.attr]:
-            skip = _SHAPE_ONLY[node.func.attr]
-            return any(reads(a) for k, a in enumerate(node.args) if k != skip) or any(
-                reads(k.value) for k in node.keywords)
-        return any(reads(child) for child in ast.iter_child_nodes(node))
-
-    return any(reads(stmt) for stmt in code)
+    if isinstance(node, ast.Name):
+        return {node.id} if isinstance(node.ctx, ast.Load) else set()
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SHAPE_ONLY \
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == RULE_HELPERS \
+            and len(node.args) > _SHAPE_ONLY[node.func.attr]:
+        skip = _SHAPE_ONLY[node.func.attr]
+        parts = [a for k, a in enumerate(node.args) if k != skip] + [k.value for k in node.keywords]
+        return {node.func.value.id}.union(*(value_reads(p) for p in parts))
+    return set().union(*(value_reads(child) for child in ast.iter_child_nodes(node)))

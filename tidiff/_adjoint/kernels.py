@@ -115,6 +115,20 @@ one's own writes (after a branch writing the entry, in a runtime loop that
 writes it) read the field and are checked (NOTE: [Checking Taichi's
 reverse mode]).
 
+NOTE: [Values the adjoint uses] The adjoint computes again what the kernel
+computed, but uses only some of it: ``v[i] = v[i] + ti.sin(x[i]) * dt``
+needs ``x[i]`` (its derivative is ``cos(x[i])``) and not ``v[i]`` (it enters
+linearly). A field read whose value the adjoint does not use needs no entry
+kept and no check of its launch (NOTE: [Launches that keep the access
+rules]): the launch's accesses are only the loads whose variable the
+adjoint reads (its assignments to variables nothing reads left out until
+none is left; Taichi drops the same code when it compiles), with every
+store and every read without a variable (an index's, a func's). So a
+symplectic Euler step in one kernel (``v`` updated in place from ``x``,
+then ``x`` from the new ``v``) keeps the ``x`` it overwrote and is exact,
+where its loads of ``v`` (read, written, read again) made it checked and its
+gradients forward pushes, one per input.
+
 NOTE: [Serialized kernels as one iteration] A kernel whose every loop runs
 in order (``ti.loop_config(serialize=True)`` before each) is sequential code:
 ``h = a * h + x[i]; y[i] = h`` carries ``h`` from one iteration to the next,
@@ -182,7 +196,7 @@ from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
 from . import _made
 from .accesses import Access, KernelAccesses
-from .control import Block, Branch, Loop, Op, Store, has_effects, uses
+from .control import Block, Branch, Loop, Op, Store, has_effects, uses, value_reads
 from .inline import inlined
 from .transform import NotReversible, Reverser
 
@@ -340,8 +354,44 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     adjoint = compile_source(text + "\n", tree.name, scope, tag="adjoint-kernel")
     mark(adjoint, reverse=True, uses_bwd=reverser.uses_bwd, recomputes=reverser.recomputes)
     params = [a.arg for a in parsed.tree.args.args]
-    return KernelAdjoint(adjoint, [params.index(p) for p in reverser.template_fields], reverser.accesses, params,
-                         bound)
+    used = used_names(tree, reverser.taichi_name)  # NOTE: [Values the adjoint uses]
+    accesses = [a for a in reverser.accesses if a.value is None or a.value.id in used]
+    return KernelAdjoint(adjoint, [params.index(p) for p in reverser.template_fields], accesses, params, bound)
+
+
+def used_names(tree: ast.FunctionDef, taichi_name: str) -> set[str]:
+    """The variables whose values the adjoint ``tree`` uses: assignments to variables nothing reads are left out
+    until none is left, and what the rest reads is used (NOTE: [Values the adjoint uses]). ``taichi_name``: what
+    the code calls the Taichi module."""
+    body = copy.deepcopy(tree)
+    while True:
+        read = value_reads(body)  # (``sum_to(ct, v)`` reads ``v``'s type only)
+        read |= {n.target.id for n in ast.walk(body) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
+        dropped = _Unread(read, {taichi_name, RULE_HELPERS})
+        dropped.visit(body)
+        if not dropped.found:
+            return read
+
+
+class _Unread(ast.NodeTransformer):
+    """Assignments of a value to a variable nothing reads, left out where the value calls nothing but Taichi's
+    functions and the rule helpers (``ti.sin``, ``_tidiff_rules.sum_to``; not an atomic): a call of a func (a
+    reverse function adding into gradients) stays, with what it reads."""
+
+    def __init__(self, read: set[str], modules: set[str]) -> None:
+        self.read, self.modules, self.found = read, modules, False
+
+    def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and node.targets[0].id not in self.read \
+                and all(self.pure(n.func) for n in ast.walk(node.value) if isinstance(n, ast.Call)):
+            self.found = True
+            return None
+        return node
+
+    def pure(self, func: ast.expr) -> bool:
+        """A callee without effects: a function of the Taichi module or of the rule helpers, not an atomic."""
+        return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+            and func.value.id in self.modules and not func.attr.startswith("atomic")
 
 
 class FieldReverser(Reverser):
@@ -486,9 +536,13 @@ class FieldReverser(Reverser):
             return [ast.AugAssign(at, ast.Add(), ct)]
 
         read = ast.Subscript(name(field), index, ast.Load())
-        self.accesses.append(Access("load", self.field_key(field), index, self.scalar_params(), self.looped()))
+        access = Access("load", self.field_key(field), index, self.scalar_params(), self.looped())
+        self.accesses.append(access)
         target = self.op(None, read, [], f"{field}_at")
         self.last_op().effect = effect
+        assigned = self.forward[-1]
+        if isinstance(assigned, ast.Assign) and isinstance(assigned.targets[0], ast.Name):
+            access.value = assigned.targets[0]  # its id becomes the variable's own name where one is bound to it
         return target
 
     def store(self, target: ast.Subscript, value: ast.expr, kind: str,
