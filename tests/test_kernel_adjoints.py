@@ -892,6 +892,22 @@ def test_fields_in_lists_and_tuples_are_reversed_by_tidiff():
     assert fn.memo.peek("reverse verdict") is None
 
 
+def assert_exact_in_both_modes(fn, x, twin):
+    """fn's value, jacrev and jacfwd at x against its torch twin (one output or several), with no check of its
+    reverse mode: tidiff's adjoints are exact there."""
+    wants = twin(torch.tensor(x))
+    jacobians = torch.autograd.functional.jacobian(twin, torch.tensor(x))
+    values = fn(x)
+    single = isinstance(wants, torch.Tensor)
+    for got, want in zip((values,) if single else values, (wants,) if single else wants, strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-14, atol=1e-14)
+    for transform in (td.jacrev, td.jacfwd):
+        got = transform(fn)(x)
+        for g, want in zip((got,) if single else got, (jacobians,) if single else jacobians, strict=True):
+            np.testing.assert_allclose(g, want.numpy(), rtol=1e-13, atol=1e-14)
+    assert fn.memo.peek("reverse verdict") is None
+
+
 dict_x, dict_out = ti.field(ti.f64, 4, needs_grad=True), ti.field(ti.f64, 4, needs_grad=True)
 NUMBERED = {0: ti.field(ti.f64, 4, needs_grad=True), 1: ti.field(ti.f64, 4, needs_grad=True)}
 NAMED, NAMES = {"u": NUMBERED[0], "v": NUMBERED[1]}, ("u", "v")
@@ -913,11 +929,7 @@ def test_fields_in_dicts_in_both_modes():
     """Forward mode gave these a zero tangent (no error) and reverse mode fell back to Taichi's kernel.grad."""
     assert isinstance(vjp_kernel(through_dicts), KernelAdjoint)
     fn = td.function(through_dicts, inputs=[dict_x], outputs=[dict_out])
-    x = np.linspace(-0.9, 1.3, 4)
-    want = torch.autograd.functional.jacobian(lambda z: 4 * torch.sin(z) * torch.roll(z, -1), torch.tensor(x))
-    np.testing.assert_allclose(td.jacrev(fn)(x), want.numpy(), rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(td.jacfwd(fn)(x), want.numpy(), rtol=1e-13, atol=1e-15)
-    assert fn.memo.peek("reverse verdict") is None
+    assert_exact_in_both_modes(fn, np.linspace(-0.9, 1.3, 4), lambda z: 4 * torch.sin(z) * torch.roll(z, -1))
 
 
 fx, fy, fz, tally = (ti.field(ti.f64, 5, needs_grad=True) for _ in range(4))
@@ -984,14 +996,7 @@ def test_funcs_writing_fields_in_conditional_expressions_or_returning_in_a_stati
         return (torch.where(even, torch.sin(x ** 2) * x, x),
                 torch.exp(x) * x + x ** 2 + x ** 3 + torch.where(late, x, 0 * x), 2 * x ** 2 + x ** 3 + x)
 
-    x = np.linspace(-1.1, 0.8, 5)
-    for got, want in zip(fn(x), twin(torch.tensor(x)), strict=True):
-        np.testing.assert_allclose(got, want.numpy(), rtol=1e-14, atol=1e-15)
-    wants = torch.autograd.functional.jacobian(twin, torch.tensor(x))
-    for transform in (td.jacrev, td.jacfwd):
-        for got, want in zip(transform(fn)(x), wants, strict=True):
-            np.testing.assert_allclose(got, want.numpy(), rtol=1e-13, atol=1e-15)
-    assert fn.memo.peek("reverse verdict") is None
+    assert_exact_in_both_modes(fn, np.linspace(-1.1, 0.8, 5), twin)
 
 
 cx = ti.field(ti.f64, 5, needs_grad=True)
@@ -1034,12 +1039,7 @@ def test_writes_into_components_of_vector_and_matrix_fields():
     """NOTE: [Writes into components]: they fell back to Taichi's kernel.grad."""
     assert isinstance(vjp_kernel(component_writes), KernelAdjoint)
     fn = td.function(component_writes, inputs=[cx], outputs=[cy])
-    x = np.linspace(-0.8, 1.1, 5)
-    np.testing.assert_allclose(fn(x), torch_component_writes(torch.tensor(x)).numpy(), rtol=1e-14, atol=1e-14)
-    want = torch.autograd.functional.jacobian(torch_component_writes, torch.tensor(x)).numpy()
-    np.testing.assert_allclose(td.jacrev(fn)(x), want, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(td.jacfwd(fn)(x), want, rtol=1e-13, atol=1e-14)
-    assert fn.memo.peek("reverse verdict") is None
+    assert_exact_in_both_modes(fn, np.linspace(-0.8, 1.1, 5), torch_component_writes)
 
 
 ox, oz, ow, ov, oy = (ti.field(ti.f64, 5, needs_grad=True) for _ in range(5))
@@ -1085,12 +1085,7 @@ def test_reads_of_what_the_iteration_wrote():
     """NOTE: [Reads of what the iteration wrote]: the gradient took the value the kernel left (0.32 where torch
     gives -0.4), and the access log, dropping the second write as a repeat, called the launch exact."""
     x = np.linspace(-0.8, 1.1, 5)
-    fn = td.function(own_writes, inputs=[ox], outputs=[oy])
-    want = torch.autograd.functional.jacobian(torch_own_writes, torch.tensor(x)).numpy()
-    np.testing.assert_allclose(fn(x), torch_own_writes(torch.tensor(x)).numpy(), rtol=1e-14, atol=1e-15)
-    np.testing.assert_allclose(td.jacrev(fn)(x), want, rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(td.jacfwd(fn)(x), want, rtol=1e-13, atol=1e-15)
-    assert fn.memo.peek("reverse verdict") is None  # exact: the values are the ones stored, no check
+    assert_exact_in_both_modes(td.function(own_writes, inputs=[ox], outputs=[oy]), x, torch_own_writes)
 
     looped = td.function(lambda: own_writes_in_a_loop(3), inputs=[ox], outputs=[oy])
     want = torch.autograd.functional.jacobian(torch_own_writes_in_a_loop, torch.tensor(x)).numpy()

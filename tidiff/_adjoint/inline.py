@@ -243,8 +243,9 @@ def _inline_block_of(node: ast.AST, namespace: dict[str, Any], sites: _Sites, na
 
 def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], sites: _Sites, namer: Namer) -> list[ast.stmt]:
     """``v = f(...)`` for each call to inline inside the expressions of a simple statement or a branch's test
-    (evaluated once, before the rest of it), the call replaced by ``v`` there; a while loop's test, a
-    conditional expression and ``and`` / ``or`` are left alone."""
+    (evaluated once, before the rest of it), the call replaced by ``v`` there; inside a conditional expression
+    or ``and`` / ``or``, the call's statements, the call replaced by what it returns (NOTE: [Funcs in
+    conditional expressions]). A while loop's test is left alone."""
     out: list[ast.stmt] = []
 
     class Hoist(ast.NodeTransformer):
