@@ -355,7 +355,10 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     mark(adjoint, reverse=True, uses_bwd=reverser.uses_bwd, recomputes=reverser.recomputes)
     params = [a.arg for a in parsed.tree.args.args]
     used = used_names(tree, reverser.taichi_name)  # NOTE: [Values the adjoint uses]
-    accesses = [a for a in reverser.accesses if a.value is None or a.value.id in used]
+    won = {id(a) for a in reverser.extremes if a.kind == "load"}  # what won, read as the kernel left it: after
+    # every access of the kernel, where its place in the code would put it between an atomic's writes
+    accesses = [a for a in reverser.accesses if id(a) not in won and (a.value is None or a.value.id in used)]
+    accesses += [a for a in reverser.accesses if id(a) in won]
     return KernelAdjoint(adjoint, [params.index(p) for p in reverser.template_fields], accesses, params, bound)
 
 
