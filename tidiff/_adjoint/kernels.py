@@ -121,9 +121,10 @@ needs ``x[i]`` (its derivative is ``cos(x[i])``) and not ``v[i]`` (it enters
 linearly). A field read whose value the adjoint does not use needs no entry
 kept and no check of its launch (NOTE: [Launches that keep the access
 rules]): the launch's accesses are only the loads whose variable the
-adjoint reads (its assignments to variables nothing reads left out until
-none is left; Taichi drops the same code when it compiles), with every
-store and every read without a variable (an index's, a func's). So a
+adjoint uses (read by a statement with an effect, or by an assignment of
+a variable it uses: one pass and a closure; Taichi drops the rest when it
+compiles), with every store and every read without a variable (an
+index's, a func's). So a
 symplectic Euler step in one kernel (``v`` updated in place from ``x``,
 then ``x`` from the new ``v``) keeps the ``x`` it overwrote and is exact,
 where its loads of ``v`` (read, written, read again) made it checked and its
@@ -363,38 +364,41 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
 
 
 def used_names(tree: ast.FunctionDef, taichi_name: str) -> set[str]:
-    """The variables whose values the adjoint ``tree`` uses: assignments to variables nothing reads are left out
-    until none is left, and what the rest reads is used (NOTE: [Values the adjoint uses]). ``taichi_name``: what
-    the code calls the Taichi module."""
-    body = copy.deepcopy(tree)
-    while True:
-        read = value_reads(body)  # (``sum_to(ct, v)`` reads ``v``'s type only)
-        read |= {n.target.id for n in ast.walk(body) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
-        dropped = _Unread(read, {taichi_name, RULE_HELPERS})
-        dropped.visit(body)
-        if not dropped.found:
-            return read
+    """The variables whose values the adjoint ``tree`` uses (NOTE: [Values the adjoint uses]): those read by a
+    statement with an effect (a gradient's update, a branch's test, a loop's range, a call of a func), and,
+    through assignments of values made with Taichi's functions and the rule helpers only, what those read.
+    ``taichi_name``: what the code calls the Taichi module."""
+    modules = {taichi_name, RULE_HELPERS}
+    made_of: dict[str, set[str]] = {}  # a variable -> what the values assigned to it read
+    read: set[str] = set()  # what the statements with effects read
 
+    def pure(value: ast.expr) -> bool:  # no call of a func (a reverse function adding into gradients), no atomic
+        return all(isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                   and n.func.value.id in modules and not n.func.attr.startswith("atomic")
+                   for n in ast.walk(value) if isinstance(n, ast.Call))
 
-class _Unread(ast.NodeTransformer):
-    """Assignments of a value to a variable nothing reads, left out where the value calls nothing but Taichi's
-    functions and the rule helpers (``ti.sin``, ``_tidiff_rules.sum_to``; not an atomic): a call of a func (a
-    reverse function adding into gradients) stays, with what it reads."""
+    def visit(stmts: list[ast.stmt]) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                    and pure(stmt.value):
+                made_of.setdefault(stmt.targets[0].id, set()).update(value_reads(stmt.value))
+            elif isinstance(stmt, (ast.For, ast.While, ast.If)):
+                read.update(value_reads(stmt.iter if isinstance(stmt, ast.For) else stmt.test))
+                visit(stmt.body)
+                visit(stmt.orelse)
+            elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+                read.update(value_reads(stmt.value), {stmt.target.id})
+            else:
+                read.update(value_reads(stmt))
 
-    def __init__(self, read: set[str], modules: set[str]) -> None:
-        self.read, self.modules, self.found = read, modules, False
-
-    def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
-        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and node.targets[0].id not in self.read \
-                and all(self.pure(n.func) for n in ast.walk(node.value) if isinstance(n, ast.Call)):
-            self.found = True
-            return None
-        return node
-
-    def pure(self, func: ast.expr) -> bool:
-        """A callee without effects: a function of the Taichi module or of the rule helpers, not an atomic."""
-        return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
-            and func.value.id in self.modules and not func.attr.startswith("atomic")
+    visit(tree.body)
+    used, todo = set(), list(read)
+    while todo:
+        variable = todo.pop()
+        if variable not in used:
+            used.add(variable)
+            todo.extend(made_of.get(variable, ()))
+    return used
 
 
 class FieldReverser(Reverser):
