@@ -1220,17 +1220,23 @@ def torch_euler(x, v):
 def test_a_symplectic_euler_step_in_one_kernel_is_exact():
     """NOTE: [Values the adjoint uses]: it was checked, warned TaichiReverseWarning and pushed tangents forward."""
     fn = td.function(euler_program, inputs=[ex_in, ev_in], outputs=[eout])
-    x, v = np.linspace(0.2, 1.1, 5), np.linspace(-0.3, 0.4, 5)
-    want = torch.autograd.functional.jacobian(torch_euler, (torch.tensor(x), torch.tensor(v)))
+    assert_quietly_exact(td.jacrev, fn, (np.linspace(0.2, 1.1, 5), np.linspace(-0.3, 0.4, 5)), torch_euler,
+                         rtol=1e-13, atol=1e-15)
+
+
+def assert_quietly_exact(derivative, fn, args, twin, rtol, atol):
+    """``derivative(fn)`` by every argument against torch's Jacobian of ``twin``, with no warning and no check of
+    reverse mode."""
+    want = torch.autograd.functional.jacobian(twin, tuple(torch.tensor(a) for a in args))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = td.jacrev(fn, argnums=(0, 1))(x, v)
+        got = derivative(fn, argnums=tuple(range(len(args))))(*args)
     for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w.numpy(), rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(g, w.numpy(), rtol=rtol, atol=atol)
     assert fn.memo.peek("reverse verdict") is None
 
 
-mx, mw, my, mz = (ti.field(ti.f64, 4, needs_grad=True) for _ in range(4))
+mx, mw, my = (ti.field(ti.f64, 4, needs_grad=True) for _ in range(3))
 mloss = ti.field(ti.f64, (), needs_grad=True)
 
 
@@ -1271,11 +1277,5 @@ def test_two_atomic_maxima_into_one_field_then_overwritten_are_exact():
     made the launch look like one reading, then writing, a field (long run, seed 6500: then checked, and where
     the check could not tell, a gradient of zeros)."""
     fn = td.function(maxima_program, inputs=[mx, mw], outputs=[mloss])
-    x, w = np.array([0.3, 1.2, 0.7, 1.5]), np.array([0.5, -0.4, 1.1, 0.9])
-    want = torch.autograd.functional.jacobian(torch_maxima_program, (torch.tensor(x), torch.tensor(w)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = td.grad(fn, argnums=(0, 1))(x, w)
-    for g, wanted in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, wanted.numpy(), rtol=1e-12, atol=1e-12)
-    assert fn.memo.peek("reverse verdict") is None
+    assert_quietly_exact(td.grad, fn, (np.array([0.3, 1.2, 0.7, 1.5]), np.array([0.5, -0.4, 1.1, 0.9])),
+                         torch_maxima_program, rtol=1e-12, atol=1e-12)

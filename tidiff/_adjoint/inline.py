@@ -64,7 +64,7 @@ from taichi.lang.field import Field
 from .._lang.callees import is_taichi_func
 from .._lang.naming import Namer, names_in
 from .._lang.objects import fields_of, parsed_for
-from .._lang.parse import MISSING, Parsed, resolve, without_docstring
+from .._lang.parse import MISSING, OPERATOR_NODES, Parsed, resolve, static_call, without_docstring
 
 DEEPEST = 8
 
@@ -166,25 +166,13 @@ def _taken(stmts: list[ast.stmt], namespace: dict[str, Any], local: set[str]) ->
     return out
 
 
-_KNOWN_NODES = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Load,
-                ast.cmpop, ast.boolop, ast.operator, ast.unaryop, ast.Tuple)
-
-
 def _static_test(test: ast.expr, namespace: dict[str, Any], local: set[str]) -> Any:
     """The value of ``ti.static(c)``'s ``c`` where it is made of module-level names and constants, else MISSING."""
     if not (isinstance(test, ast.Call) and resolve(test.func, namespace) is ti.static and len(test.args) == 1
             and not test.keywords):
         return MISSING
-    condition = test.args[0]
-    for sub in ast.walk(condition):
-        if not isinstance(sub, _KNOWN_NODES) or isinstance(sub, ast.Name) and (
-                sub.id in local or resolve(sub, namespace) is MISSING):
-            return MISSING
-    try:
-        code = compile(ast.fix_missing_locations(ast.Expression(copy.deepcopy(condition))), "<static test>", "eval")
-        return bool(eval(code, dict(namespace)))  # names checked above: module-level objects and constants
-    except Exception:  # noqa: BLE001 -- Taichi reports what it cannot evaluate when it compiles
-        return MISSING
+    value = static_call(test, namespace, local, OPERATOR_NODES)  # ti.static(c) is c outside Taichi's compile
+    return value if value is MISSING else bool(value)
 
 
 def _writes_fields(callee: Any, seen: set[int]) -> bool:

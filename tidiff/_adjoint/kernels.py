@@ -591,12 +591,10 @@ class FieldReverser(Reverser):
     def statement(self, node: ast.stmt) -> None:
         """A branch or loop may read, in a later iteration or after the branch, what it writes: its fields'
         stored values are forgotten before and after it (NOTE: [Reads of what the iteration wrote])."""
-        compound = isinstance(node, (ast.If, ast.For, ast.While))
-        if compound:
-            self.forget(self.fields_written(node))
+        written = self.fields_written(node) if isinstance(node, (ast.If, ast.For, ast.While)) else set()
+        self.forget(written)
         super().statement(node)
-        if compound:
-            self.forget(self.fields_written(node))
+        self.forget(written)
 
     def fields_written(self, node: ast.AST) -> set[str] | None:
         """The fields a statement may write: targets of assignments, first arguments of calls (atomics), by the

@@ -143,15 +143,19 @@ def entry(container: object, key: object) -> Any:
 
 _STATIC_NODES = (ast.Call, ast.Name, ast.Attribute, ast.Constant, ast.Tuple, ast.List, ast.keyword, ast.Load,
                  ast.UnaryOp, ast.USub)
+#: What else a compile-time condition may hold (``ti.static(MODE == 1)``).
+OPERATOR_NODES = (ast.Compare, ast.BoolOp, ast.BinOp, ast.cmpop, ast.boolop, ast.operator, ast.unaryop)
 
 
-def static_call(node: ast.AST, namespace: dict[str, Any], local_names: Container[str]) -> Any:
-    """The value of a call made only of module-level names and constants (``td.grad(E, argnums=1)``),
-    evaluated now as Taichi would evaluate it when it compiles; MISSING for anything else."""
+def static_call(node: ast.AST, namespace: dict[str, Any], local_names: Container[str],
+                allowed: tuple[type, ...] = ()) -> Any:
+    """The value of a call made only of module-level names and constants (``td.grad(E, argnums=1)``), and of
+    the nodes ``allowed`` besides, evaluated now as Taichi would evaluate it when it compiles; MISSING for
+    anything else."""
     if not isinstance(node, ast.Call):
         return MISSING
     for sub in ast.walk(node):
-        if not isinstance(sub, _STATIC_NODES):
+        if not isinstance(sub, _STATIC_NODES + allowed):
             return MISSING
         if isinstance(sub, ast.Name) and (sub.id in local_names or resolve(sub, namespace) is MISSING):
             return MISSING
