@@ -144,6 +144,56 @@ def test_forward_mode_gives_the_winners_tangent_as_torch_and_transposes_reverse_
     assert gx @ tx + gw * tw == pytest.approx(ct[0] * tangents[0] + ct[1] @ tangents[1], rel=1e-12, abs=1e-14)
 
 
+@ti.kernel
+def seeded_in_one_kernel():
+    peak[None] = 3.0 * w[None]  # statements and loops before the atomics' loop give the old values
+    for j in lows:
+        lows[j] = w[None] + 1.0
+    for i in xs:
+        ti.atomic_max(peak[None], ti.sin(xs[i]) * 2.0)
+        if xs[i] > -1.0:
+            ti.atomic_min(lows[i % 2], xs[i] * xs[i])
+
+
+ONE_KERNEL = td.function(seeded_in_one_kernel, inputs=[xs, w], outputs=[peak, lows])
+
+
+@settings(max_examples=20)
+@given(x=st.lists(VALUES, min_size=N, max_size=N).map(np.array), wv=st.floats(-0.9, 0.9),
+       t=st.lists(st.floats(-2, 2), min_size=N + 1, max_size=N + 1).map(np.array))
+def test_old_values_set_in_the_atomics_kernel_in_both_modes(x, wv, t):
+    """The way a reduction is usually written: the old value set in the kernel itself, then the atomics (was
+    refused: the field written besides the atomics)."""
+    assert isinstance(vjp_kernel(seeded_in_one_kernel), KernelAdjoint)
+    ct = (np.float64(0.7), np.array([1.3, -0.4]))
+    gx, gw = td.vjp(ONE_KERNEL, x, np.float64(wv))[1](ct)
+    tx_, tw_ = torch_vjp(x, wv, *ct)
+    np.testing.assert_allclose(gx, tx_, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(gw, tw_, rtol=1e-13, atol=1e-15)
+    tx, tw = t[:N], np.float64(t[N])
+    _, tangents = td.jvp(ONE_KERNEL, (x, np.float64(wv)), (tx, tw))
+    _, want = torch.func.jvp(twin, (torch.tensor(x), torch.tensor(wv, dtype=torch.float64)),
+                             (torch.tensor(tx), torch.tensor(tw, dtype=torch.float64)))
+    np.testing.assert_allclose(tangents[0], want[0].item(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(tangents[1], want[1].numpy(), rtol=1e-13, atol=1e-15)
+
+
+@ti.kernel
+def overwritten_after_the_atomics():
+    for i in xs:
+        ti.atomic_max(peak[None], xs[i])
+    peak[None] = peak[None] * 2.0  # the adjoint would read this, not what won
+
+
+def test_a_write_after_the_atomics_loop_is_refused_in_both_modes():
+    assert "besides ti.atomic_max" in str(vjp_kernel(overwritten_after_the_atomics))
+    G = td.function(overwritten_after_the_atomics, inputs=[xs], outputs=[peak])
+    with pytest.raises(td.TransformError, match="ti.atomic_max"):
+        td.grad(G)(np.ones(N))
+    with pytest.raises(td.TransformError, match=r"the field `peak`, read or written besides ti.atomic_max"):
+        td.jvp(G, (np.ones(N),), (np.ones(N),))
+
+
 energy = ti.field(ti.f64, shape=())
 
 
@@ -157,12 +207,19 @@ def energy_program():
     combine()
 
 
+def energy_in_one_kernel():
+    seeded_in_one_kernel()
+    combine()
+
+
 E = td.function(energy_program, inputs=[xs, w], outputs=[energy])
+E_ONE_KERNEL = td.function(energy_in_one_kernel, inputs=[xs, w], outputs=[energy])
 
 
 @settings(max_examples=10)
-@given(x=st.lists(VALUES, min_size=N, max_size=N).map(np.array), wv=st.floats(-0.9, 0.9))
-def test_hessian_is_the_winners_split_as_torch(x, wv):
+@given(x=st.lists(VALUES, min_size=N, max_size=N).map(np.array), wv=st.floats(-0.9, 0.9),
+       E=st.sampled_from([E, E_ONE_KERNEL]))
+def test_hessian_is_the_winners_split_as_torch(x, wv, E):
     def energy_twin(xt):
         p, lo = twin(xt, torch.tensor(wv, dtype=torch.float64))
         return p + 2.0 * lo[0] + 3.0 * lo[1]

@@ -59,6 +59,11 @@ APPLY = {
     # extremes in reverse]); y starts at 0
     "atomic maxima": "v = f(x[i], w[i])\n        ti.atomic_max(y[i], v)\n"
                      "        ti.atomic_max(y[(i + 1) % N], v - 0.5)",
+    # y[i] = max(sin(w[i]) / 4 - 0.5, f(x[i], w[i]), f(x[i - 1], w[i - 1]) - 0.5): the old value set by an earlier
+    # loop of the same kernel
+    "atomic maxima over a bound set first": "y[i] = 0.25 * ti.sin(w[i]) - 0.5\n    for j in x:\n"
+                                            "        v = f(x[j], w[j])\n        ti.atomic_max(y[j], v)\n"
+                                            "        ti.atomic_max(y[(j + 1) % N], v - 0.5)",
     # y[i] = min(0, f(x[i], w[i]), f(x[i - 1], w[i - 1]) + 0.5)
     "atomic minima": "v = f(x[i], w[i])\n        ti.atomic_min(y[i], v)\n"
                      "        ti.atomic_min(y[(i + 1) % N], v + 0.5)",
@@ -108,11 +113,11 @@ def element_values(case: Case, variant: str, x, w):
     return torch.stack([case.twin(x[i], w[i]) for i in range(N)])
 
 
-def y_twin(variant: str, f_values):
-    """What the apply kernel leaves in ``y``, from the element function's values."""
-    if variant == "atomic maxima":
-        zero = torch.zeros_like(f_values)
-        return torch.amax(torch.stack([zero, f_values, torch.roll(f_values, 1) - 0.5]), dim=0)
+def y_twin(variant: str, f_values, w):
+    """What the apply kernel leaves in ``y``, from the element function's values (and ``w``)."""
+    if variant.startswith("atomic maxima"):
+        bound = torch.zeros_like(f_values) if variant == "atomic maxima" else 0.25 * torch.sin(w) - 0.5
+        return torch.amax(torch.stack([bound, f_values, torch.roll(f_values, 1) - 0.5]), dim=0)
     if variant == "atomic minima":
         zero = torch.zeros_like(f_values)
         return torch.amin(torch.stack([zero, f_values, torch.roll(f_values, 1) + 0.5]), dim=0)
@@ -234,7 +239,7 @@ def field_program(case: Case, variant: str, passes: str):
     G = td.function(program, inputs=[fields["x"], fields["w"]], outputs=[fields["z"]])
 
     def z_twin(x, w):
-        y = y_twin(variant, element_values(case, variant, x, w))
+        y = y_twin(variant, element_values(case, variant, x, w), w)
         if variant == "a top-level sum":
             y = y + 0.125 * (torch.sin(x) * w).sum() * x
         elif variant == "a func reading a field by index":

@@ -71,9 +71,11 @@ adjoint runs, so a tie between it and an iteration goes to the iteration
 (a field filled with ``-inf`` or a bound first never ties). Taichi's own
 ``kernel.grad`` gives every iteration the whole gradient. ``atomic_min`` is
 the same. Taken on scalar global fields inside parallel loops, the atomic's
-result unused, the field written by nothing else in the kernel and read by
-nothing else in that loop (its iterations race the atomic; later loops read
-what won). Forward mode: NOTE: [Atomic extremes forward].
+result unused, the field written by nothing else in the kernel from that
+loop on (statements and loops before it set the old value, ``peak[None] =
+-1e30``: their adjoints, after the atomic's, take what the old value kept)
+and read by nothing else in that loop (its iterations race the atomic;
+later loops read what won). Forward mode: NOTE: [Atomic extremes forward].
 
 A ``@ti.func`` that writes fields, or is given one, is written out in the
 kernel first (NOTE: [Funcs that write fields, inlined]); so is a method of
@@ -423,6 +425,8 @@ class FieldReverser(Reverser):
         self.kept_made: set[str] = set()  # the fields keeping atomics' values (NOTE: [Winners by kept values])
         self.extremes: list[Access] = []  # the accesses of atomic max / min
         self.ties_made: list[tuple[str, str]] = []  # (tie counts, field) of every parallel loop
+        self.extremes_from: dict[str, int] = {}  # a field atomic max / min write -> where in ``accesses`` the
+        # first parallel loop holding one starts
         self.forwarded: dict[tuple[str, str], ast.expr] = {}  # NOTE: [Reads of what the iteration wrote]
         self.find_fields()
 
@@ -870,7 +874,7 @@ class KernelReverser(FieldReverser):
         # fields: any entry, anywhere in the launch
         for stmt in body:
             self.statement(stmt)
-        self.alone_in_extremes(self.accesses, self.ties_made, "store")
+        self.alone_in_extremes(self.accesses, self.ties_made, "store", self.extremes_from)
         self.straight = not _has_blocks(self.ops)
         self.sweep_ops(self.ops)
         self.flush()
@@ -879,14 +883,18 @@ class KernelReverser(FieldReverser):
                              [ast.Attribute(name(TAICHI), "kernel", ast.Load())], None)
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
-    def alone_in_extremes(self, accesses: list[Access], ties: list[tuple[str, str]], kind: str) -> None:
-        """A field ``ti.atomic_max`` (or min) writes is written by nothing else in the kernel (``kind``
-        "store") and read by nothing else in the parallel loop holding the atomic ("load"), whose iterations
-        race it: the adjoint reads what won from the field as the kernel left it (later loops read it too)."""
+    def alone_in_extremes(self, accesses: list[Access], ties: list[tuple[str, str]], kind: str,
+                          start: dict[str, int] | None = None) -> None:
+        """A field ``ti.atomic_max`` (or min) writes is written by nothing else in the kernel from the first
+        parallel loop holding such an atomic on (``kind`` "store"; ``start``: the field's first such loop's first
+        access, where earlier writes, ``m[None] = -1e9``, give the old value) and read by nothing else in the
+        parallel loop holding the atomic ("load"), whose iterations race it: the adjoint reads what won from the
+        field as the kernel left it (later loops read it too)."""
         own = {id(a) for a in self.extremes}
         targets = {id(self.field_key(field)): field for _, field in ties}
-        for access in accesses:
-            if access.kind == kind and id(access) not in own and id(access.field) in targets:
+        for at, access in enumerate(accesses):
+            if access.kind == kind and id(access) not in own and id(access.field) in targets \
+                    and at >= (start or {}).get(targets[id(access.field)], 0):
                 raise NotReversible(f"the field `{targets[id(access.field)]}`, read or written besides "
                                     "ti.atomic_max / ti.atomic_min in one kernel")
 
@@ -992,6 +1000,8 @@ class KernelReverser(FieldReverser):
             self.parallel_loop = None
             self.forwarded = {}
         self.alone_in_extremes(self.accesses[start:], self.ties, "load")
+        for _, field in self.ties:
+            self.extremes_from.setdefault(field, start)
         if not self.single(node):  # one iteration (``for _ in range(1)``, as DiffTaichi writes a step) chains none
             self.no_chain(self.accesses[start:])
         self.env = env

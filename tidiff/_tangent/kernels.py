@@ -23,7 +23,8 @@ where one won, ``dy[i] = 0``; then each winner adds ``de / count`` (a tie
 splits evenly, as ``max`` does: NOTE: [Ties]). Where none won, the old value
 did and ``dy[i]`` keeps its tangent. The counts are left as they are, so
 the kernel's adjoint reads them (reverse over forward: Hessian-vector
-products). The target is written by nothing else in the kernel and read by
+products). The target is written by nothing else in the kernel from that
+loop on (what comes before sets the old value and its tangent) and read by
 nothing else in that loop, whose iterations race the atomic; later loops
 and kernels read what won. Reverse mode: NOTE: [Atomic extremes in reverse].
 
@@ -80,7 +81,7 @@ from .._lang.generate import generate
 from .._lang.naming import RULE_HELPERS, helper_name
 from .._lang.nodes import Value, call, entry_root, function, if_, statement, taichi
 from .._lang.objects import Unbound, argcount, bind, fields_of, is_float_field, method_parts, parsed_for
-from .._lang.parse import MISSING, Parsed, hashable, resolve
+from .._lang.parse import MISSING, Parsed, hashable, resolve, without_docstring
 from .._rules import helpers as rule_helpers
 from .._rules.calls import callable_rule
 from .emit import jvp_func
@@ -235,8 +236,9 @@ def _bound_names(tree: ast.FunctionDef) -> set[str]:
 
 
 def _alone_in_extremes(root: str, tree: ast.FunctionDef, loop: ast.For, namespace: dict[str, Any]) -> bool:
-    """Whether the field ``root`` is written only by atomic extremes in the kernel ``tree``, and read in none
-    of them in the parallel loop ``loop`` (whose iterations race the extremes): later loops read what won."""
+    """Whether the field ``root`` is written only by atomic extremes from the parallel loop ``loop`` on (its
+    statements before, ``m[None] = -1e9``, give the old value), and read in none of them in ``loop`` (whose
+    iterations race the extremes): later loops read what won."""
     def is_extreme(n: ast.AST) -> bool:
         return isinstance(n, ast.Call) and bool(n.args) and root_names(n.args[0])[:1] == [root] \
             and resolve(n.func, namespace) in (ti.atomic_max, ti.atomic_min)
@@ -248,8 +250,11 @@ def _alone_in_extremes(root: str, tree: ast.FunctionDef, loop: ast.For, namespac
             and not is_extreme(n) and root_names(n.args[0])[:1] == [root] \
             and getattr(resolve(n.func, namespace), "__name__", "").startswith("atomic_")
 
+    body = without_docstring(tree.body)
+    after = body[next((k for k, stmt in enumerate(body) if stmt is loop), 0):]
     uses = sum(isinstance(n, ast.Name) and n.id == root for n in ast.walk(loop))
-    return not any(is_write(n) for n in ast.walk(tree)) and uses == sum(map(is_extreme, ast.walk(loop)))
+    return not any(is_write(n) for stmt in after for n in ast.walk(stmt)) \
+        and uses == sum(map(is_extreme, ast.walk(loop)))
 
 
 class _Recomputed(ast.NodeTransformer):
