@@ -83,10 +83,10 @@ def test_tensors_reach_the_kernel_without_a_copy():
     fn = make("conv_zero_copy")
     seen, launch = [], fn._launch
 
-    def recording(kernel, tensors, counted=None):  # the data pointers each launch is given, in parameter order
+    def recording(kernel, tensors, counted=None, extra=()):  # the data pointers each launch gets, in parameter order
         seen.append(("primal" if kernel is causal_conv else "adjoint",
                      [tensors[p].data_ptr() for p in fn.params if p in tensors]))
-        return launch(kernel, tensors, counted)
+        return launch(kernel, tensors, counted, extra)
 
     fn._launch = recording
     zop = td.torch.function(fn)

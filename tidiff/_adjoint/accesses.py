@@ -43,6 +43,8 @@ class Access:
         self.kind, self.field = kind, field
         self.anywhere = anywhere  # it may happen anywhere in the launch's order (in a runtime loop, repeatedly)
         self.reread = False  # set by KernelAccesses: the field may be read after the kernel wrote it
+        self.won = False  # the read of what an atomic max / min left, after the kernel (NOTE: [Atomic extremes in
+        # reverse])
         self.value: ast.Name | None = None  # a load's: the variable the adjoint reads it into (NOTE: [Values the
         # adjoint uses])
         self.index: tuple[ast.expr | None, ...] | None = None

@@ -167,7 +167,12 @@ wrote]) and needs none either. Any other read of an output gets it as the
 kernel left it (the kernel runs first), which is right unless it wrote the
 entry after reading it or reads its own write: such a vjp is checked
 against forward mode (NOTE: [Checking Taichi's reverse mode]). Atomic max /
-min into an array is not taken (nor by forward mode).
+min into a scalar output array is taken as into a field (NOTE: [Atomic
+extremes in reverse]): the kernel runs first, and the adjoint reads what
+won, which is exact (no check) where nothing else reads an output.
+
+What it counts and keeps are arrays each launch allocates (NOTE: [Scratch
+arrays] in ``_lang/scratch.py``).
 """
 from __future__ import annotations
 
@@ -181,6 +186,7 @@ from typing import Any
 
 import taichi as ti
 from taichi.lang.field import Field, ScalarField
+from taichi.lang.matrix import MatrixType
 from taichi.types.annotations import Template
 from taichi.types.ndarray_type import NdarrayType
 
@@ -195,6 +201,7 @@ from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
 from .._lang.nodes import entry_root, name, zero_of
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, without_docstring
+from .._lang.scratch import Scratch
 from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
 from . import _made
@@ -223,8 +230,10 @@ class KernelAdjoint:
     """
 
     def __init__(self, kernel: Any, fields_at: list[int], accesses: list[Access], params: list[str],
-                 bound: bool = False) -> None:
+                 bound: bool = False, scratch: Sequence[Scratch] = ()) -> None:
         self.kernel, self.fields_at, self.params = kernel, fields_at, params
+        self.scratch = list(scratch)  # an ndarray kernel's adjoint's arrays after its parameters: NOTE: [Scratch
+        # arrays]
         self.accesses = KernelAccesses(accesses, params)
         self.bound = bound  # a class kernel's: Taichi launches it with the object first
         self.launch = NumberLaunch(kernel)  # NOTE: [Number launches]: a replay launches it with numbers only
@@ -362,7 +371,8 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     # every access of the kernel, where its place in the code would put it between an atomic's writes
     accesses = [a for a in reverser.accesses if id(a) not in won and (a.value is None or a.value.id in used)]
     accesses += [a for a in reverser.accesses if id(a) in won]
-    return KernelAdjoint(adjoint, [params.index(p) for p in reverser.template_fields], accesses, params, bound)
+    return KernelAdjoint(adjoint, [params.index(p) for p in reverser.template_fields], accesses, params, bound,
+                         reverser.scratch)
 
 
 def used_names(tree: ast.FunctionDef, taichi_name: str) -> set[str]:
@@ -428,6 +438,7 @@ class FieldReverser(Reverser):
         self.extremes_from: dict[str, int] = {}  # a field atomic max / min write -> where in ``accesses`` the
         # first parallel loop holding one starts
         self.forwarded: dict[tuple[str, str], ast.expr] = {}  # NOTE: [Reads of what the iteration wrote]
+        self.scratch: list[Scratch] = []  # NOTE: [Scratch arrays]
         self.find_fields()
 
     def find_fields(self) -> None:
@@ -645,41 +656,68 @@ class FieldReverser(Reverser):
         """``ti.atomic_max(y[i], e)`` (or min) in a parallel loop (NOTE: [Atomic extremes in reverse])."""
         field = self.field_name(target.value)
         assert field is not None
-        obj = resolve(ast.Name(field, ast.Load()), self.parsed.namespace)
-        if not self.stores or self.depth == 0 or not isinstance(obj, ScalarField):
-            raise NotReversible(f"`ti.atomic_{kind}` into `{ast.unparse(target)}` (a scalar global field, in a "
-                                "parallel loop of the kernel)")
+        array = field in self.array_params
+        obj = None if array else resolve(ast.Name(field, ast.Load()), self.parsed.namespace)
+        if not self.stores or self.depth == 0 or not (isinstance(obj, ScalarField) or array and self.scalar_array(
+                field)):
+            raise NotReversible(f"`ti.atomic_{kind}` into `{ast.unparse(target)}` (a scalar global field or ndarray, "
+                                "in a parallel loop of the kernel)")
         index = self.field_index(target)
         stored = self.operand(value)
         ties = next((t for t, f in self.ties if f == field), None)  # one count of winners per field and loop
         if ties is None:
             ties = self.namer.fresh(f"{field}_ties")
-            self.helpers[ties] = ti.field(ti.i32, shape=obj.shape)
+            if array:  # NOTE: [Scratch arrays]
+                self.scratch.append(Scratch(ties, ti.i32, field))
+            else:
+                assert obj is not None
+                self.helpers[ties] = ti.field(ti.i32, shape=obj.shape)
             self.ties.append((ties, field))
             self.ties_made.append((ties, field))
         at = ast.Subscript(name(field), copy.deepcopy(index), ast.Load())
         kept = self.kept(obj, field)
         if kept is not None:  # NOTE: [Winners by kept values]
             self.forward.append(kept.store(stored))  # run by the counting loop only, as the count
-        self.forward.append(extremes.counted(stored, field, at, ties, kept))
-        won = extremes.won(stored, field, at) if kept is None else kept.won(at)
+        dtype = self.types.get(field, extremes.type_of(field)) if not array else \
+            self.types.get(field, ast.Attribute(name(TAICHI), "f64", ast.Load()))
+        self.forward.append(extremes.counted(stored, dtype, at, ties, kept))
+        won = extremes.won(stored, dtype, at) if kept is None else kept.won(at)
         key = self.field_key(field)
-        self.extremes += [Access("store", key, index, self.scalar_params(), self.looped()),
-                          Access("load", key, index, self.scalar_params(), self.looped())]  # the adjoint reads
-        # what won
+        winner = Access("load", key, index, self.scalar_params(), self.looped())  # the adjoint reads what won
+        winner.won = True
+        self.extremes += [Access("store", key, index, self.scalar_params(), self.looped()), winner]
         self.accesses += self.extremes[-2:]
         self.ops.append(Store(self.gradients[field], index, stored, kind, won, ties))
 
     def kept(self, target: Any, field: str) -> extremes.Kept | None:
         """Where the counting loop keeps this atomic's values for the reverse loop (NOTE: [Winners by kept
-        values]): for an atomic in no runtime loop of a parallel loop whose iterations are known."""
+        values]): for an atomic in no runtime loop of a parallel loop whose iterations are known (for an ndarray,
+        known at each launch: an array the launch allocates, NOTE: [Scratch arrays])."""
         if self.repeated or self.parallel_loop is None:
             return None
-        kept = extremes.kept_field(self.parallel_loop, self.parsed.namespace, target, self.helpers, self.namer,
-                                   f"{field}_kept")
+        if target is None:  # an ndarray's atomic
+            assert self.arrays is not None
+            extents = extremes.array_extents(self.parallel_loop, set(self.arrays), self.parsed.namespace)
+            index = extremes.loop_index(self.parallel_loop)
+            dtype = self.arrays[field]
+            bits = extremes.bits_of(dtype)
+            if extents is None or index is None or bits is None:
+                return None
+            param = self.namer.fresh(f"{field}_kept")
+            self.scratch.append(Scratch(param, bits, tuple(extents)))
+            kept: extremes.Kept | None = extremes.Kept(param, index, str(dtype), str(bits))
+        else:
+            kept = extremes.kept_field(self.parallel_loop, self.parsed.namespace, target, self.helpers, self.namer,
+                                       f"{field}_kept")
         if kept is not None:
             self.kept_made.add(kept.field)
         return kept
+
+    def scalar_array(self, param: str) -> bool:
+        """Whether the ndarray parameter ``param`` holds scalars (its annotation names no vector or matrix)."""
+        kernel = getattr(self, "kernel", None)
+        annotation = inspect.signature(kernel.__wrapped__).parameters[param].annotation if kernel else None
+        return isinstance(annotation, NdarrayType) and not isinstance(annotation.dtype, MatrixType)
 
     def looped(self) -> bool:
         """Whether the statement being transformed stands in a runtime loop of a kernel (not its parallel loop:
@@ -878,7 +916,10 @@ class KernelReverser(FieldReverser):
         self.straight = not _has_blocks(self.ops)
         self.sweep_ops(self.ops)
         self.flush()
-        fn = ast.FunctionDef(self.namer.fresh(self.tree.name + "_adjoint"), copy.deepcopy(self.tree.args),
+        args = copy.deepcopy(self.tree.args)
+        args.args += [scratch.parameter(self.helpers, self.namer) for scratch in self.scratch]  # NOTE: [Scratch
+        # arrays]
+        fn = ast.FunctionDef(self.namer.fresh(self.tree.name + "_adjoint"), args,
                              self.forward + self.backward or [ast.Pass()],
                              [ast.Attribute(name(TAICHI), "kernel", ast.Load())], None)
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
@@ -1121,11 +1162,15 @@ class KernelReverser(FieldReverser):
         counting.body = copy.deepcopy(loop.body.forward)
         counted = {ties for ties, _ in loop.ties}
         for ties, _ in loop.ties:
-            self.backward += extremes.zeroed(ties, self.helpers[ties].shape, self.namer.fresh)
+            self.backward += extremes.zeroed(ties, self.count_ndim(ties), self.namer.fresh)
         self.backward += config + [counting] + copy.deepcopy(config)
         self.backward.append(_WithoutCounts(counted, self.kept_made).visit(header))
         for ties, field in loop.ties:
-            self.backward += extremes.lost(ties, self.helpers[ties].shape, self.namer.fresh, self.gradients[field])
+            self.backward += extremes.lost(ties, self.count_ndim(ties), self.namer.fresh, self.gradients[field])
+
+    def count_ndim(self, ties: str) -> int:
+        """How many axes the counts ``ties`` have (a field's, or an array's: at least one)."""
+        return len(self.helpers[ties].shape) if ties in self.helpers else 1
 
 
 class _WithoutSums(ast.NodeTransformer):

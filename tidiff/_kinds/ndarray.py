@@ -66,6 +66,7 @@ from .._lang.activity import root_names
 from .._lang.compile import info
 from .._lang.launch import DirectLaunch
 from .._lang.parse import kernel_function
+from .._lang.scratch import Scratch
 from .._lang.source import source_tree
 from .._protocol import Function, register_kind
 from .._reverse_check import checked_vjp, settled_right, wrong_reverse
@@ -147,9 +148,11 @@ class NdarrayFunction(Function):
 
     def __init__(self, kernel: Any, inputs: Sequence[str], outputs: dict[str, ShapeRule],
                  constants: dict[str, Any] | None = None, name: str | None = None, *, listed: bool = True,
-                 frozen: Sequence[bool] | None = None, zeroed: Sequence[bool] | None = None) -> None:
+                 frozen: Sequence[bool] | None = None, zeroed: Sequence[bool] | None = None,
+                 scratch: Sequence[Scratch] = ()) -> None:
         super().__init__(name or kernel_function(kernel).__name__, listed=listed)
         self.kernel = kernel
+        self.scratch = list(scratch)  # a tangent kernel's arrays after its parameters (NOTE: [Scratch arrays])
         self.params = list(inspect.signature(kernel_function(kernel)).parameters)
         self.inputs, self.outputs = list(inputs), list(outputs)
         self.constants = dict(constants or {})
@@ -202,6 +205,7 @@ class NdarrayFunction(Function):
 
         arrays = {n: element(d, not f) for n, d, f in zip(self.inputs, in_dtypes, self.frozen, strict=True)}
         arrays.update({n: element(d, True) for n, d in zip(self.outputs, out_dtypes, strict=True)})
+        arrays.update({s.param: None for s in self.scratch})  # read as the kernel left them
         adjoint = vjp_ndarray_kernel(self.kernel, arrays)
         return None if isinstance(adjoint, NotReversible) else adjoint
 
@@ -211,10 +215,17 @@ class NdarrayFunction(Function):
         def find() -> bool:
             ins = {self.params.index(n) for n in self.inputs}
             outs = {self.params.index(n) for n in self.outputs}
-            return not any(a.field in (outs if a.kind == "load" else ins) for a in adjoint.accesses.accesses)
+            return not any(a.field in (outs if a.kind == "load" else ins) for a in adjoint.accesses.accesses
+                           if not a.won)  # what an atomic max / min left is read after the kernel ran: exact
 
         exact: bool = self.memo.get(("exact", id(adjoint)), find)  # adjoints live as long as their kernel
         return exact
+
+    def reads_outputs(self, adjoint: KernelAdjoint) -> bool:
+        """Whether ``adjoint`` reads the outputs (or scratch arrays) as the kernel left them (then the kernel runs
+        first)."""
+        outs = {self.params.index(n) for n in self.outputs + [s.param for s in self.scratch]}
+        return not self.exact(adjoint) or any(a.kind == "load" and a.field in outs for a in adjoint.accesses.accesses)
 
     # -- signature -----------------------------------------------------------
     def param_names(self) -> list[str]:
@@ -280,10 +291,10 @@ class NdarrayFunction(Function):
         return Batch(tuple(arrays), tuple(specs), (), device)
 
     # -- engines ---------------------------------------------------------------
-    def _launch(self, kernel: Any, tensors: dict[str, Any], counted: Any = None) -> None:
+    def _launch(self, kernel: Any, tensors: dict[str, Any], counted: Any = None, extra: Sequence[Any] = ()) -> None:
         uses(counted or kernel)
         check_unchanged(self.global_fields(), f"the ndarray kernel `{self.name}`")  # NOTE: [Field values of a call]
-        kernel(*[tensors[p] if p in tensors else self.constants[p] for p in self.params])
+        kernel(*[tensors[p] if p in tensors else self.constants[p] for p in self.params], *extra)
 
     def _inputs(self, batch: Batch) -> tuple[list[Any], list[ArgSpec], Any, bool]:
         """Input tensors (zero-copy views; zeros for zeroed tangents), output specs, device, whether NumPy."""
@@ -301,15 +312,22 @@ class NdarrayFunction(Function):
     def evaluate(self, batch: Batch) -> list[Any]:
         ins, out_specs, device, as_numpy = self._inputs(batch)
         outs = [zeros(s, device) for s in out_specs]
-        self._launch(self.kernel, {**dict(zip(self.inputs, ins, strict=True)),
-                                   **dict(zip(self.outputs, outs, strict=True))})
+        self._launch(self.kernel, self._with_scratch({**dict(zip(self.inputs, ins, strict=True)),
+                                                      **dict(zip(self.outputs, outs, strict=True))}, device))
         return [self._result(o, as_numpy) for o in outs]
+
+    def _with_scratch(self, tensors: dict[str, Any], device: Any) -> dict[str, Any]:
+        """``tensors`` (by parameter name) with the kernel's scratch arrays added, zeroed (NOTE: [Scratch
+        arrays])."""
+        for s in self.scratch:
+            tensors[s.param] = s.allocate(tensors, device)
+        return tensors
 
     def launch_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
         """:meth:`evaluate` of tensors like ``batch``'s, its checks and specs taken from ``batch`` (NOTE: [Launch
         plans] in ``_torch``): fresh zeroed outputs, one launch. None for a kernel reading global fields, whose
         values a derivative's record checks at every launch."""
-        if self.global_fields() or not all(is_tensor(a) and a.is_contiguous() for a in batch.arrays):
+        if self.global_fields() or self.scratch or not all(is_tensor(a) and a.is_contiguous() for a in batch.arrays):
             return None
         torch = _torch()
         out_specs, _ = self.signature(batch.specs)
@@ -358,6 +376,7 @@ class NdarrayFunction(Function):
         own = self.adjoint_for(specs)
         exact = own is not None and self.exact(own)
         if not (exact or own is None and settled_right(self) and not self.hidden_rules()) or self.global_fields() \
+                or self.scratch \
                 or not all(is_tensor(a) for a in batch.arrays) or not all(a.is_contiguous() for a in batch.arrays[:n]):
             return None  # cotangents may be expanded (a sum's): the plan copies them
         torch = _torch()
@@ -367,6 +386,9 @@ class NdarrayFunction(Function):
         floats = [(k, s.shape, torch_dtype(s.dtype)) for k, s in enumerate(specs) if s.is_float]
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
         adjoint = DirectLaunch(own.kernel if own is not None else self.kernel.grad)
+        primal = DirectLaunch(self.kernel) if own is not None and self.reads_outputs(own) else None  # what the
+        # adjoint reads of the outputs (what an atomic max / min left)
+        allocate = torch.zeros if primal is not None else torch.empty
 
         def launch(args: Sequence[Any]) -> list[Any]:
             device = args[0].device
@@ -377,10 +399,14 @@ class NdarrayFunction(Function):
                     ins[k].grad = torch.zeros_like(ins[k])
             outs = []
             for (shape, dtype), ct in zip(outputs, args[n:], strict=True):
-                out = torch.empty(shape, dtype=dtype, device=device).requires_grad_(True)
+                out = allocate(shape, dtype=dtype, device=device).requires_grad_(True)
                 out.grad = ct.detach().to(dtype).clone(memory_format=torch.contiguous_format)
                 outs.append(out)
-            adjoint(*arguments(ins, outs))
+            if primal is not None:
+                primal(*arguments([t.detach() for t in ins], [t.detach() for t in outs]))
+            extra = [] if own is None else scratch_arrays(own, dict(zip(self.params, arguments(ins, outs),
+                                                                        strict=True)), device)
+            adjoint(*arguments(ins, outs), *extra)
             return [ins[k].grad if differentiated[k] else torch.zeros(shape, dtype=dtype, device=device)
                     for k, shape, dtype in floats]
 
@@ -416,10 +442,12 @@ class NdarrayFunction(Function):
             out = zeros(spec, device).requires_grad_(True)
             out.grad = zeros(spec, device) if ct is None else fresh(ct, spec, device)
             tensors[name] = out
-        if own is not None and not self.exact(own):  # the outputs as the kernel left them, to be read again
+        self._with_scratch(tensors, device)  # one set, for the kernel and its adjoint
+        if own is not None and self.reads_outputs(own):  # the outputs as the kernel left them, to be read again
             self._launch(self.kernel, {n: t.detach() for n, t in tensors.items()})
+        extra = [] if own is None else scratch_arrays(own, tensors, device)
         try:
-            self._launch(self.kernel.grad if own is None else own.kernel, tensors, counted=self.kernel)
+            self._launch(self.kernel.grad if own is None else own.kernel, tensors, counted=self.kernel, extra=extra)
         except RuntimeError as e:
             raise taichi_cannot_reverse(self.name, e) or e from None
         return [self._result(g.grad, as_numpy) if g is not None else
@@ -432,7 +460,8 @@ class NdarrayFunction(Function):
 
         def make() -> NdarrayFunction:
             active = [p for p, m in zip(self.inputs, mask, strict=True) if m]
-            kernel, d_inputs, d_outputs = jvp_ndarray_kernel(self.kernel, active, self.outputs)
+            kept = [s.param for s in self.scratch]  # a tangent kernel's own: taken as they are
+            kernel, d_inputs, d_outputs, scratch = jvp_ndarray_kernel(self.kernel, active, self.outputs, kept)
             n = len(self.inputs)
             rules: dict[str, ShapeRule] = {}
             for names in (self.outputs, d_outputs):  # outputs and their tangents: shapes from the primals
@@ -442,7 +471,7 @@ class NdarrayFunction(Function):
             frozen_floats = [f for f, m in zip(self.frozen, mask, strict=True) if m]
             tangent = NdarrayFunction(kernel, self.inputs + d_inputs, rules, self.constants, f"jvp({self.name})",
                                       listed=False, frozen=self.frozen + frozen_floats,
-                                      zeroed=self.zeroed + frozen_floats)
+                                      zeroed=self.zeroed + frozen_floats, scratch=self.scratch + scratch)
             tangent._hidden_rules = self.hidden_rules()
             tangent._fields = self.global_fields()
             return tangent
@@ -580,3 +609,9 @@ def _refuse_written_inputs(kernel: Any, inputs: Sequence[str], call: str) -> Non
 
 
 register_kind("ndarray kernel", _accepts, _make)
+
+
+def scratch_arrays(adjoint: KernelAdjoint, arrays: dict[str, Any], device: Any) -> list[Any]:
+    """The zeroed arrays ``adjoint`` takes after the kernel's parameters, for a launch with ``arrays`` (by parameter
+    name: NOTE: [Scratch arrays] in ``_lang/scratch.py``)."""
+    return [s.allocate(arrays, device) for s in adjoint.scratch]

@@ -53,6 +53,22 @@ class Kept:
         return ast.Subscript(name(self.field), copy.deepcopy(self.index), ast.Load())
 
 
+class KeptValue(Kept):
+    """Kept as values in an array of the target's own type (an ndarray's, which a tangent kernel's code cannot
+    name; NOTE: [Scratch arrays]): stored as the atomic stores them, compared as they are."""
+
+    def __init__(self, field: str, index: ast.expr) -> None:
+        super().__init__(field, index, "", "")
+
+    def store(self, value: ast.expr) -> ast.stmt:
+        """``kept[I] = value``."""
+        return assign(self.at(), copy.deepcopy(value))
+
+    def won(self, target: ast.Subscript) -> ast.Compare:
+        """``kept[I] == y[i]``."""
+        return compare(self.at(), ast.Eq(), copy.deepcopy(target))
+
+
 def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, helpers: dict[str, Any], namer: Namer,
                hint: str) -> Kept | None:
     """Where the parallel loop ``loop`` keeps the bits of values of ``target``'s type, one integer entry per
@@ -61,18 +77,54 @@ def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, helpers:
     space = iterations(loop, namespace)
     dtype = str(target.dtype)
     bits = _BITS.get(dtype)
-    if space is None or bits is None:
+    index = loop_index(loop)
+    if space is None or bits is None or index is None:
         return None
     shape, offset = space
-    target_ = loop.target
-    if isinstance(target_, ast.Name):
-        index: ast.expr = name(target_.id)
-    elif isinstance(target_, ast.Tuple) and all(isinstance(e, ast.Name) for e in target_.elts):
-        index = ast.Tuple([name(e.id) for e in target_.elts if isinstance(e, ast.Name)], ast.Load())
-    else:
-        return None
     field = ti.field(bits, shape=shape, offset=offset if any(offset) else None)
     return Kept(helper_name(helpers, namer, field, hint), index, dtype, str(bits))
+
+
+def loop_index(loop: ast.For) -> ast.expr | None:
+    """The index naming one iteration of ``loop``: its counter, or the tuple of its counters; None for any other
+    target."""
+    target = loop.target
+    if isinstance(target, ast.Name):
+        return name(target.id)
+    if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
+        return ast.Tuple([name(e.id) for e in target.elts if isinstance(e, ast.Name)], ast.Load())
+    return None
+
+
+def bits_of(dtype: Any) -> Any:
+    """The integer type holding the bits of a float type (``ti.f64`` -> ``ti.i64``), or None."""
+    return _BITS.get(str(dtype))
+
+
+def array_extents(loop: ast.For, arrays: set[str], namespace: dict[str, Any]) -> list[int | tuple[str, int]] | None:
+    """The extents of a parallel loop of an ndarray kernel from 0, each a constant or ``(array, axis)`` for
+    ``a.shape[axis]`` of an ndarray parameter ``a`` (``range(x.shape[0])``, ``ti.ndrange(n, x.shape[1])``): known at
+    each launch; None for other loops (NOTE: [Winners by kept values])."""
+    over = loop.iter
+    if not isinstance(over, ast.Call) or over.keywords:
+        return None
+    func = resolve(over.func, namespace)
+    if func is not range and func is not ti.ndrange or func is range and len(over.args) != 1:
+        return None
+    extents: list[int | tuple[str, int]] = []
+    for arg in over.args:
+        if isinstance(arg, ast.Subscript) and isinstance(arg.value, ast.Attribute) and arg.value.attr == "shape" \
+                and isinstance(arg.value.value, ast.Name) and arg.value.value.id in arrays \
+                and isinstance(arg.slice, ast.Constant) and type(arg.slice.value) is int:
+            extents.append((arg.value.value.id, arg.slice.value))
+            continue
+        if any(isinstance(n, ast.Name) and n.id in arrays for n in ast.walk(arg)):
+            return None  # (a parameter, not the module's global of that name)
+        constant = _constant(arg, namespace)
+        if constant is None:
+            return None
+        extents.append(constant)
+    return extents
 
 
 def iterations(loop: ast.For, namespace: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -137,17 +189,21 @@ def once_per_iteration(loop: ast.For, site: ast.AST) -> bool:
     return found == [False]
 
 
-def won(value: ast.expr, field: str, target: ast.Subscript) -> ast.Compare:
-    """``ti.cast(value, field.dtype) == field[i]``: whether ``value`` is what the field holds after the kernel
-    (compared in the field's type, as the atomic compared them)."""
-    dtype = ast.Attribute(name(field), "dtype", ast.Load())
-    return compare(call(taichi("cast"), copy.deepcopy(value), dtype), ast.Eq(), copy.deepcopy(target))
+def type_of(field: str) -> ast.Attribute:
+    """``field.dtype``: a global field's element type, as the code names it."""
+    return ast.Attribute(name(field), "dtype", ast.Load())
 
 
-def counted(value: ast.expr, field: str, target: ast.Subscript, ties: str, kept: Kept | None = None) -> ast.If:
+def won(value: ast.expr, dtype: ast.expr, target: ast.Subscript) -> ast.Compare:
+    """``ti.cast(value, dtype) == field[i]``: whether ``value`` is what the field (or array) holds after the kernel
+    (compared in its element type ``dtype``, as the atomic compared them)."""
+    return compare(call(taichi("cast"), copy.deepcopy(value), copy.deepcopy(dtype)), ast.Eq(), copy.deepcopy(target))
+
+
+def counted(value: ast.expr, dtype: ast.expr, target: ast.Subscript, ties: str, kept: Kept | None = None) -> ast.If:
     """``if <won>: ti.atomic_add(ties[i], 1)``: one more winner of entry ``i`` (by the kept bits, if any)."""
     at = ast.Subscript(name(ties), copy.deepcopy(target.slice), ast.Load())
-    test = won(value, field, target) if kept is None else kept.won(target)
+    test = won(value, dtype, target) if kept is None else kept.won(target)
     return if_(test, [statement(call(taichi("atomic_add"), at, 1))])
 
 
@@ -157,25 +213,25 @@ def share(amount: ast.expr, ties: str, target: ast.Subscript) -> ast.BinOp:
                      call(taichi("max"), ast.Subscript(name(ties), copy.deepcopy(target.slice), ast.Load()), 1))
 
 
-def each_entry(ties: str, shape: tuple[int, ...], fresh: Callable[[str], str],
+def each_entry(ties: str, ndim: int, fresh: Callable[[str], str],
                body: Callable[[ast.expr], list[ast.stmt]]) -> list[ast.stmt]:
-    """``body(index)`` for every entry of the counts field ``ties``: a loop over ``ti.grouped(ties)``, or the
-    statements alone for a 0-d field (index ``None``)."""
-    if not shape:
+    """``body(index)`` for every entry of the counts ``ties`` (a field or an ndarray of ``ndim`` axes): a loop over
+    ``ti.grouped(ties)``, or the statements alone for a 0-d field (index ``None``)."""
+    if not ndim:
         return body(ast.Constant(None))
     entry = fresh("entry")
     return [ast.For(ast.Name(entry, ast.Store()), call(taichi("grouped"), ties), body(name(entry)), [])]
 
 
-def zeroed(ties: str, shape: tuple[int, ...], fresh: Callable[[str], str]) -> list[ast.stmt]:
+def zeroed(ties: str, ndim: int, fresh: Callable[[str], str]) -> list[ast.stmt]:
     """Every count back to 0."""
-    return each_entry(ties, shape, fresh, lambda at: [assign(ast.Subscript(name(ties), at, ast.Load()), 0)])
+    return each_entry(ties, ndim, fresh, lambda at: [assign(ast.Subscript(name(ties), at, ast.Load()), 0)])
 
 
-def lost(ties: str, shape: tuple[int, ...], fresh: Callable[[str], str], gradient: ast.expr) -> list[ast.stmt]:
+def lost(ties: str, ndim: int, fresh: Callable[[str], str], gradient: ast.expr) -> list[ast.stmt]:
     """``gradient[i] = 0`` wherever an iteration won entry ``i`` (the old value lost)."""
     def body(at: ast.expr) -> list[ast.stmt]:
         some = compare(ast.Subscript(name(ties), at, ast.Load()), ast.Gt(), 0)
         return [if_(some, [assign(ast.Subscript(copy.deepcopy(gradient), copy.deepcopy(at), ast.Load()), 0.0)])]
-    return each_entry(ties, shape, fresh, body)
+    return each_entry(ties, ndim, fresh, body)
 

@@ -82,6 +82,7 @@ from .._lang.naming import RULE_HELPERS, helper_name
 from .._lang.nodes import Value, call, entry_root, function, if_, statement, taichi
 from .._lang.objects import Unbound, argcount, bind, fields_of, is_float_field, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, resolve, without_docstring
+from .._lang.scratch import Scratch
 from .._rules import helpers as rule_helpers
 from .._rules.calls import callable_rule
 from .emit import jvp_func
@@ -336,7 +337,8 @@ def jvp_kernel(kernel: Any, tangents: FieldTangents, owner: object = None) -> An
     return tangents.generated[key]
 
 
-def jvp_ndarray_kernel(kernel: Any, inputs: Sequence[str], outputs: Sequence[str]) -> tuple[Any, list[str], list[str]]:
+def jvp_ndarray_kernel(kernel: Any, inputs: Sequence[str], outputs: Sequence[str], scratch: Sequence[str] = ()
+                       ) -> tuple[Any, list[str], list[str], list[Scratch]]:
     """Tangent transform of a kernel over ``ti.types.ndarray()`` parameters (see NOTE: [Tangent of a kernel]).
 
     Args:
@@ -345,24 +347,29 @@ def jvp_ndarray_kernel(kernel: Any, inputs: Sequence[str], outputs: Sequence[str
         outputs: the ndarray parameters the kernel writes results into.
 
     Returns:
-        ``(kernel_jvp, input_tangents, output_tangents)``: ``kernel_jvp``
-        takes the kernel's parameters, then a tangent (named as listed,
-        ``d<name>`` unless taken) for each input and each output (zeroed by
-        the caller), and writes the outputs and their tangents. Parameters not
-        listed (integer arrays, numbers) carry no tangent.
+        ``(kernel_jvp, input_tangents, output_tangents, scratch)``:
+        ``kernel_jvp`` takes the kernel's parameters, then a tangent (named
+        as listed, ``d<name>`` unless taken) for each input and each output
+        (zeroed by the caller), then the ``scratch`` arrays (NOTE: [Scratch
+        arrays]), and writes the outputs and their tangents. Parameters not
+        listed (integer arrays, numbers) carry no tangent; ``scratch`` names a
+        tangent kernel's own scratch arrays, which its tangent takes as they are.
     """
-    g, transformer = _transform_kernel(kernel, FieldTangents(()), arrays=list(inputs) + list(outputs))
+    g, transformer = _transform_kernel(kernel, FieldTangents(()), arrays=list(inputs) + list(outputs),
+                                       scratch=scratch)
     names = transformer.namer.tangents
-    return g, [names[p] for p in inputs], [names[p] for p in outputs]
+    return g, [names[p] for p in inputs], [names[p] for p in outputs], transformer.scratch
 
 
 def _transform_kernel(kernel: Any, tangents: FieldTangents, owner: object = None,
-                      arrays: Sequence[str] | None = None) -> tuple[Any, KernelTransformer]:
+                      arrays: Sequence[str] | None = None, scratch: Sequence[str] = ()
+                      ) -> tuple[Any, KernelTransformer]:
     """The compiled tangent kernel and the transformer that wrote it."""
     made: list[KernelTransformer] = []
 
     def make(parsed: Parsed, active: tuple[bool, ...]) -> KernelTransformer:
-        made.append(KernelTransformer(parsed, active, tangents, kernel=kernel, owner=owner, arrays=arrays))
+        made.append(KernelTransformer(parsed, active, tangents, kernel=kernel, owner=owner, arrays=arrays,
+                                      kept_arrays=scratch))
         return made[0]
 
     return generate(Unbound(kernel) if owner is not None else kernel, (), make, tag="jvp", namespace=_RULES), made[0]
@@ -414,8 +421,10 @@ class KernelTransformer(Transformer):
     """
 
     def __init__(self, parsed: Parsed, active: Sequence[bool], tangents: FieldTangents, kernel: Any = None,
-                 owner: object = None, arrays: Sequence[str] | None = None) -> None:
+                 owner: object = None, arrays: Sequence[str] | None = None, kept_arrays: Sequence[str] = ()) -> None:
         self.field_tangents = tangents
+        self.kept_arrays = frozenset(kept_arrays)  # a tangent kernel's own scratch arrays, transformed again: no
+        # tangent (NOTE: [Scratch arrays])
         self.kernel = kernel  # the @ti.kernel being transformed, or None for a func
         self.owner = owner  # the object a class kernel or a func taken from an object is bound to
         self.is_kernel = kernel is not None
@@ -452,6 +461,8 @@ class KernelTransformer(Transformer):
         self.extremes: list[tuple[ast.stmt, ast.stmt, ast.stmt, ast.expr, str]] = []  # its atomic max / min:
         # (the atomic, its counting and adding statements, the tangent entry, the counts' name)
         self.extremes_fields: dict[str, str] = {}  # the counts' name -> the field whose winners it counts
+        self.scratch: list[Scratch] = []  # an ndarray kernel's: arrays its tangent takes after its parameters
+        # (NOTE: [Scratch arrays])
         self.active = self._activity()
 
     def _jvp_of(self, callee: Any, active: Sequence[bool]) -> Any:
@@ -467,6 +478,7 @@ class KernelTransformer(Transformer):
         if self.is_kernel:
             self._check_parameters()
         tree = super().run()
+        tree.args.args += [scratch.parameter(self.helpers, self.namer) for scratch in self.scratch]
         self.jvp_name = tree.name  # taken in the namer: no parameter or global has it
         return tree
 
@@ -520,7 +532,8 @@ class KernelTransformer(Transformer):
             for names, value in writes:
                 if self._loads(value) & active:
                     for name in names:
-                        if name in self.locals and name not in loop_vars and name not in active:
+                        if name in self.locals and name not in loop_vars and name not in active \
+                                and name not in self.kept_arrays:
                             active.add(name)
                             changed = True
         return active
@@ -549,8 +562,8 @@ class KernelTransformer(Transformer):
         """A store of an active value into data without a tangent (a constant field, an ndarray
         parameter that is not an output) would drop it: refuse."""
         roots = root_names(target)
-        if not roots or not self.is_active(value):
-            return
+        if not roots or not self.is_active(value) or roots[0] in self.kept_arrays:
+            return  # (a kept value of an atomic's, in the tangent kernel transformed again: NOTE: [Scratch arrays])
         root = roots[0]
         if isinstance(self.fields.get(root), Field) and not is_float_field(self.fields[root]):
             return  # an integer field: the value is cast (tidiff's own keep bits there: NOTE: [Winners by kept values])
@@ -716,11 +729,13 @@ class KernelTransformer(Transformer):
         target = node.args[0] if len(node.args) == 2 and not node.keywords else None
         root = root_names(target)[0] if target is not None and root_names(target) else None
         field = self.fields.get(root) if root is not None else None
-        if target is None or not isinstance(target, ast.Subscript) or not isinstance(field, ScalarField) \
-                or self.parallel_node is None:
+        array = root is not None and root in self.paired and self.arrays is not None  # an output ndarray (NOTE:
+        # [Scratch arrays])
+        if target is None or not isinstance(target, ast.Subscript) or self.parallel_node is None \
+                or not (isinstance(field, ScalarField) or array and self._scalar_array(str(root))):
             raise self.error(node, f"`{ast.unparse(node)}`",
-                             f"ti.atomic_{kind} has a derivative into a scalar global field, in a parallel loop "
-                             "of a kernel, its result unused")
+                             f"ti.atomic_{kind} has a derivative into a scalar global field or ndarray, in a "
+                             "parallel loop of a kernel, its result unused")
         assert root is not None  # a field was found for it
         if not _alone_in_extremes(root, self.tree, self.parallel_node, self.parsed.namespace):
             raise self.error(node, f"the field `{root}`, read or written besides ti.atomic_max / ti.atomic_min "
@@ -729,20 +744,24 @@ class KernelTransformer(Transformer):
         p, dp = self.atom(node.args[1])
         primal = ast.Expr(ast.Call(node.func, [target, p], []))
         self.emit(primal)
-        if root not in self.sources:
+        if root not in self.sources and not array:
             return  # a field without a tangent: a constant
         ties = next((e[4] for e in self.extremes if self.extremes_fields[e[4]] == root), None)  # one count of
         # winners per field and loop
         if ties is None:
             ties = self.namer.fresh(f"{root}_ties")
-            self.helpers[ties] = ti.field(ti.i32, shape=field.shape)
+            if array:
+                self.scratch.append(Scratch(ties, ti.i32, root))
+            else:
+                assert field is not None
+                self.helpers[ties] = ti.field(ti.i32, shape=field.shape)
             self.extremes_fields[ties] = root
-        kept = self.kept(node, root, field)
+        kept = self.kept_value(node, root) if array else self.kept(node, root, field)
         if kept is not None:
             self.emit(kept.store(p))  # NOTE: [Winners by kept values]
-        count = extremes.counted(p, root, target, ties, kept)
+        count = extremes.counted(p, extremes.type_of(root), target, ties, kept)
         tangent = retarget(target, self.namer.tangent(root))
-        won = extremes.won(p, root, target) if kept is None else kept.won(target)
+        won = extremes.won(p, extremes.type_of(root), target) if kept is None else kept.won(target)
         add = if_(won, [statement(call(taichi("atomic_add"), tangent, extremes.share(
             ast.Constant(0.0) if dp is None else dp, ties, target)))])
         self.extremes.append((primal, count, add, tangent, ties))
@@ -755,22 +774,48 @@ class KernelTransformer(Transformer):
         return extremes.kept_field(self.parallel_node, self.parsed.namespace, field, self.helpers, self.namer,
                                    f"{root}_kept")
 
+    def kept_value(self, node: ast.Call, root: str) -> extremes.Kept:
+        """Where the parallel loop keeps an atomic's values into the ndarray ``root``: an array of its type (which
+        the code cannot name), one entry per iteration (NOTE: [Scratch arrays]); the loop's iterations must be
+        known at launch and the atomic run once in each."""
+        assert self.parallel_node is not None
+        arrays = {p.name for p in self._parameters() if isinstance(p.annotation, NdarrayType)}
+        extents = extremes.array_extents(self.parallel_node, arrays, self.parsed.namespace)
+        index = extremes.loop_index(self.parallel_node)
+        if extents is None or index is None or not extremes.once_per_iteration(self.parallel_node, ast.Expr(node)):
+            raise self.error(node, f"`{ast.unparse(node)}`",
+                             "forward mode of an atomic max / min into an ndarray takes it once per iteration of a "
+                             "loop over range(a.shape[k]), constants or ti.ndrange of them")
+        param = self.namer.fresh(f"{root}_kept")
+        self.scratch.append(Scratch(param, root, tuple(extents)))
+        return extremes.KeptValue(param, index)
+
+    def _scalar_array(self, param: str) -> bool:
+        """Whether the ndarray parameter ``param`` holds scalars (its annotation names no vector or matrix)."""
+        annotation = next((p.annotation for p in self._parameters() if p.name == param), None)
+        return isinstance(annotation, NdarrayType) and not isinstance(annotation.dtype, MatrixType)
+
+    def count_ndim(self, ties: str) -> int:
+        """How many axes the counts ``ties`` have (a field's; an array's: at least one)."""
+        return len(self.helpers[ties].shape) if ties in self.helpers else 1
+
     def settle_extremes(self, loop: ast.stmt) -> None:
         """After a parallel loop with atomic extremes, the loops giving their targets' tangents (see the NOTE)."""
         assert isinstance(loop, ast.For)
         sites = {ast.dump(primal): (count, add) for primal, count, add, *_ in self.extremes}
         counts = list(dict.fromkeys(ties for *_, ties in self.extremes))  # a field's sites share its counts
         for ties in counts:  # zero first: the counts outlive the kernel, for its adjoint
-            self.block += extremes.zeroed(ties, self.helpers[ties].shape, self.namer.fresh)
+            self.block += extremes.zeroed(ties, self.count_ndim(ties), self.namer.fresh)
         for k in (0, 1):  # the counting loop, then (once cleared) the loop adding the winners' tangents
-            recompute = _Recomputed(sites, k, self._field_names | set(self.helpers), self.locals).visit(
+            recompute = _Recomputed(sites, k, self._field_names | set(self.helpers) | self.kept_arrays
+                                    | {s.param for s in self.scratch}, self.locals).visit(
                 copy.deepcopy(loop))
             if k == 1:
                 tangents = {ties: tangent for *_, tangent, ties in self.extremes}
                 for ties in counts:
                     tangent = tangents[ties]
                     assert isinstance(tangent, ast.Subscript)
-                    self.block += extremes.lost(ties, self.helpers[ties].shape, self.namer.fresh, tangent.value)
+                    self.block += extremes.lost(ties, self.count_ndim(ties), self.namer.fresh, tangent.value)
             self.emit(recompute)
 
     def call_tangent(self, node: ast.Call, callee: Any, custom: Any = None,
