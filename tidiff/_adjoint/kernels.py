@@ -132,6 +132,18 @@ then ``x`` from the new ``v``) keeps the ``x`` it overwrote and is exact,
 where its loads of ``v`` (read, written, read again) made it checked and its
 gradients forward pushes, one per input.
 
+NOTE: [Func reads at their indices] A ``@ti.func`` reading fields reads
+them at indices made of its parameters (``wave_at(t, i, j)`` reads
+``p[t, i, j]``); the launch's accesses give them in the caller's terms, the
+call's arguments put for the parameters, through funcs it calls in turn
+(``laplacian(t - 2, i, j)`` reads ``p[t - 2, i, j - 1]`` and four more), so
+a launch of DiffTaichi's wave step, reading ``p[t - 1]`` and ``p[t - 2]``
+through funcs and writing ``p[t]``, is known to read none of what it
+writes: exact with no check (it was checked against forward mode on its
+first call), and a later launch writing ``x[t]`` copies that entry, not the
+field. An index made of the func's own locals, a parameter it assigns, or a
+call with keywords is any entry.
+
 NOTE: [Serialized kernels as one iteration] A kernel whose every loop runs
 in order (``ti.loop_config(serialize=True)`` before each) is sequential code:
 ``h = a * h + x[i]; y[i] = h`` carries ``h`` from one iteration to the next,
@@ -210,9 +222,16 @@ from .control import Block, Branch, Loop, Op, Store, has_effects, uses, value_re
 from .inline import inlined
 from .transform import NotReversible, Reverser
 
-#: A constant range of at most this many iterations inside a loop body is unrolled (the function transform
-#: unrolls every constant range; in a kernel ``range(n_springs)`` is a runtime loop, as Taichi runs it).
+#: NOTE: [Constant ranges in kernels] The function transform writes out every constant range; in a kernel a
+#: ``for j in range(n)`` inside a parallel loop is a runtime loop, as Taichi runs it, and the adjoint's is too
+#: unless what is written out stays small: at most MOST_UNROLLED iterations of a body without loops, UNROLLED_SIZE
+#: AST nodes in all (a call counts CALL_SIZE: Taichi inlines it). Written out regardless (16 by 16 cells of
+#: DiffTaichi's wave.py, with a func reading five neighbours each), the adjoint took 148 s to compile where
+#: Taichi's took 0.5 s. A loop whose counter picks a component of a field's entry (``v[i][k]``) is written out
+#: whatever its size: Taichi indexes those by constants only.
 MOST_UNROLLED = 16
+UNROLLED_SIZE = 600
+CALL_SIZE = 60
 
 _ATOMICS = {"atomic_add": "add", "atomic_sub": "sub"}
 _EXTREMES = {"atomic_max": "max", "atomic_min": "min"}
@@ -873,7 +892,9 @@ class FieldReverser(Reverser):
             if self.arrays is not None and method_parts(callee)[1] is not None and any(map(is_float_field, reached)):
                 raise NotReversible(f"the call `{ast.unparse(node)}` of a method reading float fields, in an "
                                     "ndarray kernel (its fields are constants there)")
-            self.accesses += [Access("load", f, None, (), self.looped()) for f in reached]
+            reads = _reads_at(callee, [self.rename(a) for a in node.args] if not node.keywords else None)
+            self.accesses += [Access("load", f, index, self.scalar_params(), self.looped())
+                              for f, index in reads]  # NOTE: [Func reads at their indices]
         return super().classify(node)
 
 
@@ -981,7 +1002,7 @@ class KernelReverser(FieldReverser):
             return self.parallel(node)
         static = isinstance(node.iter, ast.Call) and resolve(node.iter.func, self.parsed.namespace) is ti.static
         values = None if static else self.constant(node.iter, "range")
-        if static or (values is not None and len(values) <= MOST_UNROLLED):
+        if static or values is not None and self.unrolled(node, len(values)):
             return super().stmt_For(node)
         bounds = self.runtime_range(node.iter)
         if bounds is None or not isinstance(node.target, ast.Name) or node.orelse:
@@ -993,6 +1014,19 @@ class KernelReverser(FieldReverser):
         finally:
             self.depth -= 1
             self.repeated -= 1
+
+    def unrolled(self, node: ast.For, count: int) -> bool:
+        """Whether a loop over a constant range of ``count`` values is written out (NOTE: [Constant ranges in
+        kernels])."""
+        counter = node.target.id if isinstance(node.target, ast.Name) else None
+        if any(isinstance(n, ast.Subscript) and isinstance(n.value, ast.Subscript) and self.field_name(n.value.value)
+               and counter in {m.id for m in ast.walk(n.slice) if isinstance(m, ast.Name)}
+               for s in node.body for n in ast.walk(s)):
+            return True
+        if count > MOST_UNROLLED or any(isinstance(n, (ast.For, ast.While)) for s in node.body for n in ast.walk(s)):
+            return False
+        size = sum(CALL_SIZE if isinstance(n, ast.Call) else 1 for s in node.body for n in ast.walk(s))
+        return count * size <= UNROLLED_SIZE
 
     def stmt_While(self, node: ast.While) -> None:
         self.depth += 1
@@ -1238,6 +1272,55 @@ def _has_blocks(ops: list[Any]) -> bool:
     """Whether a branch or runtime loop stands among ``ops`` or in a parallel loop's body."""
     return any(isinstance(op, (Branch, Loop)) or (isinstance(op, ParallelLoop) and _has_blocks(op.body.ops))
                for op in ops)
+
+
+def _reads_at(callee: Any, args: list[ast.expr] | None, depth: int = 0) -> list[tuple[Field, ast.expr | None]]:
+    """The global fields a call of the ``@ti.func`` ``callee`` with ``args`` (the caller's expressions, None where
+    not known) reads, each at every index it reads in the caller's terms (None: any entry), once per index (NOTE:
+    [Func reads at their indices])."""
+    try:
+        parsed = parsed_for(callee) if depth < 8 and not is_method_func(callee) else None
+    except (TypeError, OSError):
+        parsed = None
+    if parsed is None:
+        return [(f, None) for f in _fields_reached(callee)]
+    params = [a.arg for a in parsed.tree.args.args]
+    assigned = {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    known = dict(zip(params, args, strict=True)) if args is not None and len(args) == len(params) \
+        and not assigned & set(params) else {}
+
+    def substituted(node: ast.expr) -> ast.expr | None:
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        if any(n not in known and resolve(ast.Name(n, ast.Load()), parsed.namespace) is MISSING for n in names):
+            return None  # a local of the func's: not known to the caller
+        return _Substitute(known).visit(copy.deepcopy(node))
+
+    found: list[tuple[Field, ast.expr | None]] = []
+    for node in ast.walk(parsed.tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+            field = resolve(node.value, parsed.namespace)
+            if isinstance(field, Field) and node.value.id not in known:
+                found.append((field, substituted(node.slice)))
+        elif isinstance(node, ast.Call):
+            inner = resolve(node.func, parsed.namespace)
+            if inner is not MISSING and _touches_fields(inner):
+                inner_args = [substituted(a) for a in node.args]
+                found += _reads_at(inner, None if node.keywords or None in inner_args else
+                                   [a for a in inner_args if a is not None], depth + 1)
+    seen = {id(f) for f, _ in found}
+    found += [(f, None) for f in _fields_reached(callee) if id(f) not in seen]  # (through objects' methods)
+    unique = {(id(f), None if index is None else ast.dump(index)): (f, index) for f, index in found}
+    return list(unique.values())
+
+
+class _Substitute(ast.NodeTransformer):
+    """A func's parameters replaced by the caller's expressions."""
+
+    def __init__(self, known: dict[str, ast.expr]) -> None:
+        self.known = known
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        return copy.deepcopy(self.known[node.id]) if node.id in self.known else node
 
 
 def _touches_fields(obj: object) -> bool:
