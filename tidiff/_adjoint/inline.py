@@ -10,15 +10,17 @@ global field (itself or through its callees) or is given a field through a
 inlines every func when it compiles:
 
     @ti.func                                   for i in x:
-    def push(y: ti.template(), i, f):              i_1 = i
-        y[i] += f                    into          f_1 = x[i] * 2.0
-                                                   y[i_1] += f_1
+    def push(y: ti.template(), i, f):              f_1 = x[i] * 2.0
+        y[i] += f                    into          y[i] += f_1
     for i in x:
         push(y, i, x[i] * 2.0)
 
 A template parameter takes the argument as written where it is a name, an
-attribute chain or a constant (a field, a number Taichi specializes on); every other parameter
-is a fresh local given the argument's value, as Taichi passes values. The
+attribute chain or a constant (a field, a number Taichi specializes on); so
+does a parameter without annotation that the body never assigns, given a
+name or a constant (the same value, and the launch's record then sees the
+index ``y[i]`` makes); every other parameter is a fresh local given the
+argument's value, as Taichi passes values. The
 func's own locals get fresh names; the globals it reads keep their name
 where the kernel's namespace binds that name to the same object, else get
 a fresh one bound there. A func ending in ``return e`` called as
@@ -295,10 +297,15 @@ def _expanded(call: ast.Call, callee: Any, namespace: dict[str, Any], namer: Nam
                            and isinstance(n.ctx, ast.Store)}
     renamed: dict[str, ast.expr] = {}
     prologue: list[ast.stmt] = []
+    assigned = {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    annotated = {a.arg for a in parsed.tree.args.args if a.annotation is not None}
     for param, arg in zip(params, call.args, strict=True):
         if param in templates and isinstance(arg, (ast.Name, ast.Attribute, ast.Constant)):
             renamed[param] = arg  # as written: a field (by name or attribute chain), a number Taichi specializes on
             continue
+        if isinstance(arg, (ast.Name, ast.Constant)) and param not in assigned | annotated:
+            renamed[param] = arg  # a name (or number) the body only reads: the same value, and the launch's record
+            continue  # sees the index it makes (``x[t, i]``, not ``x[t_1, i_1]``: NOTE: [Func reads at their indices])
         fresh = namer.fresh(param)
         renamed[param] = ast.Name(fresh, ast.Load())
         prologue.append(ast.Assign([ast.Name(fresh, ast.Store())], copy.deepcopy(arg)))
