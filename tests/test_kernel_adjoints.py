@@ -1349,3 +1349,99 @@ def test_a_constant_range_carrying_nothing_stays_a_loop_in_the_adjoint():
     fn = td.function(wave_program, inputs=[wave_init], outputs=[wave_loss])
     x = np.cos(np.arange(G * G).reshape(G, G) * 0.7)
     assert_quietly_exact(td.grad, fn, (x,), torch_wave, rtol=1e-12, atol=1e-12)
+
+
+mpm_x = ti.Vector.field(2, ti.f64, shape=3, needs_grad=True)
+mpm_grid = ti.field(ti.f64, shape=(5, 3), needs_grad=True)
+
+
+@ti.kernel
+def mpm_weights(shift: ti.template()):
+    for p in mpm_x:
+        fx = mpm_x[p] + shift  # a ti.template() parameter given a number (DiffTaichi's smoke: compute_p(t, k))
+        w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]  # MLS-MPM weights: a list
+        for i in ti.static(range(3)):
+            for j in ti.static(range(3)):
+                mpm_grid[p + i, j] += w[i][0] * w[j][1] * ti.sin(fx[0] * fx[1])
+
+
+def torch_mpm_weights(x, shift=0.25):
+    fx = x + shift
+    w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]
+    grid = torch.zeros(5, 3, dtype=x.dtype)
+    for p in range(3):
+        for i in range(3):
+            for j in range(3):
+                grid = grid.index_put((torch.tensor(p + i), torch.tensor(j)),
+                                      w[i][p, 0] * w[j][p, 1] * torch.sin(fx[p, 0] * fx[p, 1]), accumulate=True)
+    return grid
+
+
+def test_mls_mpm_weights_and_template_numbers_in_both_modes():
+    """DiffTaichi's diffmpm p2g / g2p (a list of weights read as w[i][0] in static loops) and smoke's numbers
+    given to ti.template() parameters: reversed by Taichi's kernel.grad before, tidiff's own now, exact."""
+    assert isinstance(vjp_kernel(mpm_weights), KernelAdjoint)
+
+    def run():
+        mpm_weights(0.25)
+
+    fn = td.function(run, inputs=[mpm_x], outputs=[mpm_grid])
+    x = np.array([[0.3, 0.7], [0.55, 0.2], [0.9, 0.45]])
+    want = torch.autograd.functional.jacobian(lambda a: torch_mpm_weights(a), torch.tensor(x))
+    for transform in (td.jacrev, td.jacfwd):
+        got = transform(fn)(x)
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-13, atol=1e-14)
+    assert fn.memo.peek("reverse verdict") is None
+
+
+cg_x = ti.field(ti.f64, shape=(4, 3), needs_grad=True)  # a state per step
+cg_grid = ti.field(ti.f64, shape=3, needs_grad=True)  # reused by every step, cleared with its gradient
+cg_loss = ti.field(ti.f64, shape=(), needs_grad=True)
+
+
+@ti.kernel
+def cg_clear():
+    for i in cg_grid:
+        cg_grid[i] = 0.0
+        cg_grid.grad[i] = 0.0  # for the tape's next pass, as DiffTaichi's clear_grid
+
+
+@ti.kernel
+def cg_scatter(t: ti.i32):
+    for i in range(3):
+        cg_grid[(i + 1) % 3] += ti.sin(cg_x[t, i])
+
+
+@ti.kernel
+def cg_gather(t: ti.i32):
+    for i in range(3):
+        cg_x[t + 1, i] = cg_x[t, i] + 0.5 * cg_grid[i] ** 2
+
+
+@ti.kernel
+def cg_misfit():
+    for i in range(3):
+        cg_loss[None] += cg_x[3, i] ** 2
+
+
+def cleared_grid_program():
+    for t in range(3):
+        cg_clear()
+        cg_scatter(t)
+        cg_gather(t)
+    cg_misfit()
+
+
+def torch_cleared_grid(x0):
+    x = x0
+    for _ in range(3):
+        x = x + 0.5 * torch.roll(torch.sin(x), 1) ** 2
+    return (x ** 2).sum()
+
+
+def test_gradients_cleared_by_the_program_are_left_out_of_the_adjoint():
+    """DiffTaichi's diffmpm without grad_replaced: its clear kernel, writing x.grad, was Taichi's to reverse, and
+    the program's grid (reused each step) then wrong, checked and differentiated by forward pushes."""
+    assert isinstance(vjp_kernel(cg_clear), KernelAdjoint)
+    fn = td.function(cleared_grid_program, inputs=[td.part(cg_x, 0)], outputs=[cg_loss])
+    assert_quietly_exact(td.grad, fn, (np.array([0.3, -0.8, 1.1]),), torch_cleared_grid, rtol=1e-12, atol=1e-12)

@@ -132,6 +132,16 @@ then ``x`` from the new ``v``) keeps the ``x`` it overwrote and is exact,
 where its loads of ``v`` (read, written, read again) made it checked and its
 gradients forward pushes, one per input.
 
+NOTE: [Gradients cleared by the program] DiffTaichi's programs clear
+gradients in their forward kernels (``clear_grid`` sets ``grid_v_in[i, j]``
+and ``grid_v_in.grad[i, j]`` to zero each step, for the tape's next pass).
+tidiff runs the program on its own copies of the fields and zeroes every
+gradient after the run, before the adjoints run, so such a write has no
+effect on a derivative: the adjoint leaves it out (the kernel's other
+writes are reversed as any), where Taichi's ``kernel.grad`` reversed the
+kernel and left the program's accesses unknown (checked, then forward
+pushes). A differentiable value written into a gradient is not taken.
+
 NOTE: [Func reads at their indices] A ``@ti.func`` reading fields reads
 them at indices made of its parameters (``wave_at(t, i, j)`` reads
 ``p[t, i, j]``); the launch's accesses give them in the caller's terms, the
@@ -193,6 +203,7 @@ import copy
 import dataclasses
 import inspect
 import itertools
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -249,8 +260,9 @@ class KernelAdjoint:
     """
 
     def __init__(self, kernel: Any, fields_at: list[int], accesses: list[Access], params: list[str],
-                 bound: bool = False, scratch: Sequence[Scratch] = ()) -> None:
+                 bound: bool = False, scratch: Sequence[Scratch] = (), numbers_at: Sequence[int] = ()) -> None:
         self.kernel, self.fields_at, self.params = kernel, fields_at, params
+        self.numbers_at = list(numbers_at)  # ti.template() parameters the kernel uses as numbers
         self.scratch = list(scratch)  # an ndarray kernel's adjoint's arrays after its parameters: NOTE: [Scratch
         # arrays]
         self.accesses = KernelAccesses(accesses, params)
@@ -264,8 +276,8 @@ class KernelAdjoint:
     def takes(self, args: tuple[Any, ...]) -> bool:
         """Whether the arguments of a launch are ones the adjoint was written for."""
         args = self.arguments(args)
-        return all(is_float_field(args[k]) and args[k].grad is not None
-                   for k in self.fields_at)
+        return all(is_float_field(args[k]) and args[k].grad is not None for k in self.fields_at) \
+            and all(isinstance(args[k], numbers.Number) for k in self.numbers_at)
 
     def compiles(self) -> int:
         return len(self.kernel._primal.compiled_kernels)
@@ -391,7 +403,7 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     accesses = [a for a in reverser.accesses if id(a) not in won and (a.value is None or a.value.id in used)]
     accesses += [a for a in reverser.accesses if id(a) in won]
     return KernelAdjoint(adjoint, [params.index(p) for p in reverser.template_fields], accesses, params, bound,
-                         reverser.scratch)
+                         reverser.scratch, [params.index(p) for p in reverser.number_templates])
 
 
 def used_names(tree: ast.FunctionDef, taichi_name: str) -> set[str]:
@@ -720,10 +732,11 @@ class FieldReverser(Reverser):
             index = extremes.loop_index(self.parallel_loop)
             dtype = self.arrays[field]
             bits = extremes.bits_of(dtype)
-            if extents is None or index is None or bits is None:
+            if extents is None or isinstance(extents, str) and not self.scalar_array(extents) or index is None \
+                    or bits is None:
                 return None
             param = self.namer.fresh(f"{field}_kept")
-            self.scratch.append(Scratch(param, bits, tuple(extents)))
+            self.scratch.append(Scratch(param, bits, extents if isinstance(extents, str) else tuple(extents)))
             kept: extremes.Kept | None = extremes.Kept(param, index, str(dtype), str(bits))
         else:
             kept = extremes.kept_field(self.parallel_loop, self.parsed.namespace, target, self.helpers, self.namer,
@@ -765,10 +778,24 @@ class FieldReverser(Reverser):
             return self.store(target, node.value, "set")
         if (component := self.component_of(target)) is not None:
             return self.store(component[0], node.value, "set", component[1])
-        if self.integer_store(target):
+        if self.integer_store(target) or self.gradient_store(target, node.value):
             return None
         self.refuse_field_writes(node.targets)
         super().stmt_Assign(node)
+
+    def gradient_store(self, target: ast.expr | None, value: ast.expr) -> bool:
+        """``x.grad[i] = 0`` of a kernel's float field: clearing a gradient for a tape, as DiffTaichi's clear kernels
+        do. Left out of the adjoint: tidiff clears every gradient after the program ran, before its adjoints run
+        (NOTE: [Gradients cleared by the program])."""
+        root = target
+        while isinstance(root, ast.Subscript):
+            root = root.value
+        if not (self.stores and isinstance(root, ast.Attribute) and root.attr == "grad"
+                and isinstance(root.value, ast.Name) and root.value.id in self.gradients):
+            return False
+        if self.reads_active(value):
+            raise NotReversible(f"the write `{ast.unparse(root)}[...]` of a differentiable value into a gradient")
+        return True
 
     def integer_store(self, target: ast.expr | None) -> bool:
         """A write into an integer field by a kernel: no derivative, and the adjoint must not write it again;
@@ -910,6 +937,7 @@ class KernelReverser(FieldReverser):
         super().__init__(parsed, (False,) * len(parsed.tree.args.args), 0)
         self.depth = 0  # how deep in loops the statement being transformed stands (0: the kernel's top level)
         self.accumulators: dict[str, str] = {}  # top-level local -> its cotangent's sum over a parallel loop
+        self.number_templates: list[str] = []  # ti.template() parameters used as numbers only
         self.template_fields = self._template_fields()
         for p in self.template_fields:
             self.gradients[p] = ast.Attribute(name(p), "grad", ast.Load())
@@ -974,9 +1002,15 @@ class KernelReverser(FieldReverser):
                 used = any(isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == p.name
                            or isinstance(n, ast.For) and isinstance(n.iter, ast.Name) and n.iter.id == p.name
                            for n in ast.walk(self.tree))
-                if not used:
-                    raise NotReversible(f"the ti.template() parameter `{p.name}`, not used as a field")
-                found.append(p.name)
+                if used:
+                    found.append(p.name)
+                elif any(isinstance(n, ast.Call) and any(isinstance(a, ast.Name) and a.id == p.name for a in n.args)
+                         or isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == p.name
+                         for n in ast.walk(self.tree)):
+                    raise NotReversible(f"the ti.template() parameter `{p.name}`, given to a call or read for an "
+                                        "attribute but not indexed as a field")
+                else:  # a number Taichi specializes the kernel on (``compute_p(t, k: ti.template())``); the launch
+                    self.number_templates.append(p.name)  # checks it is one
             elif not (p.annotation in (int, float) or isinstance(p.annotation, type(ti.f64))):
                 raise NotReversible(f"the parameter `{p.name}` (numbers and ti.template() fields only)")
         return found

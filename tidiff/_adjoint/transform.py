@@ -175,6 +175,8 @@ class Reverser(ControlFlow):
                 self.bind(target.id, _name(self.last_op().target))
                 self.tuples[self.ssa(target.id)] = dict(zip(paths, names, strict=True))
                 return
+            if isinstance(node.value, (ast.Tuple, ast.List)):  # w = [a, b, c] (MLS-MPM weights), read as w[i][0]
+                return self.bind(target.id, ast.Tuple([self.operand(e) for e in node.value.elts], ast.Load()))
             return self.bind(target.id, self.value(node.value))
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
                 and len(target.elts) == len(node.value.elts) and _all_names(target.elts):
@@ -896,6 +898,8 @@ class Reverser(ControlFlow):
         key = tuple(path)
         if key in names:
             return names[key]
+        if any(key[:k] in names for k in range(1, len(key))):
+            return None  # ``w[0][1]``: an entry of the element ``w[0]``, read as such
         part = {p[len(key):]: v for p, v in names.items() if p[:len(key)] == key}
         if not part:
             raise NotReversible(f"the read of `{ast.unparse(node)}`, past the end of a call's results")

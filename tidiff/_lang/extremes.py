@@ -101,11 +101,17 @@ def bits_of(dtype: Any) -> Any:
     return _BITS.get(str(dtype))
 
 
-def array_extents(loop: ast.For, arrays: set[str], namespace: dict[str, Any]) -> list[int | tuple[str, int]] | None:
+def array_extents(loop: ast.For, arrays: set[str], namespace: dict[str, Any]
+                  ) -> str | list[int | tuple[str, int]] | None:
     """The extents of a parallel loop of an ndarray kernel from 0, each a constant or ``(array, axis)`` for
-    ``a.shape[axis]`` of an ndarray parameter ``a`` (``range(x.shape[0])``, ``ti.ndrange(n, x.shape[1])``): known at
-    each launch; None for other loops (NOTE: [Winners by kept values])."""
+    ``a.shape[axis]`` of an ndarray parameter ``a`` (``range(x.shape[0])``, ``ti.ndrange(n, x.shape[1])``), or the
+    name of the array a loop runs over (``for i in a``, ``ti.grouped(a)``, ``a`` of scalars): known at each launch;
+    None for other loops (NOTE: [Winners by kept values])."""
     over = loop.iter
+    if isinstance(over, ast.Call) and len(over.args) == 1 and resolve(over.func, namespace) is ti.grouped:
+        over = over.args[0]
+    if isinstance(over, ast.Name) and over.id in arrays:
+        return over.id
     if not isinstance(over, ast.Call) or over.keywords:
         return None
     func = resolve(over.func, namespace)

@@ -782,12 +782,13 @@ class KernelTransformer(Transformer):
         arrays = {p.name for p in self._parameters() if isinstance(p.annotation, NdarrayType)}
         extents = extremes.array_extents(self.parallel_node, arrays, self.parsed.namespace)
         index = extremes.loop_index(self.parallel_node)
-        if extents is None or index is None or not extremes.once_per_iteration(self.parallel_node, ast.Expr(node)):
+        if extents is None or isinstance(extents, str) and not self._scalar_array(extents) or index is None \
+                or not extremes.once_per_iteration(self.parallel_node, ast.Expr(node)):
             raise self.error(node, f"`{ast.unparse(node)}`",
                              "forward mode of an atomic max / min into an ndarray takes it once per iteration of a "
-                             "loop over range(a.shape[k]), constants or ti.ndrange of them")
+                             "loop over an array of scalars, range(a.shape[k]), constants or ti.ndrange of them")
         param = self.namer.fresh(f"{root}_kept")
-        self.scratch.append(Scratch(param, root, tuple(extents)))
+        self.scratch.append(Scratch(param, root, extents if isinstance(extents, str) else tuple(extents)))
         return extremes.KeptValue(param, index)
 
     def _scalar_array(self, param: str) -> bool:
