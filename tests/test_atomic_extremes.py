@@ -129,21 +129,6 @@ def test_a_field_also_written_otherwise_is_refused_in_both_modes():
         td.jvp(G, (np.ones(N),), (np.ones(N),))
 
 
-@settings(max_examples=30)
-@given(x=st.lists(VALUES, min_size=N, max_size=N).map(np.array), wv=st.floats(-0.9, 0.9),
-       t=st.lists(st.floats(-2, 2), min_size=N + 1, max_size=N + 1).map(np.array))
-def test_forward_mode_gives_the_winners_tangent_as_torch_and_transposes_reverse_mode(x, wv, t):
-    tx, tw = t[:N], np.float64(t[N])
-    values, tangents = td.jvp(F, (x, np.float64(wv)), (tx, tw))
-    _, want = torch.func.jvp(twin, (torch.tensor(x), torch.tensor(wv, dtype=torch.float64)),
-                             (torch.tensor(tx), torch.tensor(tw, dtype=torch.float64)))
-    np.testing.assert_allclose(tangents[0], want[0].item(), rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(tangents[1], want[1].numpy(), rtol=1e-13, atol=1e-15)
-    ct = (np.float64(0.7), np.array([1.3, -0.4]))
-    gx, gw = td.vjp(F, x, np.float64(wv))[1](ct)
-    assert gx @ tx + gw * tw == pytest.approx(ct[0] * tangents[0] + ct[1] @ tangents[1], rel=1e-12, abs=1e-14)
-
-
 @ti.kernel
 def seeded_in_one_kernel():
     peak[None] = 3.0 * w[None]  # statements and loops before the atomics' loop give the old values
@@ -158,24 +143,33 @@ def seeded_in_one_kernel():
 ONE_KERNEL = td.function(seeded_in_one_kernel, inputs=[xs, w], outputs=[peak, lows])
 
 
-@settings(max_examples=20)
+@settings(max_examples=30)
 @given(x=st.lists(VALUES, min_size=N, max_size=N).map(np.array), wv=st.floats(-0.9, 0.9),
-       t=st.lists(st.floats(-2, 2), min_size=N + 1, max_size=N + 1).map(np.array))
-def test_old_values_set_in_the_atomics_kernel_in_both_modes(x, wv, t):
+       t=st.lists(st.floats(-2, 2), min_size=N + 1, max_size=N + 1).map(np.array),
+       F=st.sampled_from([F, ONE_KERNEL]))
+def test_forward_mode_gives_the_winners_tangent_as_torch_and_transposes_reverse_mode(x, wv, t, F):
+    tx, tw = t[:N], np.float64(t[N])
+    values, tangents = td.jvp(F, (x, np.float64(wv)), (tx, tw))
+    _, want = torch.func.jvp(twin, (torch.tensor(x), torch.tensor(wv, dtype=torch.float64)),
+                             (torch.tensor(tx), torch.tensor(tw, dtype=torch.float64)))
+    np.testing.assert_allclose(tangents[0], want[0].item(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(tangents[1], want[1].numpy(), rtol=1e-13, atol=1e-15)
+    ct = (np.float64(0.7), np.array([1.3, -0.4]))
+    gx, gw = td.vjp(F, x, np.float64(wv))[1](ct)
+    assert gx @ tx + gw * tw == pytest.approx(ct[0] * tangents[0] + ct[1] @ tangents[1], rel=1e-12, abs=1e-14)
+
+
+@settings(max_examples=20)
+@given(x=st.lists(VALUES, min_size=N, max_size=N).map(np.array), wv=st.floats(-0.9, 0.9))
+def test_old_values_set_in_the_atomics_kernel(x, wv):
     """The way a reduction is usually written: the old value set in the kernel itself, then the atomics (was
-    refused: the field written besides the atomics)."""
+    refused: the field written besides the atomics). Forward mode: the test below."""
     assert isinstance(vjp_kernel(seeded_in_one_kernel), KernelAdjoint)
     ct = (np.float64(0.7), np.array([1.3, -0.4]))
     gx, gw = td.vjp(ONE_KERNEL, x, np.float64(wv))[1](ct)
     tx_, tw_ = torch_vjp(x, wv, *ct)
     np.testing.assert_allclose(gx, tx_, rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(gw, tw_, rtol=1e-13, atol=1e-15)
-    tx, tw = t[:N], np.float64(t[N])
-    _, tangents = td.jvp(ONE_KERNEL, (x, np.float64(wv)), (tx, tw))
-    _, want = torch.func.jvp(twin, (torch.tensor(x), torch.tensor(wv, dtype=torch.float64)),
-                             (torch.tensor(tx), torch.tensor(tw, dtype=torch.float64)))
-    np.testing.assert_allclose(tangents[0], want[0].item(), rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(tangents[1], want[1].numpy(), rtol=1e-13, atol=1e-15)
 
 
 @ti.kernel
