@@ -702,7 +702,7 @@ class FieldReverser(Reverser):
                 self.scratch.append(Scratch(ties, ti.i32, field))
             else:
                 assert obj is not None
-                self.helpers[ties] = ti.field(ti.i32, shape=obj.shape)
+                self.helpers[ties] = extremes.own_field(ti.i32, obj.shape)
             self.ties.append((ties, field))
             self.ties_made.append((ties, field))
         at = ast.Subscript(name(field), copy.deepcopy(index), ast.Load())
@@ -957,10 +957,12 @@ class KernelReverser(FieldReverser):
         body = self.without_return(body)
         read = sorted({n.value.id for n in ast.walk(self.tree) if isinstance(n, ast.Subscript)
                        and isinstance(n.value, ast.Name) and n.value.id in self.constant_fields})
-        self.accesses += [Access("load", self.field_key(f), None, (), anywhere=True) for f in read]  # integer
-        # fields: any entry, anywhere in the launch
+        own = [f for f in read if extremes.is_own(self.field_key(f))]  # NOTE: [Counts read after the kernel]
+        self.accesses += [Access("load", self.field_key(f), None, (), anywhere=True) for f in read if f not in own]
+        # integer fields: any entry, anywhere in the launch
         for stmt in body:
             self.statement(stmt)
+        self.accesses += [Access("load", self.field_key(f), None, ()) for f in own]
         self.alone_in_extremes(self.accesses, self.ties_made, "store", self.extremes_from)
         self.straight = not _has_blocks(self.ops)
         self.sweep_ops(self.ops)

@@ -25,6 +25,7 @@ from taichi.lang.matrix import MatrixField
 from taichi.lang.util import to_numpy_type
 
 from .._arrays import contiguous, is_tensor, zeros
+from .._lang import extremes
 from .._lang.compile import compile_source
 
 
@@ -91,6 +92,8 @@ class Twins:
             for member in members:
                 builder.dense(ti.axes(*range(len(field.shape))), tuple(field.shape)).place(member, offset=offset)
             self._twins[id(field)] = twin
+            if extremes.is_own(field):  # NOTE: [Counts read after the kernel]
+                extremes.mark_own(twin)
         self._tree = builder.finalize(raise_warning=False)
         self.originals = {id(field): field for field in fields}
 

@@ -30,6 +30,39 @@ from .parse import MISSING, resolve
 #: The integer type holding a float's bits.
 _BITS = {"f64": ti.i64, "f32": ti.i32, "f16": ti.i16}
 
+#: The fields made for counts and kept values (by id; each lives as long as the kernel naming it).
+_OWN: set[int] = set()
+
+
+def own_field(dtype: Any, shape: tuple[int, ...], offset: tuple[int, ...] | None = None) -> Field:
+    """A field of counts or kept values for a generated kernel (NOTE: [Counts read after the kernel])."""
+    field = ti.field(dtype, shape=shape, offset=offset)
+    mark_own(field)
+    return field
+
+
+def mark_own(field: Field) -> None:
+    """Count ``field`` as made by :func:`own_field` (a field program's twin of one is)."""
+    _OWN.add(id(field))
+
+
+def is_own(field: object) -> bool:
+    """Whether ``field`` was made by :func:`own_field`.
+
+    NOTE: [Counts read after the kernel] A tangent kernel writes its counts
+    of winners and kept values, then reads them in its later loops; its
+    adjoint reads them as the kernel left them. Recorded as integer fields
+    read anywhere in the launch (as a user's integer field is: the kernel may
+    read an entry, then write it), such a launch reads what it then writes,
+    and the access log stops keeping anything for the rest of the program:
+    second order through atomic maxima followed by an in-place update of the
+    target (``y[i] = y[i] * 0.75 + ...``) was wrong, caught by the check and
+    computed by forward pushes. Nothing but the kernel's later loops reads
+    them, so their reads are recorded after the launch's writes, and a later
+    launch of the same kernel keeps what the earlier one left.
+    """
+    return id(field) in _OWN
+
 
 class Kept:
     """Where a loop keeps each iteration's value of one atomic (NOTE: [Winners by kept values]): the field's
@@ -81,7 +114,7 @@ def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, helpers:
     if space is None or bits is None or index is None:
         return None
     shape, offset = space
-    field = ti.field(bits, shape=shape, offset=offset if any(offset) else None)
+    field = own_field(bits, shape, offset if any(offset) else None)
     return Kept(helper_name(helpers, namer, field, hint), index, dtype, str(bits))
 
 

@@ -754,7 +754,7 @@ class KernelTransformer(Transformer):
                 self.scratch.append(Scratch(ties, ti.i32, root))
             else:
                 assert field is not None
-                self.helpers[ties] = ti.field(ti.i32, shape=field.shape)
+                self.helpers[ties] = extremes.own_field(ti.i32, field.shape)
             self.extremes_fields[ties] = root
         kept = self.kept_value(node, root) if array else self.kept(node, root, field)
         if kept is not None:
