@@ -116,3 +116,28 @@ def test_the_funcs_are_written_out_and_the_gradient_is_torchs():
     _, want = torch.func.jvp(twin, (torch.tensor(a),), (torch.tensor(t),))
     for got, w in zip(tangents, want):
         np.testing.assert_allclose(got, w.numpy(), rtol=1e-12)
+
+
+@ti.func
+def put_without_first(i, a):
+    a[0] = 0.0  # its own copy of the caller's vector: Taichi passes values
+    y[i] += a.sum()
+
+
+@ti.kernel
+def passes_a_vector():
+    for i in x:
+        v = ti.Vector([x[i], x[i] ** 2])
+        put_without_first(i, v)
+        y[i] += v[0] * 3.0  # the caller's v still holds x[i]
+
+
+def test_a_parameter_the_func_writes_into_stays_its_own_copy():
+    """A name given as an argument is taken as written only where the func never assigns the parameter, nor
+    an entry of it (``a[0] = 0.0``): else the caller's vector lost its first entry, a gradient 2x + 0 where
+    it is 2x + 3, without a word."""
+    fn = td.function(passes_a_vector, inputs=[x], outputs=[y])
+    x0 = np.linspace(-0.9, 1.3, N)
+    np.testing.assert_allclose(fn(x0), x0 ** 2 + 3 * x0, rtol=1e-15)
+    for transform in (td.jacrev, td.jacfwd):
+        np.testing.assert_allclose(transform(fn)(x0), np.diag(2 * x0 + 3), rtol=1e-15, atol=1e-15)

@@ -65,6 +65,7 @@ from taichi.lang.field import Field
 
 from .._lang.callees import is_taichi_func
 from .._lang.naming import Namer, names_in
+from .._lang.nodes import entry_root
 from .._lang.objects import fields_of, parsed_for
 from .._lang.parse import MISSING, OPERATOR_NODES, Parsed, resolve, static_call, without_docstring
 
@@ -298,6 +299,8 @@ def _expanded(call: ast.Call, callee: Any, namespace: dict[str, Any], namer: Nam
     renamed: dict[str, ast.expr] = {}
     prologue: list[ast.stmt] = []
     assigned = {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    assigned |= {root.id for n in ast.walk(parsed.tree) if isinstance(n, (ast.Subscript, ast.Attribute))
+                 and isinstance(n.ctx, ast.Store) and isinstance(root := entry_root(n)[0], ast.Name)}  # v[0] = e
     annotated = {a.arg for a in parsed.tree.args.args if a.annotation is not None}
     for param, arg in zip(params, call.args, strict=True):
         if param in templates and isinstance(arg, (ast.Name, ast.Attribute, ast.Constant)):
