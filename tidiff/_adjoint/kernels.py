@@ -1326,9 +1326,8 @@ def _reads_at(callee: Any, args: list[ast.expr] | None, depth: int = 0) -> list[
         and not assigned & set(params) else {}
 
     def substituted(node: ast.expr) -> ast.expr | None:
-        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        if any(n not in known and resolve(ast.Name(n, ast.Load()), parsed.namespace) is MISSING for n in names):
-            return None  # a local of the func's: not known to the caller
+        if any(isinstance(n, ast.Name) and n.id not in known for n in ast.walk(node)):
+            return None  # a local or a global of the func's (a global named as a kernel parameter is not one)
         return _Substitute(known).visit(copy.deepcopy(node))
 
     found: list[tuple[Field, ast.expr | None]] = []
