@@ -20,6 +20,7 @@ from typing import Any
 
 import taichi as ti
 
+from .._arrays import _torch, torch_dtype
 from .naming import Namer
 from .nodes import name
 
@@ -36,7 +37,6 @@ class Scratch:
 
     def allocate(self, arrays: dict[str, Any], device: Any) -> Any:
         """The zeroed array for a launch with these arrays (torch tensors, by parameter name)."""
-        from .._arrays import _torch, torch_dtype
         shape = tuple(arrays[self.shape].shape) if isinstance(self.shape, str) else tuple(
             e if isinstance(e, int) else int(arrays[e[0]].shape[e[1]]) for e in self.shape)
         dtype = arrays[self.dtype].dtype if isinstance(self.dtype, str) else torch_dtype(self.dtype)
