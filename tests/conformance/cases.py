@@ -271,6 +271,21 @@ def assume_tame(twin: Callable[[list], Any], arrays: list) -> None:
                for n, w in zip(leaves(near), leaves(want), strict=True)))
 
 
+def assume_derivatives_defined(twin: Callable[..., Any], arrays: list) -> None:
+    """Reject inputs at which torch's Jacobian of ``twin`` (a function of float64 tensors) has an inf or a NaN
+    while its values are tame: there torch's derivatives say nothing a comparison could use (long run of
+    2026-11-29, a field program: torch's derivative of the element function NaN where central differences give
+    -0.357, reverse and forward mode alike, probably a ``torch.where`` whose untaken side has an infinite
+    derivative; tidiff's a number)."""
+    tensors = tuple(torch.tensor(a, dtype=torch.float64) for a in arrays)
+    jacobians = torch.autograd.functional.jacobian(twin, tensors)
+    assume(all(bool(torch.isfinite(j).all()) for j in _flat(jacobians)))
+
+
+def _flat(tree: Any) -> list:
+    return [leaf for part in tree for leaf in _flat(part)] if isinstance(tree, (tuple, list)) else [tree]
+
+
 def nudged(arrays: list) -> list:
     """The inputs moved by 1e-12 (relative): 10^4 times rounding, far below any step a derivative sees."""
     return [a * (1.0 + 1e-12) if np.issubdtype(np.asarray(a).dtype, np.floating) else a for a in arrays]

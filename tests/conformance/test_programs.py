@@ -38,7 +38,7 @@ from tidiff._adjoint.kernels import KernelAdjoint, vjp_kernel
 from tidiff._fields.twins import TREES_A_PROCESS_HOLDS
 
 from . import budget, grammar, known, render_taichi
-from .cases import Case, assume_tame, draw_case, record_pitfall
+from .cases import Case, assume_derivatives_defined, assume_tame, draw_case, record_pitfall
 from .checks import TaichiPitfall
 from .compare import as_numpy, assert_values_close
 from .crashes import TAICHI_ALONE, known_error
@@ -395,6 +395,7 @@ def test_field_programs(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     x, w, dx, dw, c = (rng.uniform(-1.5, 1.5, N) for _ in range(5))
     assume_tame(lambda arrays: z_twin(*tensors(*arrays)), [x, w])
+    assume_derivatives_defined(z_twin, [x, w])
     with case.checking("field program: value, grad, vjp, jvp, jacobian, hvp"):
         check_program_value(case, F(x, w), loss_twin(*tensors(x, w)),
                             lambda: plain_field_loss(case, x, w, variant, passes), "field program")
@@ -435,6 +436,7 @@ def test_ndarray_kernels(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     a, b, da, db, c = (rng.uniform(-1.5, 1.5, N) for _ in range(5))
     assume_tame(lambda arrays: twin(*tensors(*arrays)), [a, b])
+    assume_derivatives_defined(twin, [a, b])
     with case.checking("ndarray kernel: value, jvp, vjp, jacobian, second derivatives"):
         check_program_value(case, K(a, b), twin(*tensors(a, b)), lambda: plain_ndarray_out(case, a, b),
                             "ndarray kernel")
