@@ -63,9 +63,9 @@ from typing import Any
 import taichi as ti
 from taichi.lang.field import Field
 
+from .._lang.activity import assigned_names
 from .._lang.callees import is_taichi_func
 from .._lang.naming import Namer, names_in
-from .._lang.nodes import entry_root
 from .._lang.objects import fields_of, parsed_for
 from .._lang.parse import MISSING, OPERATOR_NODES, Parsed, resolve, static_call, without_docstring
 
@@ -298,9 +298,7 @@ def _expanded(call: ast.Call, callee: Any, namespace: dict[str, Any], namer: Nam
                            and isinstance(n.ctx, ast.Store)}
     renamed: dict[str, ast.expr] = {}
     prologue: list[ast.stmt] = []
-    assigned = {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    assigned |= {root.id for n in ast.walk(parsed.tree) if isinstance(n, (ast.Subscript, ast.Attribute))
-                 and isinstance(n.ctx, ast.Store) and isinstance(root := entry_root(n)[0], ast.Name)}  # v[0] = e
+    assigned = assigned_names(parsed.tree.body)  # by name or by entry (``v[0] = e``)
     annotated = {a.arg for a in parsed.tree.args.args if a.annotation is not None}
     for param, arg in zip(params, call.args, strict=True):
         if param in templates and isinstance(arg, (ast.Name, ast.Attribute, ast.Constant)):
@@ -322,12 +320,12 @@ def _expanded(call: ast.Call, callee: Any, namespace: dict[str, Any], namer: Nam
         namer.taken.add(fresh)
         namespace[fresh] = obj
         renamed[name] = ast.Name(fresh, ast.Load())
-    body = [_Renamed(renamed).visit(copy.deepcopy(s)) for s in _body(callee, call.args)]
+    body = [Renamed(renamed).visit(copy.deepcopy(s)) for s in _body(callee, call.args)]
     value = body.pop().value if body and isinstance(body[-1], ast.Return) else None
     return prologue + body, value
 
 
-class _Renamed(ast.NodeTransformer):
+class Renamed(ast.NodeTransformer):
     """Names replaced: a parameter by its argument, a local or a global by its fresh name."""
 
     def __init__(self, renamed: dict[str, ast.expr]) -> None:

@@ -209,13 +209,12 @@ from typing import Any
 
 import taichi as ti
 from taichi.lang.field import Field, ScalarField
-from taichi.lang.matrix import MatrixType
 from taichi.types.annotations import Template
 from taichi.types.ndarray_type import NdarrayType
 
 from .._cache import ADJOINT
 from .._lang import extremes
-from .._lang.activity import integer_locals, stop_grad_arguments
+from .._lang.activity import assigned_names, integer_locals, stop_grad_arguments
 from .._lang.callees import transformable
 from .._lang.compile import compile_source, mark, wrap_long_lines
 from .._lang.generate import generate, owned_cache
@@ -224,13 +223,13 @@ from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
 from .._lang.nodes import entry_root, name, zero_of
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, without_docstring
-from .._lang.scratch import Scratch
+from .._lang.scratch import Scratch, holds_scalars
 from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
 from . import _made
 from .accesses import Access, KernelAccesses
 from .control import Block, Branch, Loop, Op, Store, has_effects, uses, value_reads
-from .inline import inlined
+from .inline import DEEPEST, Renamed, inlined
 from .transform import NotReversible, Reverser
 
 #: NOTE: [Constant ranges in kernels] The function transform writes out every constant range; in a kernel a
@@ -746,10 +745,9 @@ class FieldReverser(Reverser):
         return kept
 
     def scalar_array(self, param: str) -> bool:
-        """Whether the ndarray parameter ``param`` holds scalars (its annotation names no vector or matrix)."""
+        """Whether the ndarray parameter ``param`` holds scalars."""
         kernel = getattr(self, "kernel", None)
-        annotation = inspect.signature(kernel.__wrapped__).parameters[param].annotation if kernel else None
-        return isinstance(annotation, NdarrayType) and not isinstance(annotation.dtype, MatrixType)
+        return kernel is not None and holds_scalars(inspect.signature(kernel.__wrapped__).parameters[param].annotation)
 
     def looped(self) -> bool:
         """Whether the statement being transformed stands in a runtime loop of a kernel (not its parallel loop:
@@ -1232,15 +1230,13 @@ class KernelReverser(FieldReverser):
         counting.body = copy.deepcopy(loop.body.forward)
         counted = {ties for ties, _ in loop.ties}
         for ties, _ in loop.ties:
-            self.backward += extremes.zeroed(ties, self.count_ndim(ties), self.namer.fresh)
+            self.backward += extremes.zeroed(ties, extremes.counts_ndim(self.helpers, ties), self.namer.fresh)
         self.backward += config + [counting] + copy.deepcopy(config)
         self.backward.append(_WithoutCounts(counted, self.kept_made).visit(header))
         for ties, field in loop.ties:
-            self.backward += extremes.lost(ties, self.count_ndim(ties), self.namer.fresh, self.gradients[field])
+            self.backward += extremes.lost(ties, extremes.counts_ndim(self.helpers, ties), self.namer.fresh,
+                                           self.gradients[field])
 
-    def count_ndim(self, ties: str) -> int:
-        """How many axes the counts ``ties`` have (a field's, or an array's: at least one)."""
-        return len(self.helpers[ties].shape) if ties in self.helpers else 1
 
 
 class _WithoutSums(ast.NodeTransformer):
@@ -1315,20 +1311,19 @@ def _reads_at(callee: Any, args: list[ast.expr] | None, depth: int = 0) -> list[
     not known) reads, each at every index it reads in the caller's terms (None: any entry), once per index (NOTE:
     [Func reads at their indices])."""
     try:
-        parsed = parsed_for(callee) if depth < 8 and not is_method_func(callee) else None
+        parsed = parsed_for(callee) if depth < DEEPEST and not is_method_func(callee) else None
     except (TypeError, OSError):
         parsed = None
     if parsed is None:
         return [(f, None) for f in _fields_reached(callee)]
     params = [a.arg for a in parsed.tree.args.args]
-    assigned = {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     known = dict(zip(params, args, strict=True)) if args is not None and len(args) == len(params) \
-        and not assigned & set(params) else {}
+        and not assigned_names(parsed.tree.body) & set(params) else {}
 
     def substituted(node: ast.expr) -> ast.expr | None:
         if any(isinstance(n, ast.Name) and n.id not in known for n in ast.walk(node)):
             return None  # a local or a global of the func's (a global named as a kernel parameter is not one)
-        return _Substitute(known).visit(copy.deepcopy(node))
+        return Renamed(known).visit(copy.deepcopy(node))
 
     found: list[tuple[Field, ast.expr | None]] = []
     for node in ast.walk(parsed.tree):
@@ -1346,16 +1341,6 @@ def _reads_at(callee: Any, args: list[ast.expr] | None, depth: int = 0) -> list[
     found += [(f, None) for f in _fields_reached(callee) if id(f) not in seen]  # (through objects' methods)
     unique = {(id(f), None if index is None else ast.dump(index)): (f, index) for f, index in found}
     return list(unique.values())
-
-
-class _Substitute(ast.NodeTransformer):
-    """A func's parameters replaced by the caller's expressions."""
-
-    def __init__(self, known: dict[str, ast.expr]) -> None:
-        self.known = known
-
-    def visit_Name(self, node: ast.Name) -> ast.expr:
-        return copy.deepcopy(self.known[node.id]) if node.id in self.known else node
 
 
 def _touches_fields(obj: object) -> bool:

@@ -224,8 +224,13 @@ class NdarrayFunction(Function):
     def reads_outputs(self, adjoint: KernelAdjoint) -> bool:
         """Whether ``adjoint`` reads the outputs (or scratch arrays) as the kernel left them (then the kernel runs
         first)."""
-        outs = {self.params.index(n) for n in self.outputs + [s.param for s in self.scratch]}
-        return not self.exact(adjoint) or any(a.kind == "load" and a.field in outs for a in adjoint.accesses.accesses)
+        def find() -> bool:
+            outs = {self.params.index(n) for n in self.outputs + [s.param for s in self.scratch]}
+            return not self.exact(adjoint) or any(a.kind == "load" and a.field in outs
+                                                  for a in adjoint.accesses.accesses)
+
+        reads: bool = self.memo.get(("reads outputs", id(adjoint)), find)  # every vjp asks
+        return reads
 
     # -- signature -----------------------------------------------------------
     def param_names(self) -> list[str]:
@@ -404,9 +409,9 @@ class NdarrayFunction(Function):
                 outs.append(out)
             if primal is not None:
                 primal(*arguments([t.detach() for t in ins], [t.detach() for t in outs]))
-            extra = [] if own is None else scratch_arrays(own, dict(zip(self.params, arguments(ins, outs),
-                                                                        strict=True)), device)
-            adjoint(*arguments(ins, outs), *extra)
+            launched = arguments(ins, outs)
+            extra = [] if own is None else scratch_arrays(own, dict(zip(self.params, launched, strict=True)), device)
+            adjoint(*launched, *extra)
             return [ins[k].grad if differentiated[k] else torch.zeros(shape, dtype=dtype, device=device)
                     for k, shape, dtype in floats]
 

@@ -41,11 +41,15 @@ def assignments(body: Sequence[ast.stmt]) -> tuple[list[tuple[list[str], ast.exp
     return writes, loop_vars
 
 
+def assigned_names(body: Sequence[ast.stmt]) -> set[str]:
+    """Every variable ``body`` assigns, or an entry of (``v[0] = e``, ``v.fill(e)``), or loops over."""
+    writes, loop_vars = assignments(body)
+    return loop_vars | {n for names, _ in writes for n in names}
+
+
 def local_names(tree: ast.FunctionDef) -> set[str]:
     """Parameters and every variable the function assigns."""
-    writes, loop_vars = assignments(tree.body)
-    params = {a.arg for a in tree.args.args}
-    return params | loop_vars | {n for names, _ in writes for n in names}
+    return {a.arg for a in tree.args.args} | assigned_names(tree.body)
 
 
 def _is_int_constant(node: ast.expr) -> bool:

@@ -148,7 +148,7 @@ def array_extents(loop: ast.For, arrays: set[str], namespace: dict[str, Any]
     if not isinstance(over, ast.Call) or over.keywords:
         return None
     func = resolve(over.func, namespace)
-    if func is not range and func is not ti.ndrange or func is range and len(over.args) != 1:
+    if not (func is range and len(over.args) == 1 or func is ti.ndrange):
         return None
     extents: list[int | tuple[str, int]] = []
     for arg in over.args:
@@ -250,6 +250,12 @@ def share(amount: ast.expr, ties: str, target: ast.Subscript) -> ast.BinOp:
     """``amount / ties[i]``: a winner's part of what entry ``i`` has (a tie splits it evenly)."""
     return ast.BinOp(copy.deepcopy(amount), ast.Div(),
                      call(taichi("max"), ast.Subscript(name(ties), copy.deepcopy(target.slice), ast.Load()), 1))
+
+
+def counts_ndim(helpers: dict[str, Any], ties: str) -> int:
+    """How many axes the counts ``ties`` have: a field's (named in ``helpers``), or an array's (at least one:
+    NOTE: [Scratch arrays])."""
+    return len(helpers[ties].shape) if ties in helpers else 1
 
 
 def each_entry(ties: str, ndim: int, fresh: Callable[[str], str],

@@ -19,6 +19,8 @@ import dataclasses
 from typing import Any
 
 import taichi as ti
+from taichi.lang.matrix import MatrixType
+from taichi.types.ndarray_type import NdarrayType
 
 from .._arrays import _torch, torch_dtype
 from .naming import Namer
@@ -48,3 +50,8 @@ class Scratch:
         helpers[annotation] = ti.types.ndarray(dtype=None if isinstance(self.dtype, str) else self.dtype,
                                                ndim=None if isinstance(self.shape, str) else len(self.shape))
         return ast.arg(self.param, name(annotation))
+
+
+def holds_scalars(annotation: Any) -> bool:
+    """Whether a kernel parameter's annotation is an ndarray of scalars (it names no vector or matrix type)."""
+    return isinstance(annotation, NdarrayType) and not isinstance(annotation.dtype, MatrixType)

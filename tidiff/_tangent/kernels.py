@@ -82,7 +82,7 @@ from .._lang.naming import RULE_HELPERS, helper_name
 from .._lang.nodes import Value, call, entry_root, function, if_, statement, taichi
 from .._lang.objects import Unbound, argcount, bind, fields_of, is_float_field, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, hashable, resolve, without_docstring
-from .._lang.scratch import Scratch
+from .._lang.scratch import Scratch, holds_scalars
 from .._rules import helpers as rule_helpers
 from .._rules.calls import callable_rule
 from .emit import jvp_func
@@ -792,13 +792,8 @@ class KernelTransformer(Transformer):
         return extremes.KeptValue(param, index)
 
     def _scalar_array(self, param: str) -> bool:
-        """Whether the ndarray parameter ``param`` holds scalars (its annotation names no vector or matrix)."""
-        annotation = next((p.annotation for p in self._parameters() if p.name == param), None)
-        return isinstance(annotation, NdarrayType) and not isinstance(annotation.dtype, MatrixType)
-
-    def count_ndim(self, ties: str) -> int:
-        """How many axes the counts ``ties`` have (a field's; an array's: at least one)."""
-        return len(self.helpers[ties].shape) if ties in self.helpers else 1
+        """Whether the ndarray parameter ``param`` holds scalars."""
+        return holds_scalars(next((p.annotation for p in self._parameters() if p.name == param), None))
 
     def settle_extremes(self, loop: ast.stmt) -> None:
         """After a parallel loop with atomic extremes, the loops giving their targets' tangents (see the NOTE)."""
@@ -806,7 +801,7 @@ class KernelTransformer(Transformer):
         sites = {ast.dump(primal): (count, add) for primal, count, add, *_ in self.extremes}
         counts = list(dict.fromkeys(ties for *_, ties in self.extremes))  # a field's sites share its counts
         for ties in counts:  # zero first: the counts outlive the kernel, for its adjoint
-            self.block += extremes.zeroed(ties, self.count_ndim(ties), self.namer.fresh)
+            self.block += extremes.zeroed(ties, extremes.counts_ndim(self.helpers, ties), self.namer.fresh)
         for k in (0, 1):  # the counting loop, then (once cleared) the loop adding the winners' tangents
             recompute = _Recomputed(sites, k, self._field_names | set(self.helpers) | self.kept_arrays
                                     | {s.param for s in self.scratch}, self.locals).visit(
@@ -816,7 +811,8 @@ class KernelTransformer(Transformer):
                 for ties in counts:
                     tangent = tangents[ties]
                     assert isinstance(tangent, ast.Subscript)
-                    self.block += extremes.lost(ties, self.count_ndim(ties), self.namer.fresh, tangent.value)
+                    self.block += extremes.lost(ties, extremes.counts_ndim(self.helpers, ties), self.namer.fresh,
+                                                   tangent.value)
             self.emit(recompute)
 
     def call_tangent(self, node: ast.Call, callee: Any, custom: Any = None,
