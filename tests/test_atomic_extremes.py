@@ -334,6 +334,51 @@ def test_winners_are_found_by_the_values_the_atomic_compared():
         np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-14)
 
 
+
+# The element function of conformance-net seed 8206: the adjoint's counting loop computed f(x[1], w[1]) one unit
+# in the last place above the value the atomic left, and reverse mode gave the whole derivative to the bound set
+# before the loop (NOTE: [Winners by kept values]: a value that close counts as the winner).
+@ti.func
+def generated_norm(x0: ti.f64, x1: ti.f64) -> ti.f64:
+    t0 = (ti.tanh(ti.acos(ti.tanh(ti.Matrix([[x1, x1], [x1, x0], [x1, x1]])) * 0.9)) * 2.3)
+    for i1 in ti.static(range(1)):
+        j2 = 0
+        while j2 < 1:
+            t0 *= (((x1 ** 2 + 0.5) ** 0.5) * (i1 + 1.0))
+            j2 += 1
+    return (ti.rsqrt(((t0 ** 2 + 0.5) ** 0.5) ** 2 + 0.5) + 0.7391).norm()
+
+
+@ti.kernel
+def bounded_norm_maxima():
+    for i in gx:
+        gy[i] = 0.25 * ti.sin(gw[i]) - 0.5
+    for j in gx:
+        v = generated_norm(gx[j], gw[j])
+        ti.atomic_max(gy[j], v)
+        ti.atomic_max(gy[(j + 1) % M], v - 0.5)
+
+
+def torch_bounded_norm_maxima(x, wv):
+    f = []
+    for x0, x1 in zip(x, wv):
+        t0 = torch.tanh(torch.acos(torch.tanh(torch.stack([x1, x1, x1, x0, x1, x1])) * 0.9)) * 2.3
+        t0 = t0 * (x1 ** 2 + 0.5) ** 0.5
+        f.append(torch.linalg.norm(torch.rsqrt(((t0 ** 2 + 0.5) ** 0.5) ** 2 + 0.5) + 0.7391))
+    f = torch.stack(f)
+    return torch.amax(torch.stack([0.25 * torch.sin(wv) - 0.5, f, torch.roll(f, 1) - 0.5]), dim=0)
+
+
+def test_a_winner_computed_again_a_bit_off_still_wins_in_reverse_mode():
+    G = td.function(bounded_norm_maxima, inputs=[gx, gw], outputs=[gy])
+    x = np.array([0.58179924, 0.42437466, -1.11406733, -1.15887585])
+    wv = np.array([0.46003656, 1.06037132, -0.8946626, -0.84594409])
+    want = torch.autograd.functional.jacobian(torch_bounded_norm_maxima, (torch.tensor(x), torch.tensor(wv)))
+    for got, expected in zip(td.jacrev(G, argnums=(0, 1))(x, wv), want):
+        np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-14)
+    for got, expected in zip(td.jacfwd(G, argnums=(0, 1))(x, wv), want):
+        np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-14)
+
 sx, sw, sy, sz = (ti.field(ti.f64, shape=4) for _ in range(4))
 s_loss = ti.field(ti.f64, shape=())
 

@@ -14,6 +14,14 @@ transformed (a loop over a field, or ranges of constant integers) and the atomic
 (in no inner loop), the loop that computes the value keeps its bits in a field of one entry per iteration
 (an integer field: no derivative of its own), and every later loop compares those bits with the field. Other
 atomics keep comparing values computed again.
+
+The adjoint of a kernel cannot keep bits from the kernel itself: its counting loop computes each value
+again, in the adjoint (beside the reverse code, which LLVM compiles along with it), and the value the user's
+kernel gave the atomic is gone. That too can differ in its last bit (conformance net, seed 8206: a matrix
+``norm()`` one unit in the last place above the field's value, so no iteration won and the whole gradient went
+to the bound set before the loop, silently). So a value counts as the field's when it is equal or within
+``WINNER_TOLERANCE`` of it (``_rules/helpers.py``: 2^-40 of the larger for f64, 2^-18 for f32), in both modes:
+candidates that close are tied and split the derivative, where exact arithmetic would give it to one of them.
 """
 import ast
 import copy
@@ -23,7 +31,7 @@ from typing import Any
 import taichi as ti
 from taichi.lang.field import Field
 
-from .naming import Namer, helper_name
+from .naming import RULE_HELPERS, Namer, helper_name
 from .nodes import assign, call, compare, if_, name, statement, taichi
 from .parse import MISSING, resolve
 
@@ -78,9 +86,9 @@ class Kept:
         cast = call(taichi("cast"), copy.deepcopy(value), taichi(self.dtype))
         return assign(self.at(), call(taichi("bit_cast"), cast, taichi(self.bits)))
 
-    def won(self, target: ast.Subscript) -> ast.Compare:
-        """``ti.bit_cast(kept[I], ti.f64) == y[i]``."""
-        return compare(call(taichi("bit_cast"), self.at(), taichi(self.dtype)), ast.Eq(), copy.deepcopy(target))
+    def won(self, target: ast.Subscript) -> ast.Call:
+        """``wins(ti.bit_cast(kept[I], ti.f64), y[i])``."""
+        return wins(call(taichi("bit_cast"), self.at(), taichi(self.dtype)), target)
 
     def at(self) -> ast.Subscript:
         return ast.Subscript(name(self.field), copy.deepcopy(self.index), ast.Load())
@@ -97,9 +105,9 @@ class KeptValue(Kept):
         """``kept[I] = value``."""
         return assign(self.at(), copy.deepcopy(value))
 
-    def won(self, target: ast.Subscript) -> ast.Compare:
-        """``kept[I] == y[i]``."""
-        return compare(self.at(), ast.Eq(), copy.deepcopy(target))
+    def won(self, target: ast.Subscript) -> ast.Call:
+        """``wins(kept[I], y[i])``."""
+        return wins(self.at(), target)
 
 
 def kept_field(loop: ast.For, namespace: dict[str, Any], target: Field, helpers: dict[str, Any], namer: Namer,
@@ -233,10 +241,16 @@ def type_of(field: str) -> ast.Attribute:
     return ast.Attribute(name(field), "dtype", ast.Load())
 
 
-def won(value: ast.expr, dtype: ast.expr, target: ast.Subscript) -> ast.Compare:
-    """``ti.cast(value, dtype) == field[i]``: whether ``value`` is what the field (or array) holds after the kernel
-    (compared in its element type ``dtype``, as the atomic compared them)."""
-    return compare(call(taichi("cast"), copy.deepcopy(value), copy.deepcopy(dtype)), ast.Eq(), copy.deepcopy(target))
+def won(value: ast.expr, dtype: ast.expr, target: ast.Subscript) -> ast.Call:
+    """``wins(ti.cast(value, dtype), field[i])``: whether ``value`` is what the field (or array) holds after the
+    kernel (compared in its element type ``dtype``, as the atomic compared them)."""
+    return wins(call(taichi("cast"), copy.deepcopy(value), copy.deepcopy(dtype)), target)
+
+
+def wins(value: ast.expr, target: ast.Subscript) -> ast.Call:
+    """``_tidiff_rules.wins(value, field[i])``: the value, computed again, is the one the atomic left (NOTE:
+    [Winners by kept values])."""
+    return call(ast.Attribute(name(RULE_HELPERS), "wins", ast.Load()), value, copy.deepcopy(target))
 
 
 def counted(value: ast.expr, dtype: ast.expr, target: ast.Subscript, ties: str, kept: Kept | None = None) -> ast.If:
