@@ -217,6 +217,7 @@ from .._lang import extremes
 from .._lang.activity import assigned_names, integer_locals, stop_grad_arguments
 from .._lang.callees import transformable
 from .._lang.compile import compile_source, mark, wrap_long_lines
+from .._lang.dead_branches import without_dead_branches
 from .._lang.generate import generate, owned_cache
 from .._lang.launch import NumberLaunch
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
@@ -968,8 +969,8 @@ class KernelReverser(FieldReverser):
         args = copy.deepcopy(self.tree.args)
         args.args += [scratch.parameter(self.helpers, self.namer) for scratch in self.scratch]  # NOTE: [Scratch
         # arrays]
-        fn = ast.FunctionDef(self.namer.fresh(self.tree.name + "_adjoint"), args,
-                             self.forward + self.backward or [ast.Pass()],
+        body = without_dead_branches(self.tree, self.forward + self.backward, self.parsed.namespace)
+        fn = ast.FunctionDef(self.namer.fresh(self.tree.name + "_adjoint"), args, body or [ast.Pass()],
                              [ast.Attribute(name(TAICHI), "kernel", ast.Load())], None)
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 

@@ -35,6 +35,7 @@ from .._lang.activity import integer_locals, loaded_names
 from .._lang.breaks import without_break
 from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name, is_helper, quiet
 from .._lang.compile import info
+from .._lang.dead_branches import without_dead_branches
 from .._lang.naming import RULE_HELPERS, TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
 from .._lang.nodes import assign as _assign
 from .._lang.nodes import call, taichi, zero_of
@@ -146,7 +147,7 @@ class Reverser(ControlFlow):
         fn = ast.FunctionDef(
             name,
             ast.arguments([], args.args + [ast.arg(c) for c in ct_params], None, [], [], None, []),
-            self.forward + self.backward,
+            without_dead_branches(self.tree, self.forward + self.backward, self.parsed.namespace),
             [decorator],
             None,
         )
