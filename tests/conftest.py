@@ -8,6 +8,7 @@ import pytest
 import taichi as ti
 from hypothesis import settings
 from taichi.lang import impl
+from taichi.lang.snode import SNode
 
 ti.init(arch=ti.cpu, default_fp=ti.f64, offline_cache=True, log_level=ti.WARN)
 
@@ -22,18 +23,33 @@ settings.load_profile("tidiff")
 # the suite makes about 650, and the files one xdist worker ran once held more than 512 (a CI run: three tests
 # refused by tidiff, then a segfault in from_numpy). A file's tests run in one process, one after another, and no
 # other file uses what they made: the trees made while a module runs are freed after it (a freed tree's place is
-# taken again; Taichi then compiles kernels again, from the on-disk cache).
+# taken again; Taichi then compiles kernels again, from the on-disk cache). Taichi's walks over every tree
+# (``ti.ad.Tape`` clearing all gradients) visit a freed one and crash the process (seen: a segfault in
+# tests/electric.py's tape): they are given the trees still held.
 _TREES_MADE = []
+_FREED: dict[int, set[int]] = {}  # per Taichi program (ti.reset starts another), places of freed trees not
+# taken again
 _finalize = ti.FieldsBuilder._finalize
 
 
 def _recorded(builder, raise_warning, compile_only):
     tree = _finalize(builder, raise_warning, compile_only)
+    _freed().discard(tree.id)
     _TREES_MADE.append(tree)
     return tree
 
 
+def _freed() -> set[int]:
+    return _FREED.setdefault(id(impl.get_runtime().prog), set())
+
+
+def _held_roots(cls):
+    prog, freed = impl.get_runtime().prog, _freed()
+    return [SNode(prog.get_snode_root(i)) for i in range(prog.get_snode_tree_size()) if i not in freed]
+
+
 ti.FieldsBuilder._finalize = _recorded
+ti.FieldsBuilder._finalized_roots = classmethod(_held_roots)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -42,6 +58,7 @@ def free_trees_made_by_the_module():
     _TREES_MADE.clear()
     yield
     for tree in _TREES_MADE:
-        if not tree.destroyed:
+        if not tree.destroyed and tree.prog is impl.get_runtime().prog:
+            _freed().add(tree.id)
             tree.destroy()
     _TREES_MADE.clear()
