@@ -1160,13 +1160,17 @@ def iy_in_place():
         iy[i] = iy[i] * ix[i] + 1.0
 
 
-def test_a_loop_overwriting_what_an_earlier_loop_of_its_kernel_wrote_is_checked_and_two_kernels_are_exact():
-    """docs/limits.md: the adjoint reads iy as the kernel left it; the check finds it, forward pushes answer."""
+def test_a_loop_overwriting_what_an_earlier_loop_of_its_kernel_wrote_is_exact_as_two_kernels_are():
+    """NOTE: [Kernels run loop by loop]: the kernel's adjoint read iy as the kernel left it; the check found it,
+    warned, and forward pushes answered. Its loops now run one by one, each a launch with its own adjoint."""
     x = np.linspace(0.2, 1.1, 5)
     want = np.diag(np.cos(x) * x + np.sin(x))
     one = td.function(in_place_in_one_kernel, inputs=[ix], outputs=[iy])
-    with pytest.warns(td.TaichiReverseWarning, match="in_place_in_one_kernel"):
-        np.testing.assert_allclose(td.jacrev(one)(x), want, rtol=1e-12, atol=1e-14)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(td.jacrev(one)(x), want, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(td.jacfwd(one)(x), want, rtol=1e-13, atol=1e-15)
+    assert one.memo.peek("reverse verdict") is None
 
     def two_kernels():
         sine_into_iy()

@@ -52,6 +52,7 @@ from .graph import (
     python_function,
     replaced_parts,
 )
+from .split import loop_parts
 
 _T = TypeVar("_T")
 
@@ -175,9 +176,19 @@ def _kernel_like(obj: Any, new: types.FunctionType) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:  # a data_oriented object binds it; never called unbound
             raise TaichiSyntaxError(f"the class kernel {new.__name__} was called without its object")
     else:
+        looked: list[list[Any] | None] = []  # the kernel's loops run one by one (NOTE: [Kernels run loop by loop])
+
         @functools.wraps(new)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            return primal(*args, **kwargs)
+            if not looked:
+                looked.append(loop_parts(wrapped))
+                with_attributes(wrapped, _tidiff_loops=looked[0])  # the launch guard owns them too
+            parts = looked[0]
+            if parts is None or kwargs:
+                return primal(*args, **kwargs)
+            for part in parts:
+                part(*args)
+            return None
 
         with_attributes(wrapped, grad=adjoint)
     return with_attributes(wrapped, _is_wrapped_kernel=True, _is_classkernel=classkernel, _primal=primal,

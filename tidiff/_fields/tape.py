@@ -54,7 +54,8 @@ class LaunchGuard:
     """
 
     def __init__(self, owned: Iterable[Any], call: str) -> None:
-        self._owned = {id(kernel._primal): kernel for kernel in owned}
+        self._kernels = list(owned)
+        self._owned = {id(kernel._primal): kernel for kernel in self._kernels}
         self._call = call
         self.plan: _Plan | None = None  # what the log found for the last sequence of launches: a warm call
         # repeating it is not logged again
@@ -62,8 +63,16 @@ class LaunchGuard:
         self.tangents: FieldTangents | None = None  # a tangent program's pairs of twins
 
     def owned(self, kernel: Any) -> Any:
-        """The rebuilt ``@ti.kernel`` whose launch reached the tape as ``kernel``, or None."""
-        return self._owned.get(id(kernel))
+        """The rebuilt ``@ti.kernel`` whose launch reached the tape as ``kernel``, or None: a loop of one run loop
+        by loop is a kernel of its own (NOTE: [Kernels run loop by loop])."""
+        found = self._owned.get(id(kernel))
+        if found is None:
+            for owned in self._kernels:
+                parts = getattr(owned, "_tidiff_loops", None)
+                if isinstance(parts, list):
+                    self._owned.update((id(part._primal), part) for part in parts)
+            found = self._owned.get(id(kernel))
+        return found
 
     def adjoint(self, kernel: Any, args: tuple[Any, ...]) -> KernelAdjoint | None:
         """tidiff's adjoint of a launch (NOTE: [Reverse of a kernel]), or None where the transform does not
@@ -86,7 +95,7 @@ class LaunchGuard:
             tangent.fill(0)  # recorded in turn (before the field's own overwrite)
 
     def check(self, kernel: object) -> None:
-        if not isinstance(kernel, Kernel) or id(kernel) in self._owned or is_taichi_helper(kernel):
+        if not isinstance(kernel, Kernel) or self.owned(kernel) is not None or is_taichi_helper(kernel):
             return
         raise TypeError(
             f"{self._call}: the program launched kernel '{kernel.func.__name__}', which tidiff did not "
