@@ -79,6 +79,10 @@ APPLY = {
     # y[i] read back where the iteration wrote it, then written again (NOTE: [Reads of what the iteration wrote]):
     # y = v + v**2 / 4, v = f(x[i], w[i]) / 2
     "read back where written": "y[i] = 0.5\n        y[i] *= f(x[i], w[i])\n        y[i] = y[i] + 0.25 * y[i] ** 2",
+    # a second loop updating in place what the first wrote (NOTE: [Kernels run loop by loop]): y = v**2 / 2 +
+    # sin(w) v, v = f(x[i], w[i])
+    "updated in place by a second loop": "y[i] = f(x[i], w[i])\n    for j in x:\n"
+                                         "        y[j] = y[j] * y[j] * 0.5 + ti.sin(w[j]) * y[j]",
     # v = f(x[i], w[i]) grown by half until past 1, at most three times (NOTE: [Break as a flag])
     "a loop that breaks": "v = f(x[i], w[i])\n        for _ in range(3):\n            if v > 1.0:\n"
                           "                break\n            v = v * 1.5\n        y[i] = v",
@@ -123,6 +127,8 @@ def y_twin(variant: str, f_values, w):
         return torch.amin(torch.stack([zero, f_values, torch.roll(f_values, 1) + 0.5]), dim=0)
     if variant == "read back where written":
         return 0.5 * f_values + 0.25 * (0.5 * f_values) ** 2
+    if variant == "updated in place by a second loop":
+        return 0.5 * f_values ** 2 + torch.sin(w) * f_values
     if variant == "a loop that breaks":
         grown = []
         for v in f_values:
