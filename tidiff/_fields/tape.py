@@ -95,7 +95,7 @@ class LaunchGuard:
             tangent.fill(0)  # recorded in turn (before the field's own overwrite)
 
     def check(self, kernel: object) -> None:
-        if not isinstance(kernel, Kernel) or self.owned(kernel) is not None or is_taichi_helper(kernel):
+        if not isinstance(kernel, Kernel) or is_taichi_helper(kernel) or self.owned(kernel) is not None:
             return
         raise TypeError(
             f"{self._call}: the program launched kernel '{kernel.func.__name__}', which tidiff did not "
