@@ -67,11 +67,12 @@ def main() -> int:
         env[CURRENT_ENV] = current
         try:
             # --capture=sys: what Taichi's C++ code writes reaches this script even when it ends the process
-            # -n 0: one process (pyproject's addopts run files in parallel), whose statistics are read below
+            # -n 0: one process (pyproject's addopts run files in parallel), whose statistics are read below;
+            # --timeout=0: a chunk's test runs longer than the suite's per-test limit, the chunk has its own
             only = ["-k", args.only] if args.only else []
             run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                                  "--capture=sys", "--hypothesis-show-statistics", f"--hypothesis-seed={seed}",
-                                  *only, os.path.join(HERE)],
+                                  "--timeout=0", "--capture=sys", "--hypothesis-show-statistics",
+                                  f"--hypothesis-seed={seed}", *only, os.path.join(HERE)],
                                  capture_output=True, text=True, env=env, cwd=ROOT, timeout=60 * args.chunk_minutes)
         except subprocess.TimeoutExpired:
             with lock:
