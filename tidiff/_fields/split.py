@@ -20,7 +20,7 @@ from taichi.lang.field import Field
 
 from .._adjoint.inline import inlined
 from .._lang.compile import compile_source, wrap_long_lines
-from .._lang.naming import Namer, names_in
+from .._lang.naming import Namer, names_in, taichi_name
 from .._lang.objects import bind
 from .._lang.parse import parse, resolve, without_docstring
 
@@ -39,7 +39,7 @@ def loop_parts(kernel: Any) -> list[Any] | None:
     if groups is None or len(groups) < 2 or not _overwrites_a_read_write(groups, parsed.namespace):
         return None
     namespace = dict(parsed.namespace)
-    taichi = Namer(names_in(parsed.tree) | set(namespace)).fresh("ti")
+    taichi = taichi_name(Namer(names_in(parsed.tree) | set(namespace)), namespace)
     namespace[taichi] = ti
     parts = []
     for k, group in enumerate(groups):

@@ -54,8 +54,9 @@ class LaunchGuard:
     """
 
     def __init__(self, owned: Iterable[Any], call: str) -> None:
-        self._kernels = list(owned)
-        self._owned = {id(kernel._primal): kernel for kernel in self._kernels}
+        owned = list(owned)
+        self._owned = {id(kernel._primal): kernel for kernel in owned}
+        self._unlooked = owned  # kernels whose loops were not looked at yet (NOTE: [Kernels run loop by loop])
         self._call = call
         self.plan: _Plan | None = None  # what the log found for the last sequence of launches: a warm call
         # repeating it is not logged again
@@ -66,11 +67,11 @@ class LaunchGuard:
         """The rebuilt ``@ti.kernel`` whose launch reached the tape as ``kernel``, or None: a loop of one run loop
         by loop is a kernel of its own (NOTE: [Kernels run loop by loop])."""
         found = self._owned.get(id(kernel))
-        if found is None:
-            for owned in self._kernels:
-                parts = getattr(owned, "_tidiff_loops", None)
-                if isinstance(parts, list):
-                    self._owned.update((id(part._primal), part) for part in parts)
+        if found is None and self._unlooked:  # once every kernel launched, a miss costs a lookup
+            looked = [k for k in self._unlooked if hasattr(k, "_tidiff_loops")]
+            for k in looked:
+                self._owned.update((id(part._primal), part) for part in k._tidiff_loops or ())
+            self._unlooked = [k for k in self._unlooked if not hasattr(k, "_tidiff_loops")]
             found = self._owned.get(id(kernel))
         return found
 

@@ -17,6 +17,7 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
+from .activity import root_names
 from .naming import RULE_HELPERS, TAICHI
 
 #: Methods of Taichi's vectors and matrices that compute a value and change nothing.
@@ -56,7 +57,7 @@ def _block(stmts: list[ast.stmt], live: set[str], declared: set[str], namespace:
             live = live_body | live_orelse | _reads([stmt.test])
         elif isinstance(stmt, (ast.For, ast.While)):
             carried = _reads([stmt]) & outer  # the next iteration may read what this one left in them
-            inner = outer | (_assigned_target(stmt.target) if isinstance(stmt, ast.For) else set())
+            inner = outer | (set(root_names(stmt.target)) if isinstance(stmt, ast.For) else set())
             body, live_body = _block(stmt.body, live | carried, inner, namespace)
             stmt.body = body or [ast.Pass()]
             live |= live_body | _reads([stmt.iter if isinstance(stmt, ast.For) else stmt.test])
@@ -83,9 +84,6 @@ def _reads(nodes: Iterable[ast.AST]) -> set[str]:
 def _assigned(stmt: ast.stmt) -> set[str]:
     return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
-
-def _assigned_target(target: ast.expr) -> set[str]:
-    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
 
 
 def _only_assigns(stmt: ast.If, namespace: dict[str, Any]) -> bool:
