@@ -311,7 +311,9 @@ def with_tan_product():
 
 @ti.kernel
 def seeded_tan_product():
-    seed = 2.0  # beside the loops: the kernel runs whole (NOTE: [Kernels run loop by loop])
+    seed = 1.0
+    seed += 1.0  # a local assigned twice beside the loops: the kernel runs whole (NOTE: [Top-level statements of a
+    # kernel run loop by loop])
     for _ in range(1):  # a parallel loop beside the serialized one: the kernel is not taken as one iteration
         yr[None] = seed
     ti.loop_config(serialize=True)
@@ -346,7 +348,6 @@ def test_reverse_mode_names_the_kernel_taichi_cannot_reverse_and_forward_mode_wo
     assert not xr.to_numpy().any() and yr[None] == 0.0
     # every loop serialized: one iteration around a runtime loop (NOTE: [Serialized kernels as one iteration])
     np.testing.assert_allclose(td.grad(td.function(tan_product, inputs=[xr], outputs=[yr]))(x), exact, rtol=1e-12)
-    # the same kernel without the statement beside its loops runs loop by loop, the serialized loop a kernel of
-    # its own
+    # the same kernel without the local assigned twice runs loop by loop, the serialized loop a kernel of its own
     in_loops = td.function(seeded_tan_product_in_loops, inputs=[xr], outputs=[yr])
     np.testing.assert_allclose(td.grad(in_loops)(x), exact, rtol=1e-12)

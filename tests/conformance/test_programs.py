@@ -83,6 +83,10 @@ APPLY = {
     # sin(w) v, v = f(x[i], w[i])
     "updated in place by a second loop": "y[i] = f(x[i], w[i])\n    for j in x:\n"
                                          "        y[j] = y[j] * y[j] * 0.5 + ti.sin(w[j]) * y[j]",
+    # the same with a top-level local between the loops, which the second loop's part assigns again (NOTE:
+    # [Top-level statements of a kernel run loop by loop])
+    "updated in place after a top-level local": "y[i] = f(x[i], w[i])\n    c = ti.sqrt(0.25)\n    for j in x:\n"
+                                                "        y[j] = y[j] * y[j] * c + ti.sin(w[j]) * y[j]",
     # v = f(x[i], w[i]) grown by half until past 1, at most three times (NOTE: [Break as a flag])
     "a loop that breaks": "v = f(x[i], w[i])\n        for _ in range(3):\n            if v > 1.0:\n"
                           "                break\n            v = v * 1.5\n        y[i] = v",
@@ -94,7 +98,8 @@ APPLY = {
 # the three kernels again over the same fields (apply and mix overwrite what mix and reduce read), so the loss
 # doubles; "twice, y cleared" clears y by fill between the passes (the atomic maxima start from 0 again).
 PASSES = ("once", "in place", "in place, *=", "twice", "twice, y cleared")
-TAICHI_REFUSES = {"a top-level sum"}  # statements beside a kernel's loops: Taichi's reverse mode refuses the mix
+# statements beside a kernel's loops: Taichi's reverse mode refuses the mix
+TAICHI_REFUSES = {"a top-level sum", "updated in place after a top-level local"}
 
 
 def run_passes(ns: dict, fields: dict, passes: str) -> None:
@@ -127,7 +132,7 @@ def y_twin(variant: str, f_values, w):
         return torch.amin(torch.stack([zero, f_values, torch.roll(f_values, 1) + 0.5]), dim=0)
     if variant == "read back where written":
         return 0.5 * f_values + 0.25 * (0.5 * f_values) ** 2
-    if variant == "updated in place by a second loop":
+    if variant in ("updated in place by a second loop", "updated in place after a top-level local"):
         return 0.5 * f_values ** 2 + torch.sin(w) * f_values
     if variant == "a loop that breaks":
         grown = []

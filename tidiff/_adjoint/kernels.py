@@ -330,6 +330,14 @@ def vjp_ndarray_kernel(kernel: Any, arrays: dict[str, Any]) -> KernelAdjoint | N
     return cache[key]
 
 
+def serializes(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
+    """Whether the statement is ``ti.loop_config(serialize=True)``."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+        and resolve(stmt.value.func, namespace) is ti.loop_config and any(
+            k.arg == "serialize" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in stmt.value.keywords)
+
+
 def in_one_iteration(tree: ast.FunctionDef, namespace: dict[str, Any]) -> ast.FunctionDef | None:
     """A kernel whose every loop is serialized, its statements as the body of a parallel loop of one iteration
     (NOTE: [Serialized kernels as one iteration]); None for any other kernel."""
@@ -337,19 +345,13 @@ def in_one_iteration(tree: ast.FunctionDef, namespace: dict[str, Any]) -> ast.Fu
     last = body[-1:] if body and isinstance(body[-1], ast.Return) else []
     body = body[:len(body) - len(last)]
 
-    def serializes(stmt: ast.stmt) -> bool:
-        return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
-            and resolve(stmt.value.func, namespace) is ti.loop_config and any(
-                k.arg == "serialize" and isinstance(k.value, ast.Constant) and k.value.value is True
-                for k in stmt.value.keywords)
-
     loops = [k for k, stmt in enumerate(body) if isinstance(stmt, ast.For)]
-    if not loops or not all(k > 0 and serializes(body[k - 1]) for k in loops):
+    if not loops or not all(k > 0 and serializes(body[k - 1], namespace) for k in loops):
         return None
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     counter = next(f"_once{k}" for k in itertools.count() if f"_once{k}" not in names)
     once = ast.For(ast.Name(counter, ast.Store()), ast.Call(ast.Name("range", ast.Load()), [ast.Constant(1)], []),
-                   [stmt for stmt in body if not serializes(stmt)], [])
+                   [stmt for stmt in body if not serializes(stmt, namespace)], [])
     wrapped = copy.copy(tree)
     wrapped.body = [once, *last]
     return ast.fix_missing_locations(copy.deepcopy(wrapped))

@@ -7,9 +7,18 @@ the reading loop reads the later value: the first call's check found it wrong, w
 forward pushes, one program run per input. A program's own copy of such a kernel (over its twin fields,
 ``rebind.py``) runs instead as one kernel per top-level loop, each with the kernel's parameters: the recorder sees a
 launch per loop and keeps what each overwrites that an earlier one read (NOTE: [Overwritten values kept]), and every
-launch has tidiff's adjoint. Taken where the kernel's top level holds only loops (each with its ``ti.loop_config``);
-fields are seen where the kernel and the funcs written out in it (NOTE: [Funcs that write fields, inlined]) index
-them by name. Forward mode and the tangent program run the kernel whole, as their tangent kernels are exact.
+launch has tidiff's adjoint. Fields are seen where the kernel and the funcs written out in it (NOTE: [Funcs that write
+fields, inlined]) index them by name. Forward mode and the tangent program run the kernel whole, as their tangent
+kernels are exact.
+
+NOTE: [Top-level statements of a kernel run loop by loop] Beside its loops (each with its ``ti.loop_config``), a
+kernel's top level may hold statements that write fields or call (``loss[None] = 0.0``): each runs in the part of
+the loop after it, in the kernel's order (those after the last loop, in the last part), serially before or after
+that loop as in the whole kernel. It may also assign locals (``c = a * 2.0``) once each, which a part assigns again
+before its statements where it reads them: taken where no loop assigns such a local (a reduction ``total += e`` read
+after its loop would be lost between launches) and its value reads no field the kernel writes and calls only Taichi's
+own functions, so that every part computes the value the kernel did. Anything else at the top level (a ``return``,
+an ``if``, a local assigned twice) runs the kernel whole, checked (NOTE: [Checking Taichi's reverse mode]).
 """
 import ast
 import copy
@@ -17,12 +26,15 @@ from typing import Any
 
 import taichi as ti
 from taichi.lang.field import Field
+from taichi.lang.kernel_impl import Kernel
 
 from .._adjoint.inline import inlined
+from .._adjoint.kernels import serializes
+from .._lang.callees import is_taichi_func
 from .._lang.compile import compile_source, wrap_long_lines
 from .._lang.naming import Namer, names_in, taichi_name
 from .._lang.objects import bind
-from .._lang.parse import parse, resolve, without_docstring
+from .._lang.parse import MISSING, parse, resolve, without_docstring
 
 
 def loop_parts(kernel: Any) -> list[Any] | None:
@@ -35,8 +47,9 @@ def loop_parts(kernel: Any) -> list[Any] | None:
         parsed = inlined(bind(parse(kernel), None))
     except Exception:  # noqa: BLE001 -- a kernel tidiff cannot read runs whole, as Taichi runs it
         return None
-    groups = _loops(without_docstring(parsed.tree.body), parsed.namespace)
-    if groups is None or len(groups) < 2 or not _overwrites_a_read_write(groups, parsed.namespace):
+    groups = _loops(without_docstring(parsed.tree.body), parsed.namespace, _values(parsed.tree, parsed.namespace))
+    if groups is None or len(groups) < 2 or not (_overwrites_a_read_write(groups, parsed.namespace)
+                                                   or any(_recurs(group, parsed.namespace) for group in groups)):
         return None
     namespace = dict(parsed.namespace)
     taichi = taichi_name(Namer(names_in(parsed.tree) | set(namespace)), namespace)
@@ -53,21 +66,113 @@ def loop_parts(kernel: Any) -> list[Any] | None:
     return parts
 
 
-def _loops(body: list[ast.stmt], namespace: dict[str, Any]) -> list[list[ast.stmt]] | None:
-    """The kernel's top-level loops, each with the ``ti.loop_config(...)`` before it; None where the top level
-    holds anything else."""
+def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str]
+           ) -> list[list[ast.stmt]] | None:
+    """The kernel's top-level loops, each with the statements before it (its ``ti.loop_config(...)``, writes into
+    fields, calls), the statements after the last loop with the last, and before them again every top-level local
+    they read (NOTE: [Top-level statements of a kernel run loop by loop]); None where the kernel cannot be run so."""
     groups: list[list[ast.stmt]] = []
-    config: list[ast.stmt] = []
+    definitions: dict[str, ast.stmt] = {}
+    pending: list[ast.stmt] = []
     for stmt in body:
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
-                and resolve(stmt.value.func, namespace) is ti.loop_config:
-            config = [stmt]
-        elif isinstance(stmt, ast.For) and not stmt.orelse:
-            groups.append(config + [stmt])
-            config = []
+        if isinstance(stmt, ast.For) and not stmt.orelse:
+            groups.append(pending + [stmt])
+            pending = []
+        elif pending and _configures(pending[-1], namespace):  # a loop's configuration comes right before it
+            return None
+        elif _configures(stmt, namespace) or _stores_no_name(stmt):
+            pending.append(stmt)
+        elif (name := _defined(stmt)) is not None and name not in definitions:
+            definitions[name] = stmt
         else:
             return None
-    return groups if not config else None
+    if not groups or pending and _configures(pending[-1], namespace):
+        return None
+    groups[-1].extend(pending)
+    if definitions and not _recomputable(definitions, groups, namespace, values):
+        return None
+    return [_defined_before(group, definitions) + group for group in groups]
+
+
+def _values(tree: ast.FunctionDef, namespace: dict[str, Any]) -> set[str]:
+    """The kernel's parameters that are values (numbers, vectors, matrices), not ``ti.template()`` or ndarrays."""
+    def holds_data(note: ast.expr) -> bool:
+        found = resolve(note.func if isinstance(note, ast.Call) else note, namespace)
+        return found is ti.template or found is ti.types.ndarray
+
+    return {arg.arg for arg in tree.args.args if arg.annotation is not None and not holds_data(arg.annotation)}
+
+
+def _configures(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
+    """Whether the statement is ``ti.loop_config(...)``."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+        and resolve(stmt.value.func, namespace) is ti.loop_config
+
+
+def _stores_no_name(stmt: ast.stmt) -> bool:
+    """A statement of the top level that a part runs as the kernel did: a call, or an assignment into fields."""
+    if isinstance(stmt, (ast.Expr, ast.Pass)):
+        return not any(isinstance(n, ast.NamedExpr) for n in ast.walk(stmt))
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] \
+        if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) else None
+    return targets is not None and all(isinstance(t, ast.Subscript) for t in targets) \
+        and not any(isinstance(n, ast.NamedExpr) for n in ast.walk(stmt))
+
+
+def _defined(stmt: ast.stmt) -> str | None:
+    """The local a top-level ``name = value`` (or ``name: T = value``) assigns."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    if isinstance(stmt, ast.AnnAssign) and stmt.value is not None and isinstance(stmt.target, ast.Name):
+        return stmt.target.id
+    return None
+
+
+def _recomputable(definitions: dict[str, ast.stmt], groups: list[list[ast.stmt]], namespace: dict[str, Any],
+                  values: set[str]) -> bool:
+    """Whether every top-level local has the same value wherever a part assigns it again: no loop assigns it,
+    and its value reads no field the kernel writes (by name or through a ``ti.template()`` parameter) and calls
+    only Taichi's own functions and tidiff's rule helpers. ``values``: the kernel's parameters that are values."""
+    stored = {n.id for group in groups for stmt in group for n in ast.walk(stmt)
+              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    if stored & set(definitions):
+        return False
+    written = _fields([stmt for group in groups for stmt in group], namespace, ast.Store)
+    for stmt in definitions.values():
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call) and not _reads_no_field(resolve(node.func, namespace)):
+                return False
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in definitions \
+                    and node.id not in values:
+                found = resolve(node, namespace)
+                if found is MISSING or isinstance(found, Field) and id(found) in written:
+                    return False
+    return True
+
+
+def _reads_no_field(obj: Any) -> bool:
+    """A function of Taichi's own (``ti.sqrt``, ``ti.Vector``, ``ti.static``), a builtin (``int``, ``abs``) or a
+    rule helper of tidiff's (a function of its arguments), never a user's ``@ti.func`` or kernel, which may read
+    fields."""
+    module = getattr(obj, "__module__", None) or ""
+    if module.startswith("tidiff._rules"):
+        return True
+    if obj is MISSING or is_taichi_func(obj) or isinstance(obj, Kernel) or hasattr(obj, "_primal"):
+        return False
+    return module in ("builtins", "taichi") or module.startswith("taichi.")
+
+
+def _defined_before(group: list[ast.stmt], definitions: dict[str, ast.stmt]) -> list[ast.stmt]:
+    """The top-level assignments a part reads, with those they read, in the kernel's order."""
+    needed: set[str] = set()
+    frontier = [n.id for stmt in group for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id in definitions]
+    while frontier:
+        name = frontier.pop()
+        if name not in needed:
+            needed.add(name)
+            frontier += [n.id for n in ast.walk(definitions[name]) if isinstance(n, ast.Name)
+                         and isinstance(n.ctx, ast.Load) and n.id in definitions]
+    return [copy.deepcopy(stmt) for name, stmt in definitions.items() if name in needed]
 
 
 def _overwrites_a_read_write(groups: list[list[ast.stmt]], namespace: dict[str, Any]) -> bool:
@@ -76,6 +181,14 @@ def _overwrites_a_read_write(groups: list[list[ast.stmt]], namespace: dict[str, 
     reads = [_fields(group, namespace, ast.Load) for group in groups]
     return any(writes[i] & reads[j] & writes[k]
                for k in range(len(groups)) for j in range(1, k + 1) for i in range(j))
+
+
+def _recurs(group: list[ast.stmt], namespace: dict[str, Any]) -> bool:
+    """Whether the group's loop is serialized and reads a field it writes (``y[i] = a * y[i - 1] + x[i]``): alone
+    in its kernel it is taken as one iteration (NOTE: [Serialized kernels as one iteration])."""
+    at = next(k for k, stmt in enumerate(group) if isinstance(stmt, ast.For))  # a group holds one loop
+    return at > 0 and serializes(group[at - 1], namespace) \
+        and bool(_fields(group[at:at + 1], namespace, ast.Store) & _fields(group[at:at + 1], namespace, ast.Load))
 
 
 def _fields(stmts: list[ast.stmt], namespace: dict[str, Any], ctx: type) -> set[int]:
