@@ -351,3 +351,27 @@ def test_reverse_mode_names_the_kernel_taichi_cannot_reverse_and_forward_mode_wo
     # the same kernel without the local assigned twice runs loop by loop, the serialized loop a kernel of its own
     in_loops = td.function(seeded_tan_product_in_loops, inputs=[xr], outputs=[yr])
     np.testing.assert_allclose(td.grad(in_loops)(x), exact, rtol=1e-12)
+
+
+# --- a kernel given a NumPy array of weights: its gradient was silently 0 ----------------------------------
+xw = ti.field(ti.f64, shape=6)
+lw_loss = ti.field(ti.f64, shape=())
+WEIGHTS = np.linspace(0.5, 1.0, 6)
+
+
+@ti.kernel
+def weighted_cubes(weights: ti.types.ndarray()):
+    for i in xw:
+        lw_loss[None] += weights[i] * xw[i] ** 3
+
+
+def test_a_kernel_given_a_numpy_array_has_its_gradient():
+    """The replay left out every launch given an external array, as it leaves out Taichi's ``to_numpy``: the
+    gradient was 0, without a word. The array is a constant of the program; reverse mode is Taichi's
+    ``kernel.grad`` (tidiff's adjoint takes fields and numbers), and forward mode names the parameter."""
+    program = td.function(lambda: weighted_cubes(WEIGHTS), inputs=[xw], outputs=[lw_loss])
+    x = np.linspace(-1.0, 1.2, 6)
+    np.testing.assert_allclose(td.grad(program)(x), 3.0 * WEIGHTS * x ** 2, rtol=RTOL)
+    np.testing.assert_allclose(td.grad(program)(x), central(program, x), rtol=1e-8)
+    with pytest.raises(td.TransformError, match="kernel parameter `weights`"):
+        td.jvp(program, (x,), (np.ones(6),))

@@ -227,9 +227,10 @@ class Recorder:
                 raise TypeError(
                     f"the ti.ad.grad_replaced function '{kernel.__name__}' has no gradient function: "
                     f"give it one with @ti.ad.grad_for({kernel.__name__})")
-            elif hasattr(kernel, "grad") and not any(_is_external_array(arg) for arg in args):
-                if own is not None:  # readers of external arrays (to_numpy) have no adjoint
-                    own.launch(*own.arguments(args))
+            elif hasattr(kernel, "grad") and not (isinstance(kernel, Kernel) and is_taichi_helper(kernel)
+                                                  and any(_is_external_array(arg) for arg in args)):
+                if own is not None:  # Taichi's readers of external arrays (to_numpy) have no adjoint; a user's
+                    own.launch(*own.arguments(args))  # kernel given one (a NumPy array of weights) has its own
                 else:
                     _adjoint(kernel, args)
             swapped(later[::-1])
