@@ -6,9 +6,12 @@ fields that do not depend on an input (NaN), ti.ad.grad_replaced kernels
 running on the user's own fields, a failed transform throwing away every
 compiled kernel of the process.
 """
+import warnings
+
 import numpy as np
 import pytest
 import taichi as ti
+import torch
 from taped import tape
 
 import tidiff as td
@@ -355,23 +358,63 @@ def test_reverse_mode_names_the_kernel_taichi_cannot_reverse_and_forward_mode_wo
 
 # --- a kernel given a NumPy array of weights: its gradient was silently 0 ----------------------------------
 xw = ti.field(ti.f64, shape=6)
+yw = ti.field(ti.f64, shape=6)
 lw_loss = ti.field(ti.f64, shape=())
 WEIGHTS = np.linspace(0.5, 1.0, 6)
 
 
 @ti.kernel
-def weighted_cubes(weights: ti.types.ndarray()):
+def weighted(weights: ti.types.ndarray()):
     for i in xw:
-        lw_loss[None] += weights[i] * xw[i] ** 3
+        lw_loss[None] += ti.sin(weights[i]) * ti.exp(xw[i]) + weights[(i + 1) % 6] * xw[i] ** 3
 
 
-def test_a_kernel_given_a_numpy_array_has_its_gradient():
+@ti.kernel
+def squares():
+    for i in xw:
+        yw[i] = xw[i] ** 2
+
+
+@ti.kernel
+def copy_out(out: ti.types.ndarray()):
+    for i in yw:
+        out[i] = yw[i]
+
+
+@ti.kernel
+def sum_of_y():
+    for i in yw:
+        lw_loss[None] += yw[i]
+
+
+def torch_weighted(x, w):
+    return (torch.sin(w) * torch.exp(x) + torch.roll(w, -1) * x ** 3).sum()
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_a_kernel_given_an_array_reads_it_as_a_constant_in_every_mode(as_tensor):
     """The replay left out every launch given an external array, as it leaves out Taichi's ``to_numpy``: the
-    gradient was 0, without a word. The array is a constant of the program; reverse mode is Taichi's
-    ``kernel.grad`` (tidiff's adjoint takes fields and numbers), and forward mode names the parameter."""
-    program = td.function(lambda: weighted_cubes(WEIGHTS), inputs=[xw], outputs=[lw_loss])
+    gradient was 0, without a word (NOTE: [Arrays given to a kernel over fields]). Forward mode refused the
+    parameter."""
+    weights = torch.tensor(WEIGHTS) if as_tensor else WEIGHTS
+    program = td.function(lambda: weighted(weights), inputs=[xw], outputs=[lw_loss])
+    x, t = np.linspace(-1.0, 1.2, 6), np.cos(np.arange(6.0))
+    tx, tw, tt = torch.tensor(x), torch.tensor(WEIGHTS), torch.tensor(t)
+    loss = lambda x_: torch_weighted(x_, tw)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # tidiff's own adjoint: nothing to check
+        np.testing.assert_allclose(td.grad(program)(x), torch.autograd.functional.jacobian(loss, tx).numpy(),
+                                   rtol=RTOL)
+        np.testing.assert_allclose(td.jvp(program, (x,), (t,))[1],
+                                   torch.autograd.functional.jvp(loss, tx, tt)[1].item(), rtol=RTOL)
+        np.testing.assert_allclose(td.hvp(program, (x,), (t,))[1][0],
+                                   torch.autograd.functional.hvp(loss, tx, tt)[1].numpy(), rtol=RTOL, atol=1e-14)
+    assert program.memo.peek("reverse verdict") is None
+
+
+def test_a_kernel_copying_out_into_an_array_keeps_its_gradient():
+    out = np.zeros(6)
+    program = td.function(lambda: (squares(), copy_out(out), sum_of_y()), inputs=[xw], outputs=[lw_loss])
     x = np.linspace(-1.0, 1.2, 6)
-    np.testing.assert_allclose(td.grad(program)(x), 3.0 * WEIGHTS * x ** 2, rtol=RTOL)
-    np.testing.assert_allclose(td.grad(program)(x), central(program, x), rtol=1e-8)
-    with pytest.raises(td.TransformError, match="kernel parameter `weights`"):
-        td.jvp(program, (x,), (np.ones(6),))
+    np.testing.assert_allclose(td.grad(program)(x), 2.0 * x, rtol=RTOL)
+    np.testing.assert_allclose(td.jvp(program, (x,), (np.ones(6),))[1], 2.0 * x.sum(), rtol=RTOL)

@@ -260,16 +260,18 @@ def test_template_kernel_simulation_hessian():
     close(td.hessian(sim)(start), expected)
 
 
+Pair = ti.types.struct(a=ti.f64, b=ti.f64)
+
+
 @ti.kernel
-def through_ndarray(src: ti.types.ndarray()):
+def through_struct(p: Pair):
     for i in x:
-        loss[None] += src[i] * x[i] ** 3
+        loss[None] += p.a * x[i] ** 3 + p.b
 
 
 def test_a_kernel_the_tangent_transform_cannot_take_is_named():
-    weights = np.ones(6)
-    program = td.function(lambda: through_ndarray(weights), inputs=[x], outputs=[loss])
-    with pytest.raises(td.TransformError, match="kernel parameter `src`"):
+    program = td.function(lambda: through_struct(Pair(a=2.0, b=1.0)), inputs=[x], outputs=[loss])
+    with pytest.raises(td.TransformError, match="kernel parameter `p` of kind StructType"):
         td.hessian(program)(X0)
 
 

@@ -168,6 +168,17 @@ value (``n * n / 2`` runs of the body: 155 ms for 5,000 steps, 2.6 s for
 20,000), the fields they write read as the loop left them under the run-time
 check of such loops (NOTE: [Launches that keep the access rules]).
 
+NOTE: [Arrays given to a kernel over fields] A kernel of a field program
+may take a NumPy array or a tensor (``weighted(weights)``, the weights of a
+loss). Neither is an input of the program: the array is a constant of it,
+read as it is at each launch, in reverse mode (its reads are constants of
+the adjoint, which takes the same array) and in forward mode (no tangent
+beside it). The adjoint does not take a kernel writing into such an array
+(a copy out, ``out[i] = y[i]``): Taichi's ``kernel.grad`` reverses it,
+checked. Before, the replay left out every launch given an external array,
+as it leaves out Taichi's ``to_numpy``: the gradient through such a kernel
+was 0, without a word.
+
 NOTE: [Reverse of an ndarray kernel] A kernel over ``ti.types.ndarray()``
 parameters (``td.function(k, inputs=[...], outputs={...})``) is reversed by
 the same transform, each ndarray parameter taken as a ``ti.template()``
@@ -939,6 +950,7 @@ class KernelReverser(FieldReverser):
         self.depth = 0  # how deep in loops the statement being transformed stands (0: the kernel's top level)
         self.accumulators: dict[str, str] = {}  # top-level local -> its cotangent's sum over a parallel loop
         self.number_templates: list[str] = []  # ti.template() parameters used as numbers only
+        self.external: set[str] = set()  # array parameters of a kernel over fields
         self.template_fields = self._template_fields()
         for p in self.template_fields:
             self.gradients[p] = ast.Attribute(name(p), "grad", ast.Load())
@@ -953,11 +965,24 @@ class KernelReverser(FieldReverser):
             else:
                 self.narrow[p] = False
 
+    def refuse_external_writes(self) -> None:
+        """An array given to a kernel over fields is read only (NOTE: [Arrays given to a kernel over fields])."""
+        for node in ast.walk(self.tree):
+            targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets \
+                if isinstance(node, ast.Assign) else node.args[:1] if isinstance(node, ast.Call) \
+                and isinstance(node.func, ast.Attribute) and node.func.attr.startswith("atomic_") else []
+            for target in targets:
+                root, subscripted = entry_root(target)
+                if subscripted and isinstance(root, ast.Name) and root.id in self.external:
+                    raise NotReversible(f"the write `{ast.unparse(target)}` into an array given to a kernel over "
+                                        "fields")
+
     def run(self) -> ast.FunctionDef:
         body = without_docstring(self.tree.body)
         body = self.without_return(body)
+        self.refuse_external_writes()
         read = sorted({n.value.id for n in ast.walk(self.tree) if isinstance(n, ast.Subscript)
-                       and isinstance(n.value, ast.Name) and n.value.id in self.constant_fields})
+                       and isinstance(n.value, ast.Name) and n.value.id in self.constant_fields - self.external})
         own = [f for f in read if extremes.is_own(self.field_key(f))]  # NOTE: [Counts read after the kernel]
         self.accesses += [Access("load", self.field_key(f), None, (), anywhere=True) for f in read if f not in own]
         # integer fields: any entry, anywhere in the launch
@@ -1014,8 +1039,12 @@ class KernelReverser(FieldReverser):
                                         "attribute but not indexed as a field")
                 else:  # a number Taichi specializes the kernel on (``compute_p(t, k: ti.template())``); the launch
                     self.number_templates.append(p.name)  # checks it is one
+            elif isinstance(p.annotation, NdarrayType):  # a NumPy array or tensor given to a kernel over fields
+                # (NOTE: [Arrays given to a kernel over fields]): a constant of the program, read only
+                self.external.add(p.name)
+                self.constant_fields.add(p.name)
             elif not (p.annotation in (int, float) or isinstance(p.annotation, type(ti.f64))):
-                raise NotReversible(f"the parameter `{p.name}` (numbers and ti.template() fields only)")
+                raise NotReversible(f"the parameter `{p.name}` (numbers, arrays and ti.template() fields only)")
         return found
 
     def without_return(self, body: list[ast.stmt]) -> list[ast.stmt]:

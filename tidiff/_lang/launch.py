@@ -83,7 +83,8 @@ class NumberLaunch:
         annotations = [a.annotation for a in kernel.arguments]
         self.kinds = [_kind(a) for a in annotations]
         if "other" in self.kinds or kernel.return_type is not None or kernel.has_print or any(
-                k == "array" and a.grad is not None for k, a in zip(self.kinds, args, strict=True)):
+                k == "array" and (getattr(a, "grad", None) is not None or not hasattr(a, "arr"))
+                for k, a in zip(self.kinds, args, strict=True)):  # a NumPy array or tensor: through Taichi's call
             return
         self.compiled = kernel.compiled_kernels[kernel.ensure_compiled(*args)]
         prog = impl.get_runtime().prog

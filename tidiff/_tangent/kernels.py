@@ -438,6 +438,10 @@ class KernelTransformer(Transformer):
             self.decorator, self.returns = "kernel", parsed.tree.returns
             if arrays is None:
                 self.template_params = [p.name for p in self._parameters() if isinstance(p.annotation, Template)]
+                self.kept_arrays |= {p.name for p in self._parameters() if isinstance(p.annotation, NdarrayType)}
+                # a NumPy array or tensor given to a kernel over fields: a constant of the program, read and
+                # written (``out[i] = y[i]``, a copy out) without a tangent (NOTE: [Arrays given to a kernel
+                # over fields])
             paired = self.template_params if arrays is None else arrays
             self.paired = self.active_params = [p for p in self.params if p in paired]
         else:  # a func given fields through ti.template() parameters: each active one comes with its tangent field
@@ -495,8 +499,8 @@ class KernelTransformer(Transformer):
             ann = p.annotation
             if ann in (int, float) or isinstance(ann, (type(ti.f64), MatrixType, Template)):
                 continue
-            if self.arrays is not None and isinstance(ann, NdarrayType):
-                continue
+            if isinstance(ann, NdarrayType):  # an input or output of an ndarray kernel; in a kernel over fields, a
+                continue  # constant of the program (weights passed as a NumPy array): no tangent
             raise self.error(
                 self.tree, f"the kernel parameter `{p.name}` of kind {type(ann).__name__}",
                 "a tangent kernel takes numbers and ti.template() fields; refer to other data "
