@@ -161,7 +161,7 @@ def test_a_serialized_recurrence_beside_a_parallel_loop_runs_as_one_iteration_in
 
 @ti.kernel
 def summed_into_a_top_level_local():
-    total = 0.0  # a loop sums into it and the top level reads it after: lost between launches
+    total = 0.0  # a loop sums into it and the statement after that loop reads it: both in that loop's part
     for i in lx:
         ly[i] = ti.sin(lx[i])
     for i in lx:
@@ -170,11 +170,36 @@ def summed_into_a_top_level_local():
     l_loss[None] = total
 
 
-def test_a_local_a_loop_sums_into_keeps_the_kernel_whole_and_checked():
+def test_a_sum_into_a_local_read_after_its_loop_stays_in_its_part():
     F = td.function(summed_into_a_top_level_local, inputs=[lx], outputs=[l_loss])
-    with pytest.warns(td.TaichiReverseWarning, match="summed_into_a_top_level_local"):
-        np.testing.assert_allclose(td.grad(F)(X), np.cos(X) * X + np.sin(X), rtol=1e-12, atol=1e-14)
-    assert all(k._tidiff_loops is None for k in F.program._kernels)
+    tx = torch.tensor(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(td.grad(F)(X), torch.autograd.functional.jacobian(
+            lambda x: (torch.sin(x) * x).sum(), tx).numpy(), rtol=1e-12, atol=1e-14)
+    assert [len(k._tidiff_loops) for k in F.program._kernels] == [2]
+    assert F.memo.peek("reverse verdict") is None
+
+
+@ti.kernel
+def sum_read_by_a_later_loop():
+    total = 0.0  # the third loop's launch could not be handed the second's sum: the kernel runs whole, checked
+    for i in lx:
+        ly[i] = ti.sin(lx[i])
+    for i in lx:
+        ly[i] = ly[i] * lx[i]
+        total += ly[i]
+    for i in lx:
+        lz[i] = ly[i] * total
+
+
+def test_a_sum_read_by_a_later_loop_keeps_the_kernel_whole_and_checked():
+    G = td.function(sum_read_by_a_later_loop, inputs=[lx], outputs=[lz])
+    tx = torch.tensor(X)
+    want = torch.autograd.functional.jacobian(lambda x: torch.sin(x) * x * (torch.sin(x) * x).sum(), tx).numpy()
+    with pytest.warns(td.TaichiReverseWarning, match="sum_read_by_a_later_loop"):
+        np.testing.assert_allclose(td.jacrev(G)(X), want, rtol=1e-12, atol=1e-14)
+    assert all(k._tidiff_loops is None for k in G.program._kernels)
 
 
 @ti.func

@@ -204,6 +204,36 @@ def test_an_ndarray_kernel_reading_its_own_write_is_checked_and_pushed_forward()
                                np.einsum("ij,ik,jl->ijkl", 4 * START ** 3, np.eye(4), np.eye(2)), rtol=1e-12)
 
 
+def test_a_disagreement_differences_cannot_settle_is_pushed_forward(monkeypatch):
+    """Central differences that side with neither mode (a kink between the points; here none at all) used to
+    leave the call to the reverse mode forward mode disagreed with: a net program's gradient 294 off, silently."""
+    monkeypatch.setattr(reverse_check, "_differences", lambda *args: None)
+    op = td.function(squared_in_a_loop, inputs=["x"], outputs={"out": lambda x: x.shape})
+    c = np.cos(np.arange(8.0)).reshape(4, 2)
+    with pytest.warns(td.TaichiReverseWarning, match="central differences not finite"):
+        np.testing.assert_allclose(td.vjp(op, START)[1](c)[0], 4 * START ** 3 * c, rtol=1e-12)
+
+
+def test_differences_siding_with_reverse_mode_keep_it_and_check_again(monkeypatch):
+    """Where central differences side with reverse mode, forward mode is in doubt: the call keeps reverse mode
+    (here Taichi's wrong one, the differences made up to side with it) and the next call checks again."""
+    calls = []
+
+    def siding_with_reverse(fn, batch, cotangents, directions, single):
+        calls.append(1)
+        grads = fn.unchecked_vjp(batch, list(cotangents))
+        return sum(float(np.sum(np.asarray(g) * directions[k])) for k, g in enumerate(grads) if k in directions)
+
+    monkeypatch.setattr(reverse_check, "_differences", siding_with_reverse)
+    op = td.function(squared_in_a_loop, inputs=["x"], outputs={"out": lambda x: x.shape})
+    c = np.cos(np.arange(8.0)).reshape(4, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        td.vjp(op, START)[1](c)
+        td.vjp(op, START)[1](c)
+    assert len(calls) == 2 and op.memo.peek("reverse verdict").wrong is None
+
+
 def test_too_many_components_to_push_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(reverse_check, "MOST_PUSHES", 4)
     op = td.function(squared_in_a_loop, inputs=["x"], outputs={"out": lambda x: x.shape})

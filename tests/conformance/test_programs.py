@@ -87,6 +87,12 @@ APPLY = {
     # [Top-level statements of a kernel run loop by loop])
     "updated in place after a top-level local": "y[i] = f(x[i], w[i])\n    c = ti.sqrt(0.25)\n    for j in x:\n"
                                                 "        y[j] = y[j] * y[j] * c + ti.sin(w[j]) * y[j]",
+    # the same, then summed into a local that the statement after the summing loop reads, in that loop's part:
+    # y = v + [s / 8, 0, ...], s = sum(v)
+    "updated in place, then summed into a local": "y[i] = f(x[i], w[i])\n    for j in x:\n"
+                                                  "        y[j] = y[j] * y[j] * 0.5 + ti.sin(w[j]) * y[j]\n"
+                                                  "    s = 0.0\n    for j in x:\n        s += y[j]\n"
+                                                  "    y[0] += 0.125 * s",
     # v = f(x[i], w[i]) grown by half until past 1, at most three times (NOTE: [Break as a flag])
     "a loop that breaks": "v = f(x[i], w[i])\n        for _ in range(3):\n            if v > 1.0:\n"
                           "                break\n            v = v * 1.5\n        y[i] = v",
@@ -99,7 +105,8 @@ APPLY = {
 # doubles; "twice, y cleared" clears y by fill between the passes (the atomic maxima start from 0 again).
 PASSES = ("once", "in place", "in place, *=", "twice", "twice, y cleared")
 # statements beside a kernel's loops: Taichi's reverse mode refuses the mix
-TAICHI_REFUSES = {"a top-level sum", "updated in place after a top-level local"}
+TAICHI_REFUSES = {"a top-level sum", "updated in place after a top-level local",
+                  "updated in place, then summed into a local"}
 
 
 def run_passes(ns: dict, fields: dict, passes: str) -> None:
@@ -134,6 +141,9 @@ def y_twin(variant: str, f_values, w):
         return 0.5 * f_values + 0.25 * (0.5 * f_values) ** 2
     if variant in ("updated in place by a second loop", "updated in place after a top-level local"):
         return 0.5 * f_values ** 2 + torch.sin(w) * f_values
+    if variant == "updated in place, then summed into a local":
+        v = 0.5 * f_values ** 2 + torch.sin(w) * f_values
+        return v + 0.125 * v.sum() * (torch.arange(len(v)) == 0)
     if variant == "a loop that breaks":
         grown = []
         for v in f_values:

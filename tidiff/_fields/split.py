@@ -13,12 +13,14 @@ kernels are exact.
 
 NOTE: [Top-level statements of a kernel run loop by loop] Beside its loops (each with its ``ti.loop_config``), a
 kernel's top level may hold statements that write fields or call (``loss[None] = 0.0``): each runs in the part of
-the loop after it, in the kernel's order (those after the last loop, in the last part), serially before or after
-that loop as in the whole kernel. It may also assign locals (``c = a * 2.0``) once each, which a part assigns again
-before its statements where it reads them: taken where no loop assigns such a local (a reduction ``total += e`` read
-after its loop would be lost between launches) and its value reads no field the kernel writes and calls only Taichi's
-own functions, so that every part computes the value the kernel did. Anything else at the top level (a ``return``,
-an ``if``, a local assigned twice) runs the kernel whole, checked (NOTE: [Checking Taichi's reverse mode]).
+the loop before it (those before the first loop, in the first part), serially after that loop as in the whole
+kernel and before the next part. It may also assign locals (``c = a * 2.0``) once each, which a part assigns again
+before its statements where it reads them: taken where the value reads no field the kernel writes and calls only
+Taichi's own functions, so that every part computes the value the kernel did, and where no loop assigns the local
+but for one loop summing into it (``total = 0.0``, then ``total += e`` in a loop, then ``loss[None] = total`` after
+it), read in that loop's part alone, as a launch cannot hand a local to the next. Anything else at the top level (a
+``return``, an ``if``, a local assigned twice, a sum read by a later loop) runs the kernel whole, checked (NOTE:
+[Checking Taichi's reverse mode]).
 """
 import ast
 import copy
@@ -68,11 +70,12 @@ def loop_parts(kernel: Any) -> list[Any] | None:
 
 def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str]
            ) -> list[list[ast.stmt]] | None:
-    """The kernel's top-level loops, each with the statements before it (its ``ti.loop_config(...)``, writes into
-    fields, calls), the statements after the last loop with the last, and before them again every top-level local
+    """The kernel's top-level loops, each with the statements after it up to the next loop (those before the first
+    loop and each ``ti.loop_config(...)`` with the loop after them), and before them again every top-level local
     they read (NOTE: [Top-level statements of a kernel run loop by loop]); None where the kernel cannot be run so."""
     groups: list[list[ast.stmt]] = []
     definitions: dict[str, ast.stmt] = {}
+    stood: dict[str, int] = {}
     pending: list[ast.stmt] = []
     for stmt in body:
         if isinstance(stmt, ast.For) and not stmt.orelse:
@@ -80,18 +83,31 @@ def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str]
             pending = []
         elif pending and _configures(pending[-1], namespace):  # a loop's configuration comes right before it
             return None
-        elif _configures(stmt, namespace) or _stores_no_name(stmt):
+        elif _configures(stmt, namespace):
             pending.append(stmt)
+        elif _stores_no_name(stmt):
+            (groups[-1] if groups else pending).append(stmt)
         elif (name := _defined(stmt)) is not None and name not in definitions:
             definitions[name] = stmt
+            stood[name] = len(groups) - 1  # after which loop (-1: before the first)
+            (groups[-1] if groups else pending).append(stmt)
         else:
             return None
-    if not groups or pending and _configures(pending[-1], namespace):
+    if not groups or pending:
         return None
-    groups[-1].extend(pending)
-    if definitions and not _recomputable(definitions, groups, namespace, values):
+    homes = _homes(definitions, groups, namespace, values)
+    if homes is None or any(stood[name] > home for name, home in homes.items()):
         return None
-    return [_defined_before(group, definitions) + group for group in groups]
+    parts, sums = [], set(homes)
+    for k, group in enumerate(groups):
+        # a local of the part's sum assigned after its loop stays where it stood, one assigned before comes before
+        # the part's statements (the sum's start); other locals are assigned again before the statements that
+        # read them
+        kept = [stmt for stmt in group if _defined(stmt) is None or homes.get(_defined(stmt) or "") == k
+                and stood[_defined(stmt) or ""] == k]
+        starts = [definitions[name] for name, home in homes.items() if home == k and stood[name] < k]
+        parts.append(_defined_before(starts + kept, definitions, sums) + copy.deepcopy(starts) + kept)
+    return parts
 
 
 def _values(tree: ast.FunctionDef, namespace: dict[str, Any]) -> set[str]:
@@ -128,26 +144,44 @@ def _defined(stmt: ast.stmt) -> str | None:
     return None
 
 
-def _recomputable(definitions: dict[str, ast.stmt], groups: list[list[ast.stmt]], namespace: dict[str, Any],
-                  values: set[str]) -> bool:
-    """Whether every top-level local has the same value wherever a part assigns it again: no loop assigns it,
-    and its value reads no field the kernel writes (by name or through a ``ti.template()`` parameter) and calls
-    only Taichi's own functions and tidiff's rule helpers. ``values``: the kernel's parameters that are values."""
-    stored = {n.id for group in groups for stmt in group for n in ast.walk(stmt)
-              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    if stored & set(definitions):
-        return False
+def _homes(definitions: dict[str, ast.stmt], groups: list[list[ast.stmt]], namespace: dict[str, Any],
+           values: set[str]) -> dict[str, int] | None:
+    """The part each top-level local a loop sums into (``total += e``) belongs to, with the locals computed from it
+    (None where a local cannot be had by every part that reads it). Every other local is assigned again where a
+    part reads it: its value must read no field the kernel writes (by name or through a ``ti.template()``
+    parameter) and call only Taichi's own functions and tidiff's rule helpers. ``values``: the kernel's
+    parameters that are values."""
+    loops = [[stmt for stmt in group if isinstance(stmt, ast.For)] for group in groups]
+    stored = [set().union(*(_names(stmt, ast.Store) for stmt in loop)) for loop in loops]
+    homes: dict[str, int] = {}
+    for name, stmt in definitions.items():
+        found = {k for k, names in enumerate(stored) if name in names} | \
+            {homes[n] for n in _names(stmt, ast.Load) if n in homes}
+        if len(found) > 1:
+            return None
+        if found:
+            homes[name] = found.pop()
+    for name, home in homes.items():  # read by the statements of its part alone (locals computed from it share it)
+        readers = {k for k, group in enumerate(groups) for stmt in group
+                   if _defined(stmt) is None and name in _names(stmt, ast.Load)}
+        if readers - {home}:
+            return None
     written = _fields([stmt for group in groups for stmt in group], namespace, ast.Store)
     for stmt in definitions.values():
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call) and not _reads_no_field(resolve(node.func, namespace)):
-                return False
+                return None
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in definitions \
                     and node.id not in values:
-                found = resolve(node, namespace)
-                if found is MISSING or isinstance(found, Field) and id(found) in written:
-                    return False
-    return True
+                found_obj = resolve(node, namespace)
+                if found_obj is MISSING or isinstance(found_obj, Field) and id(found_obj) in written:
+                    return None
+    return homes
+
+
+def _names(stmt: ast.stmt, ctx: type) -> set[str]:
+    """The names the statement reads (``ast.Load``) or assigns (``ast.Store``)."""
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
 
 
 def _reads_no_field(obj: Any) -> bool:
@@ -162,16 +196,16 @@ def _reads_no_field(obj: Any) -> bool:
     return module in ("builtins", "taichi") or module.startswith("taichi.")
 
 
-def _defined_before(group: list[ast.stmt], definitions: dict[str, ast.stmt]) -> list[ast.stmt]:
-    """The top-level assignments a part reads, with those they read, in the kernel's order."""
+def _defined_before(stmts: list[ast.stmt], definitions: dict[str, ast.stmt], homed: set[str]) -> list[ast.stmt]:
+    """The top-level assignments the statements read (but those of a part's sum, ``homed``), with those they
+    read, in the kernel's order."""
     needed: set[str] = set()
-    frontier = [n.id for stmt in group for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id in definitions]
+    frontier = [n for stmt in stmts for n in _names(stmt, ast.Load) if n in definitions and n not in homed]
     while frontier:
         name = frontier.pop()
         if name not in needed:
             needed.add(name)
-            frontier += [n.id for n in ast.walk(definitions[name]) if isinstance(n, ast.Name)
-                         and isinstance(n.ctx, ast.Load) and n.id in definitions]
+            frontier += [n for n in _names(definitions[name], ast.Load) if n in definitions and n not in homed]
     return [copy.deepcopy(stmt) for name, stmt in definitions.items() if name in needed]
 
 
