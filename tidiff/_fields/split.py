@@ -98,13 +98,13 @@ def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str]
     homes = _homes(definitions, groups, namespace, values)
     if homes is None or any(stood[name] > home for name, home in homes.items()):
         return None
+    def stays(stmt: ast.stmt, k: int) -> bool:  # in part k where it stood: not a local's assignment, but for one
+        name = _defined(stmt)  # computed from the part's sum after its loop
+        return name is None or homes.get(name) == k and stood[name] == k
+
     parts, sums = [], set(homes)
-    for k, group in enumerate(groups):
-        # a local of the part's sum assigned after its loop stays where it stood, one assigned before comes before
-        # the part's statements (the sum's start); other locals are assigned again before the statements that
-        # read them
-        kept = [stmt for stmt in group if _defined(stmt) is None or homes.get(_defined(stmt) or "") == k
-                and stood[_defined(stmt) or ""] == k]
+    for k, group in enumerate(groups):  # the sum's start before the part's statements; other locals assigned
+        kept = [stmt for stmt in group if stays(stmt, k)]  # again before the statements that read them
         starts = [definitions[name] for name, home in homes.items() if home == k and stood[name] < k]
         parts.append(_defined_before(starts + kept, definitions, sums) + copy.deepcopy(starts) + kept)
     return parts
