@@ -90,6 +90,7 @@ class FieldProgram:
         rebinder = Rebinder(graph, self._twins.as_mapping())
         self._run = rebinder.rebuild(program)
         self._kernels = [rebinder.rebuild(k) for k in graph.kernels()]
+        self._owners = rebinder.owners
         self._guard = LaunchGuard(self._kernels, self.call)
         self._names = graph.names
         self._device: Any = None  # where this call's arrays are: None (NumPy) or the device of tensors in place
@@ -136,7 +137,8 @@ class FieldProgram:
         [Rules Taichi's reverse mode cannot see]), which cannot apply them; tidiff's adjoints of kernels (NOTE:
         [Reverse of a kernel]) do. Found once; the tangent program has its primal program's."""
         if self._hidden_rules is None:  # walked once: the kernels tidiff reverses apply every rule themselves
-            taichis = [k for k in self._kernels if not isinstance(vjp_kernel(k), KernelAdjoint)]
+            taichis = [k for k in self._kernels if not all(isinstance(vjp_kernel(k, owner), KernelAdjoint)
+                                                          for owner in self._owners.get(id(k), [None]))]
             self._hidden_rules = rules_reached(CodeGraph(*taichis)) if taichis else []
         return self._hidden_rules
 

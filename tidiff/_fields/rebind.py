@@ -69,6 +69,8 @@ class Rebinder:
         self._graph = graph
         self._twins = twins
         self._done: dict[int, Any] = {}
+        self.owners: dict[int, list[object]] = {}  # a rebuilt class kernel -> the shadows it is bound to (its
+        # adjoint is made per object: NOTE: [Reverse of a kernel])
 
     def rebuild(self, obj: _T) -> _T:
         """The replacement of ``obj``: a twin field, a rebuilt callable or object, or ``obj`` itself."""
@@ -149,7 +151,9 @@ class Rebinder:
     def member(self, owner: object, shadow: object, value: Any) -> Any:
         """What the shadow of ``owner`` holds for a class member that reaches fields."""
         if is_class_kernel(value):
-            return self.rebuild(value)  # the data_oriented object binds it to itself on access
+            rebuilt = self.rebuild(value)  # the data_oriented object binds it to itself on access
+            self.owners.setdefault(id(rebuilt), []).append(shadow)
+            return rebuilt
         if isinstance(value, staticmethod):
             return self.rebuild(value.__func__)
         if isinstance(value, classmethod):
