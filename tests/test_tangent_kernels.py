@@ -195,10 +195,14 @@ def test_golden_source():
 
 
 # --- errors ----------------------------------------------------------------------------------
+Weights = ti.types.struct(a=ti.f64, b=ti.f64)
+
+
 @ti.kernel
-def ndarray_kernel(src: ti.types.ndarray()):
+def struct_kernel(p: Weights):  # (an ndarray parameter is a constant of the program: NOTE: [Arrays given to a
+    # kernel over fields])
     for i in x:
-        loss[None] += src[i] * x[i]
+        loss[None] += p.a * x[i] + p.b
 
 
 @ti.kernel
@@ -214,7 +218,7 @@ def atomic_max():
 
 
 @pytest.mark.parametrize("kernel, construct", [
-    (ndarray_kernel, "the kernel parameter `src`"),
+    (struct_kernel, "the kernel parameter `p` of kind StructType"),
     (reads_grad, "the attribute `x.grad`"),
     (atomic_max, "the field `loss`, read or written besides ti.atomic_max"),
 ])
