@@ -202,6 +202,51 @@ def test_a_sum_read_by_a_later_loop_keeps_the_kernel_whole_and_checked():
     assert all(k._tidiff_loops is None for k in G.program._kernels)
 
 
+@ti.kernel
+def entry_of_a_local_set_beside(a: ti.f64):
+    c = ti.Vector([1.0, 2.0])
+    c[0] = a  # an entry of a top-level local set beside the loops: a part assigning c again would miss it
+    for i in lx:
+        ly[i] = ti.sin(lx[i])
+    for i in lx:
+        ly[i] = ly[i] * c[0]
+
+
+@ti.kernel
+def entry_of_a_local_set_in_a_loop():
+    c = ti.Vector([1.0, 2.0])
+    for i in lx:
+        ly[i] = ti.sin(lx[i])
+    ti.loop_config(serialize=True)
+    for _ in range(1):
+        c[0] = 3.0  # written by a loop, read by a later one
+    for i in lx:
+        ly[i] = ly[i] * c[0]
+
+
+def test_an_entry_of_a_local_set_beside_the_loops_keeps_the_kernel_whole():
+    """Such a kernel ran loop by loop for a while (this session's first version of the top-level statements): the
+    later part assigned ``c`` again without the entry written, and even the value was wrong."""
+    G = td.function(lambda: entry_of_a_local_set_beside(2.5), inputs=[lx], outputs=[ly])
+    np.testing.assert_allclose(G(X), np.sin(X) * 2.5, rtol=1e-13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", td.TaichiReverseWarning)  # whole, so checked (and pushed where wrong)
+        np.testing.assert_allclose(td.jacrev(G)(X), np.diag(np.cos(X) * 2.5), rtol=1e-12, atol=1e-14)
+    assert all(k._tidiff_loops is None for k in G.program._kernels)
+
+
+def test_an_entry_of_a_local_a_loop_writes_is_not_read_as_the_top_level_left_it():
+    """The adjoint read ``c`` in the last loop as the top level assigned it, without the entry the serialized loop
+    wrote: td.grad a third of the truth, silently. A loop writing an entry of a top-level local is not taken now,
+    and Taichi's reverse mode refuses the kernel by name; forward mode is right."""
+    G = td.function(entry_of_a_local_set_in_a_loop, inputs=[lx], outputs=[ly])
+    np.testing.assert_allclose(G(X), np.sin(X) * 3.0, rtol=1e-13)
+    with pytest.raises(td.TransformError, match="entry_of_a_local_set_in_a_loop"):
+        td.jacrev(G)(X)
+    np.testing.assert_allclose(td.jacfwd(G)(X), np.diag(np.cos(X) * 3.0), rtol=1e-12, atol=1e-14)
+    assert all(k._tidiff_loops is None for k in G.program._kernels)
+
+
 @ti.func
 def first_of_y() -> ti.f64:
     return ly[0]

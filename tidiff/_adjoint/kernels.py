@@ -225,7 +225,7 @@ from taichi.types.ndarray_type import NdarrayType
 
 from .._cache import ADJOINT
 from .._lang import extremes
-from .._lang.activity import assigned_names, integer_locals, stop_grad_arguments
+from .._lang.activity import assigned_names, integer_locals, root_names, stop_grad_arguments, stores, written_names
 from .._lang.callees import transformable
 from .._lang.compile import compile_source, mark, wrap_long_lines
 from .._lang.dead_branches import without_dead_branches
@@ -967,15 +967,9 @@ class KernelReverser(FieldReverser):
 
     def refuse_external_writes(self) -> None:
         """An array given to a kernel over fields is read only (NOTE: [Arrays given to a kernel over fields])."""
-        for node in ast.walk(self.tree):
-            targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets \
-                if isinstance(node, ast.Assign) else node.args[:1] if isinstance(node, ast.Call) \
-                and isinstance(node.func, ast.Attribute) and node.func.attr.startswith("atomic_") else []
-            for target in targets:
-                root, subscripted = entry_root(target)
-                if subscripted and isinstance(root, ast.Name) and root.id in self.external:
-                    raise NotReversible(f"the write `{ast.unparse(target)}` into an array given to a kernel over "
-                                        "fields")
+        for _, target in stores(self.tree):
+            if set(root_names(target)[:1]) & self.external:
+                raise NotReversible(f"the write `{ast.unparse(target)}` into an array given to a kernel over fields")
 
     def run(self) -> ast.FunctionDef:
         body = without_docstring(self.tree.body)
@@ -1110,9 +1104,11 @@ class KernelReverser(FieldReverser):
         counters = [n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)]
         if self.reads_active(node.iter) and not self.over_indices(node.iter):
             raise NotReversible(f"the loop over `{ast.unparse(node.iter)}`")
-        written = {n.id for stmt in node.body for n in ast.walk(stmt)
-                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        shared = sorted(v for v in written if v in self.env and v not in counters)
+        body = ast.Module(node.body, [])
+        written = written_names(body) | {  # entries too (``v[0] = e``, ``v.x += e``), and inner loops' counters
+            n.id for n in ast.walk(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        shared = sorted(v for v in written if v in self.env and v not in counters and v not in self.template_fields
+                        and v not in self.array_params and v not in self.external)
         self.reductions = {}
         for v in shared:  # NOTE: [Reductions into top-level locals]
             ssa = self.env[v]

@@ -32,6 +32,7 @@ from taichi.lang.kernel_impl import Kernel
 
 from .._adjoint.inline import inlined
 from .._adjoint.kernels import serializes
+from .._lang.activity import written_names
 from .._lang.callees import is_taichi_func
 from .._lang.compile import compile_source, wrap_long_lines
 from .._lang.naming import Namer, names_in, taichi_name
@@ -85,7 +86,7 @@ def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str]
             return None
         elif _configures(stmt, namespace):
             pending.append(stmt)
-        elif _stores_no_name(stmt):
+        elif _stores_no_name(stmt) and not written_names(stmt) & definitions.keys():  # not into a local's entry
             (groups[-1] if groups else pending).append(stmt)
         elif (name := _defined(stmt)) is not None and name not in definitions:
             definitions[name] = stmt
@@ -152,7 +153,8 @@ def _homes(definitions: dict[str, ast.stmt], groups: list[list[ast.stmt]], names
     parameter) and call only Taichi's own functions and tidiff's rule helpers. ``values``: the kernel's
     parameters that are values."""
     loops = [[stmt for stmt in group if isinstance(stmt, ast.For)] for group in groups]
-    stored = [set().union(*(_names(stmt, ast.Store) for stmt in loop)) for loop in loops]
+    stored = [set().union(*(_names(stmt, ast.Store) | written_names(stmt) for stmt in loop))  # ``v[0] = e`` too
+              for loop in loops]
     homes: dict[str, int] = {}
     for name, stmt in definitions.items():
         found = {k for k, names in enumerate(stored) if name in names} | \

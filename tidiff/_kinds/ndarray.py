@@ -62,7 +62,7 @@ from .._errors import taichi_cannot_reverse
 from .._fields.graph import CodeGraph
 from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
 from .._fields.values import check_unchanged
-from .._lang.activity import root_names
+from .._lang.activity import root_names, stores
 from .._lang.compile import info
 from .._lang.launch import DirectLaunch
 from .._lang.parse import kernel_function
@@ -593,17 +593,8 @@ def _refuse_written_inputs(kernel: Any, inputs: Sequence[str], call: str) -> Non
         tree, filename, first_line = source_tree(kernel_function(kernel))
     except (OSError, TypeError):
         return
-    for node in ast.walk(tree):
-        stores: list[ast.expr]
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            stores = [t for t in targets if isinstance(t, (ast.Subscript, ast.Attribute))]
-        elif isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1].startswith("atomic_") \
-                and node.args:
-            stores = [node.args[0]]
-        else:
-            continue
-        for target in stores:
+    for node, target in stores(tree):
+        if isinstance(node, ast.Call) or isinstance(target, (ast.Subscript, ast.Attribute)):
             roots = root_names(target)
             if roots and roots[0] in inputs:
                 raise ValueError(

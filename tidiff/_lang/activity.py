@@ -1,6 +1,6 @@
 """Which local variables can carry a nonzero tangent (a forward activity analysis)."""
 import ast
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 
 def root_names(target: ast.AST) -> list[str]:
@@ -14,6 +14,21 @@ def root_names(target: ast.AST) -> list[str]:
     if isinstance(target, ast.Starred):
         return root_names(target.value)
     return []
+
+
+def stores(tree: ast.AST) -> Iterator[tuple[ast.stmt | ast.expr, ast.expr]]:
+    """``(node, target)`` for every write in ``tree``: an assignment's target (``v = e``, ``v[i] += e``,
+    ``v.x: T = e``) and the first argument of a ``ti.atomic_*`` call (``ti.atomic_add(v[i], e)``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            yield from ((node, target) for target in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+        elif isinstance(node, ast.Call) and node.args and ast.unparse(node.func).split(".")[-1].startswith("atomic_"):
+            yield node, node.args[0]
+
+
+def written_names(tree: ast.AST) -> set[str]:
+    """The variables ``tree`` writes, or writes an entry or attribute of (``v``, ``v[i]``, ``v.x``)."""
+    return {name for _, target in stores(tree) for name in root_names(target)}
 
 
 def loaded_names(node: ast.AST) -> set[str]:
