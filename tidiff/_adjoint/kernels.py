@@ -219,6 +219,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import taichi as ti
+from taichi.lang import impl
 from taichi.lang.field import Field, ScalarField
 from taichi.types.annotations import Template
 from taichi.types.ndarray_type import NdarrayType
@@ -238,7 +239,7 @@ from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, without_doc
 from .._lang.scratch import Scratch, holds_scalars
 from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
-from . import _made
+from . import _made, chunks
 from .accesses import Access, KernelAccesses
 from .control import Block, Branch, Loop, Op, Store, has_effects, uses, value_reads
 from .inline import DEEPEST, Renamed, inlined
@@ -279,6 +280,16 @@ class KernelAdjoint:
         self.accesses = KernelAccesses(accesses, params)
         self.bound = bound  # a class kernel's: Taichi launches it with the object first
         self.launch = NumberLaunch(kernel)  # NOTE: [Number launches]: a replay launches it with numbers only
+        self.chunked: KernelAdjoint | None = None  # the same adjoint, its loops by chunk (NOTE: [Accumulations by
+        # chunk]), and how a launch splits them
+        self.chunkings: list[chunks.Chunking] = []
+
+    def for_launch(self, arrays: dict[str, Any]) -> KernelAdjoint:
+        """The form of this adjoint a launch with ``arrays`` (by parameter name) runs: by chunk on the CPU where
+        every chunked loop is worth it there (NOTE: [Accumulations by chunk])."""
+        if self.chunked is None or impl.current_cfg().arch not in (ti.x64, ti.arm64):
+            return self
+        return self.chunked if all(c.count(arrays) for c in self.chunkings) else self
 
     def arguments(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """The adjoint's arguments for a launch of the kernel with ``args`` (a class kernel's without ``self``)."""
@@ -405,18 +416,30 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
             tree = reverser.run()
         except NotReversible:
             raise reason from None
-    text = wrap_long_lines(ast.unparse(ast.Module([tree], [])))
     scope = {**parsed.namespace, **reverser.helpers, RULE_HELPERS: rule_helpers, reverser.taichi_name: ti}
-    adjoint = compile_source(text + "\n", tree.name, scope, tag="adjoint-kernel")
-    mark(adjoint, reverse=True, uses_bwd=reverser.uses_bwd, recomputes=reverser.recomputes)
+    adjoint = _compiled(tree, scope, reverser)
     params = [a.arg for a in parsed.tree.args.args]
     used = used_names(tree, reverser.taichi_name)  # NOTE: [Values the adjoint uses]
     won = {id(a) for a in reverser.extremes if a.kind == "load"}  # what won, read as the kernel left it: after
     # every access of the kernel, where its place in the code would put it between an atomic's writes
     accesses = [a for a in reverser.accesses if id(a) not in won and (a.value is None or a.value.id in used)]
     accesses += [a for a in reverser.accesses if id(a) in won]
-    return KernelAdjoint(adjoint, [params.index(p) for p in reverser.template_fields], accesses, params, bound,
-                         reverser.scratch, [params.index(p) for p in reverser.number_templates])
+    fields_at, numbers_at = [params.index(p) for p in reverser.template_fields], [params.index(
+        p) for p in reverser.number_templates]
+    made = KernelAdjoint(adjoint, fields_at, accesses, params, bound, reverser.scratch, numbers_at)
+    if reverser.chunked is not None:  # NOTE: [Accumulations by chunk]
+        parts = [p for _, found, _ in reverser.chunk_forms.values() for p in found]
+        made.chunked = KernelAdjoint(_compiled(reverser.chunked, scope, reverser), fields_at, accesses, params,
+                                     bound, [*reverser.scratch, *parts], numbers_at)
+        made.chunkings = [chunking for _, _, chunking in reverser.chunk_forms.values()]
+    return made
+
+
+def _compiled(tree: ast.FunctionDef, scope: dict[str, Any], reverser: KernelReverser) -> Any:
+    text = wrap_long_lines(ast.unparse(ast.Module([tree], [])))
+    adjoint = compile_source(text + "\n", tree.name, dict(scope), tag="adjoint-kernel")
+    mark(adjoint, reverse=True, uses_bwd=reverser.uses_bwd, recomputes=reverser.recomputes)
+    return adjoint
 
 
 def used_names(tree: ast.FunctionDef, taichi_name: str) -> set[str]:
@@ -951,6 +974,10 @@ class KernelReverser(FieldReverser):
         self.accumulators: dict[str, str] = {}  # top-level local -> its cotangent's sum over a parallel loop
         self.number_templates: list[str] = []  # ti.template() parameters used as numbers only
         self.external: set[str] = set()  # array parameters of a kernel over fields
+        self.chunk_forms: dict[int, tuple[list[ast.stmt], list[chunks.Part], chunks.Chunking]] = {}  # an adjoint
+        # loop (by id) -> its chunked form, the copies it takes, how a launch splits it (NOTE: [Accumulations by
+        # chunk])
+        self.chunked: ast.FunctionDef | None = None  # the adjoint with every such loop in its chunked form
         self.template_fields = self._template_fields()
         for p in self.template_fields:
             self.gradients[p] = ast.Attribute(name(p), "grad", ast.Load())
@@ -987,11 +1014,19 @@ class KernelReverser(FieldReverser):
         self.straight = not _has_blocks(self.ops)
         self.sweep_ops(self.ops)
         self.flush()
+        if self.chunk_forms:  # NOTE: [Accumulations by chunk]
+            backward = [s for stmt in self.backward for s in (self.chunk_forms[id(stmt)][0] if id(
+                stmt) in self.chunk_forms else [stmt])]
+            parts = [p for _, made, _ in self.chunk_forms.values() for p in made]
+            self.chunked = self.function(copy.deepcopy(self.forward + backward), [*self.scratch, *parts], "_chunked")
+        return self.function(self.forward + self.backward, self.scratch)
+
+    def function(self, stmts: list[ast.stmt], scratch: Sequence[Scratch], suffix: str = "") -> ast.FunctionDef:
+        """The adjoint kernel of these statements, taking the kernel's parameters, then ``scratch``."""
         args = copy.deepcopy(self.tree.args)
-        args.args += [scratch.parameter(self.helpers, self.namer) for scratch in self.scratch]  # NOTE: [Scratch
-        # arrays]
-        body = without_dead_branches(self.tree, self.forward + self.backward, self.parsed.namespace)
-        fn = ast.FunctionDef(self.namer.fresh(self.tree.name + "_adjoint"), args, body or [ast.Pass()],
+        args.args += [s.parameter(self.helpers, self.namer) for s in scratch]  # NOTE: [Scratch arrays]
+        body = without_dead_branches(self.tree, stmts, self.parsed.namespace)
+        fn = ast.FunctionDef(self.namer.fresh(self.tree.name + "_adjoint" + suffix), args, body or [ast.Pass()],
                              [ast.Attribute(name(TAICHI), "kernel", ast.Load())], None)
         return ast.fix_missing_locations(spell_taichi(fn, self.taichi_name))
 
@@ -1238,10 +1273,25 @@ class KernelReverser(FieldReverser):
         config = [copy.deepcopy(loop.config)] if loop.config is not None else []
         if not loop.ties:
             self.backward += config + [header]
+            if self.arrays is not None and not (config or sums or loop.sums):
+                self.chunk(header)
         else:
             self.reverse_extremes(loop, config, header)
         for variable, total in sums.items():
             self.add(variable, Sym(name(total)))
+
+    def chunk(self, header: ast.For) -> None:
+        """The chunked form of an ndarray kernel's adjoint loop, where it has one (NOTE: [Accumulations by
+        chunk])."""
+        assert self.arrays is not None
+        over = header.iter
+        if isinstance(over, ast.Call) and resolve(over.func, self.parsed.namespace) is ti.grouped:
+            return
+        extents = extremes.array_extents(header, set(self.arrays), self.parsed.namespace)
+        gradients = {p: self.scalar_array(p) for p, dtype in self.arrays.items() if dtype is not None}
+        made = None if extents is None else chunks.chunked(header, extents, gradients, self.namer.fresh)
+        if made is not None:
+            self.chunk_forms[id(header)] = made
 
     def add(self, variable: str, contribution: Sym) -> None:
         """A contribution to the cotangent of a top-level local, from inside a parallel loop's adjoint, adds into

@@ -391,6 +391,8 @@ class NdarrayFunction(Function):
         floats = [(k, s.shape, torch_dtype(s.dtype)) for k, s in enumerate(specs) if s.is_float]
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
         adjoint = DirectLaunch(own.kernel if own is not None else self.kernel.grad)
+        chunked = None if own is None or own.chunked is None else DirectLaunch(own.chunked.kernel)  # NOTE:
+        # [Accumulations by chunk]
         primal = DirectLaunch(self.kernel) if own is not None and self.reads_outputs(own) else None  # what the
         # adjoint reads of the outputs (what an atomic max / min left)
         allocate = torch.zeros if primal is not None else torch.empty
@@ -410,8 +412,13 @@ class NdarrayFunction(Function):
             if primal is not None:
                 primal(*arguments([t.detach() for t in ins], [t.detach() for t in outs]))
             launched = arguments(ins, outs)
-            extra = [] if own is None else scratch_arrays(own, dict(zip(self.params, launched, strict=True)), device)
-            adjoint(*launched, *extra)
+            if own is None:
+                adjoint(*launched)
+            else:
+                arrays = dict(zip(self.params, launched, strict=True))
+                form = own.for_launch(arrays)
+                run = adjoint if form is own or chunked is None else chunked
+                run(*launched, *scratch_arrays(form, arrays, device))
             return [ins[k].grad if differentiated[k] else torch.zeros(shape, dtype=dtype, device=device)
                     for k, shape, dtype in floats]
 
@@ -450,7 +457,9 @@ class NdarrayFunction(Function):
         self._with_scratch(tensors, device)  # one set, for the kernel and its adjoint
         if own is not None and self.reads_outputs(own):  # the outputs as the kernel left them, to be read again
             self._launch(self.kernel, {n: t.detach() for n, t in tensors.items()})
-        extra = [] if own is None else scratch_arrays(own, tensors, device)
+        if own is not None:
+            own = own.for_launch({**self.constants, **tensors})  # NOTE: [Accumulations by chunk]
+        extra = [] if own is None else scratch_arrays(own, {**self.constants, **tensors}, device)
         try:
             self._launch(self.kernel.grad if own is None else own.kernel, tensors, counted=self.kernel, extra=extra)
         except RuntimeError as e:
