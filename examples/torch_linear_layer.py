@@ -1,7 +1,7 @@
 """User story 1: a linear layer written in Taichi inside a torch nn.Module, trained on a toy regression.
 
 The layer is an ndarray kernel (no copies between torch and Taichi); td.torch.function
-makes it an autograd operator: backward is Taichi's reverse mode, gradients are
+makes it an autograd operator: backward is tidiff's adjoint of the kernel, gradients are
 counted once, and the kernels compile once, not per call.
 """
 import os
