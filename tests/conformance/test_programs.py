@@ -201,13 +201,32 @@ def reduce():
         loss[None] += z[i] * z[i]
 """
 
-NDARRAY_KERNEL = """
+NDARRAY_HEADER = """
 @ti.kernel
 def nd(a: ti.types.ndarray(dtype=ti.f64, ndim=1), b: ti.types.ndarray(dtype=ti.f64, ndim=1),
        out: ti.types.ndarray(dtype=ti.f64, ndim=1)):
+"""
+NDARRAY_KERNELS = {  # the kernel's body, and its twin from the element function's values y and a
+    "one loop": ("""
     for i in range(a.shape[0]):
         out[i] = f(a[i], b[i]) * ti.sin(a[(i + 1) % a.shape[0]])
-"""
+""", lambda y, a: y * torch.sin(torch.roll(a, -1))),
+    # overwriting what an earlier loop read (NOTE: [Arrays kept by version])
+    "updated in place": ("""
+    for i in range(a.shape[0]):
+        out[i] = f(a[i], b[i])
+    for i in range(a.shape[0]):
+        out[i] = out[i] * ti.sin(a[(i + 1) % a.shape[0]])
+""", lambda y, a: y * torch.sin(torch.roll(a, -1))),
+    "summed, then scaled in place": ("""
+    total = 0.0
+    for i in range(a.shape[0]):
+        out[i] = f(a[i], b[i])
+        total += out[i] ** 2
+    for i in out:
+        out[i] = out[i] * ti.sin(a[(i + 1) % a.shape[0]]) / (1.0 + total)
+""", lambda y, a: y * torch.sin(torch.roll(a, -1)) / (1.0 + (y ** 2).sum())),
+}
 
 
 def element_case(data) -> Case:
@@ -344,10 +363,10 @@ def plain_field_loss(case: Case, x, w, variant: str, passes: str):
     return fields["loss"].to_numpy()
 
 
-def plain_ndarray_out(case: Case, a, b):
+def plain_ndarray_out(case: Case, a, b, variant: str):
     """The ndarray kernel run by Taichi alone (no tidiff)."""
     ns = dict(render_taichi.namespace(), f=case.f)
-    nd = render_taichi.compile_text(NDARRAY_KERNEL, "nd", ns, "ndarray-plain")
+    nd = render_taichi.compile_text(NDARRAY_HEADER + NDARRAY_KERNELS[variant][0], "nd", ns, "ndarray-plain")
     out = np.zeros(N)
     nd(np.ascontiguousarray(a), np.ascontiguousarray(b), out)
     return out
@@ -372,7 +391,7 @@ def check_program_value(case: Case, got, want, plain, what):
 def taichi_ndarray_gradient(case: Case, a, b, c):
     """The ndarray kernel's input cotangents by Taichi's own ``kernel.grad``, no tidiff."""
     ns = dict(render_taichi.namespace(), f=case.f)
-    nd = render_taichi.compile_text(NDARRAY_KERNEL, "nd", ns, "ndarray-plain")
+    nd = render_taichi.compile_text(NDARRAY_HEADER + NDARRAY_KERNELS["one loop"][0], "nd", ns, "ndarray-plain")
     arrays = [ti.ndarray(ti.f64, N, needs_grad=True) for _ in range(3)]
     for array, values in zip(arrays, (a, b, np.zeros(N)), strict=True):
         array.from_numpy(values)
@@ -382,13 +401,14 @@ def taichi_ndarray_gradient(case: Case, a, b, c):
     return arrays[0].grad.to_numpy(), arrays[1].grad.to_numpy()
 
 
-def ndarray_kernel(case: Case):
+def ndarray_kernel(case: Case, variant: str = "one loop"):
     ns = dict(render_taichi.namespace(), f=case.f)
-    nd = render_taichi.compile_text(NDARRAY_KERNEL, "nd", ns, "ndarray")
+    body, twin_of = NDARRAY_KERNELS[variant]
+    nd = render_taichi.compile_text(NDARRAY_HEADER + body, "nd", ns, "ndarray")
     K = td.function(nd, inputs=["a", "b"], outputs={"out": lambda a, b: a.shape})
 
     def twin(a, b):
-        return torch.stack([case.twin(a[i], b[i]) for i in range(N)]) * torch.sin(torch.roll(a, -1))
+        return twin_of(torch.stack([case.twin(a[i], b[i]) for i in range(N)]), a)
 
     return K, twin
 
@@ -453,19 +473,21 @@ def test_field_programs(data):
 @given(st.data())
 def test_ndarray_kernels(data):
     case = element_case(data)
-    K, twin = ndarray_kernel(case)
+    variant = data.draw(st.sampled_from(sorted(NDARRAY_KERNELS)), label="ndarray kernel")
+    K, twin = ndarray_kernel(case, variant)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     a, b, da, db, c = (rng.uniform(-1.5, 1.5, N) for _ in range(5))
     assume_tame(lambda arrays: twin(*tensors(*arrays)), [a, b])
     assume_derivatives_defined(twin, [a, b])
     with case.checking("ndarray kernel: value, jvp, vjp, jacobian, second derivatives"):
-        check_program_value(case, K(a, b), twin(*tensors(a, b)), lambda: plain_ndarray_out(case, a, b),
+        check_program_value(case, K(a, b), twin(*tensors(a, b)), lambda: plain_ndarray_out(case, a, b, variant),
                             "ndarray kernel")
         _, dout = td.jvp(K, (a, b), (da, db))
         close(dout, torch.autograd.functional.jvp(twin, tensors(a, b), tensors(da, db))[1])
         assert K.adjoint_for(K.specs_for([a, b])) is not None, "tidiff's adjoint transform refused the kernel"
         plain = None
-        if taichi_reverses(case) and not case.program.reaches_rules:  # Taichi alone first: a crash is Taichi's
+        if taichi_reverses(case) and not case.program.reaches_rules and variant == "one loop":  # Taichi alone
+            # first: a crash is Taichi's (its reverse mode of the others breaks its global data access rules)
             plain = taichi_alone(case, "kernel.grad of the ndarray kernel",
                                  lambda: taichi_ndarray_gradient(case, a, b, c))
         _, vjp_fn = td.vjp(K, a, b)
@@ -474,6 +496,8 @@ def test_ndarray_kernels(data):
         for got, want in zip(cts, wants, strict=True):
             close(got, want)
         same_as_taichi(cts, plain, wants)
+        versions = K.by_version()
+        assert (versions[0] if versions else K).memo.peek("reverse verdict") is None, "reverse mode was checked"
         # Jacobians, and second order: the adjoint of the tangent kernel
         jac = td.jacobian(K, argnums=(1, 0))(a, b)
         want = torch.autograd.functional.jacobian(twin, tensors(a, b))

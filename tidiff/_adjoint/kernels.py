@@ -197,9 +197,12 @@ them, and the kernel writes none of its inputs (``td.function`` refuses
 it): then it is exact, with no run-time check. A read of what the same
 iteration stored is the stored value (NOTE: [Reads of what the iteration
 wrote]) and needs none either. Any other read of an output gets it as the
-kernel left it (the kernel runs first), which is right unless it wrote the
-entry after reading it or reads its own write: such a vjp is checked
-against forward mode (NOTE: [Checking Taichi's reverse mode]). Atomic max /
+kernel left it (the kernel runs first), which is right where no write after
+the read in the kernel's code can change it (and the read is in no runtime
+loop of its parallel loop): exact too. Where a later write may change it,
+the kernel is reversed written with versions (NOTE: [Arrays kept by
+version] in ``versions.py``), or, where it cannot be so written, its vjp is
+checked against forward mode (NOTE: [Checking Taichi's reverse mode]). Atomic max /
 min into a scalar output array is taken as into a field (NOTE: [Atomic
 extremes in reverse]): the kernel runs first, and the adjoint reads what
 won, which is exact (no check) where nothing else reads an output.

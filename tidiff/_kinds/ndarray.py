@@ -55,6 +55,7 @@ from taichi.types.ndarray_type import NdarrayType
 
 from .._adjoint.kernels import KernelAdjoint, vjp_ndarray_kernel
 from .._adjoint.transform import NotReversible
+from .._adjoint.versions import versioned
 from .._arrays import Batch, is_tensor, numpy_dtype, to_numpy, torch_dtype
 from .._cache import uses
 from .._derived import TangentArguments
@@ -210,13 +211,17 @@ class NdarrayFunction(Function):
         return None if isinstance(adjoint, NotReversible) else adjoint
 
     def exact(self, adjoint: KernelAdjoint) -> bool:
-        """Whether ``adjoint`` gives the kernel's derivative without a check: the kernel writes no input and
-        reads no output (NOTE: [Reverse of an ndarray kernel]). Found once per adjoint: every vjp asks."""
+        """Whether ``adjoint`` gives the kernel's derivative without a check: the kernel writes no input, and
+        every output it reads is read where no later write changes it, so that the adjoint, after the kernel
+        ran, reads what the kernel read (NOTE: [Reverse of an ndarray kernel]). Found once per adjoint: every
+        vjp asks."""
         def find() -> bool:
             ins = {self.params.index(n) for n in self.inputs}
             outs = {self.params.index(n) for n in self.outputs}
-            return not any(a.field in (outs if a.kind == "load" else ins) for a in adjoint.accesses.accesses
-                           if not a.won)  # what an atomic max / min left is read after the kernel ran: exact
+            accesses = [a for a in adjoint.accesses.accesses if not a.won]  # what an atomic max / min left is
+            # read after the kernel ran: exact
+            return not any(a.field in ins if a.kind == "store" else a.field in outs and (a.anywhere or any(
+                b.kind == "store" and b.field == a.field for b in accesses[k + 1:])) for k, a in enumerate(accesses))
 
         exact: bool = self.memo.get(("exact", id(adjoint)), find)  # adjoints live as long as their kernel
         return exact
@@ -376,6 +381,8 @@ class NdarrayFunction(Function):
         (NOTE: [Launch plans] in ``_torch``) returning the float inputs' cotangents. Only where that reverse mode
         needs no check (tidiff's exact adjoint, or Taichi's settled right and reaching no rule), and not for kernels
         reading global fields."""
+        if self.by_version() is not None:  # its vjp takes cotangents of the versions too
+            return None
         n = len(self.inputs)
         specs = list(batch.specs[:n])
         own = self.adjoint_for(specs)
@@ -424,10 +431,27 @@ class NdarrayFunction(Function):
 
         return launch
 
+    def by_version(self) -> tuple[NdarrayFunction, int] | None:
+        """The kernel written with versions, as a function whose outputs are this one's and then the versions,
+        and how many versions it has (NOTE: [Arrays kept by version]); None where the kernel needs none."""
+        def make() -> tuple[NdarrayFunction, int] | None:
+            made = versioned(self.kernel, self.outputs)
+            if made is None:
+                return None
+            kernel, extra = made
+            outputs = {**self.shape_rules, **{p: self.shape_rules[a] for p, a in extra}}
+            return NdarrayFunction(kernel, self.inputs, outputs, self.constants, self.name, listed=False,
+                                   frozen=self.frozen, zeroed=self.zeroed, scratch=self.scratch), len(extra)
+
+        found: tuple[NdarrayFunction, int] | None = self.memo.get(("by version",), make)
+        return found
+
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         """Input cotangents by tidiff's adjoint of the kernel, or where the transform does not take it by
         Taichi's ``kernel.grad`` (NOTE: [Gradient aliases]); checked against forward mode where the adjoint is not
         exact (NOTE: [Checking Taichi's reverse mode])."""
+        if (versions := self.by_version()) is not None:  # NOTE: [Arrays kept by version]
+            return versions[0].vjp(batch, [*cotangents, *[None] * versions[1]])
         own = self.adjoint_for(batch.specs)
         exact = None if own is None else (lambda: self.exact(own))
         return checked_vjp(self, batch, cotangents, lambda: self.unchecked_vjp(batch, cotangents),
@@ -436,6 +460,8 @@ class NdarrayFunction(Function):
     def unchecked_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
         """The vjp by reverse mode alone, unchecked: tidiff's adjoint of the kernel where the transform takes it
         (run after the kernel itself where the kernel reads its outputs), else Taichi's ``kernel.grad``."""
+        if (versions := self.by_version()) is not None:  # NOTE: [Arrays kept by version]
+            return versions[0].unchecked_vjp(batch, [*cotangents, *[None] * versions[1]])
         own = self.adjoint_for(batch.specs)
         if own is None:
             refuse_hidden_rules(self.hidden_rules(), f"the ndarray kernel `{self.name}`")
