@@ -183,7 +183,7 @@ def test_a_sum_into_a_local_read_after_its_loop_stays_in_its_part():
 
 @ti.kernel
 def sum_read_by_a_later_loop():
-    total = 0.0  # the third loop's launch could not be handed the second's sum: the kernel runs whole, checked
+    total = 0.0  # handed to the third loop's launch in a 0-d field (NOTE: [Sums handed to a later loop])
     for i in lx:
         ly[i] = ti.sin(lx[i])
     for i in lx:
@@ -193,13 +193,66 @@ def sum_read_by_a_later_loop():
         lz[i] = ly[i] * total
 
 
-def test_a_sum_read_by_a_later_loop_keeps_the_kernel_whole_and_checked():
+@ti.kernel
+def softmax_of_x():
+    total = 0.0
+    for i in lx:
+        ly[i] = ti.exp(lx[i] * lw[i])
+        total += ly[i]
+    mean = total / N  # computed from the sum: computed again where a later loop reads it
+    for i in lx:
+        ly[i] = ly[i] / total + 0.25 * mean
+
+
+@ti.kernel
+def weighted_loss():
+    for i in ly:
+        l_loss[None] += ly[i] * ly[i] * (i + 1)
+
+
+def softmax_steps():
+    for _ in range(2):  # the second launch overwrites what the first's parts read
+        softmax_of_x()
+        weighted_loss()
+
+
+def torch_softmax_steps(x, w):
+    loss = 0.0
+    for _ in range(2):
+        e = torch.exp(x * w)
+        y = e / e.sum() + 0.25 * e.sum() / N
+        loss = loss + (y * y * torch.arange(1, N + 1)).sum()
+    return loss
+
+
+def test_a_sum_read_by_a_later_loop_is_handed_on():
     G = td.function(sum_read_by_a_later_loop, inputs=[lx], outputs=[lz])
     tx = torch.tensor(X)
     want = torch.autograd.functional.jacobian(lambda x: torch.sin(x) * x * (torch.sin(x) * x).sum(), tx).numpy()
-    with pytest.warns(td.TaichiReverseWarning, match="sum_read_by_a_later_loop"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         np.testing.assert_allclose(td.jacrev(G)(X), want, rtol=1e-12, atol=1e-14)
-    assert all(k._tidiff_loops is None for k in G.program._kernels)
+        np.testing.assert_allclose(td.jacfwd(G)(X), want, rtol=1e-12, atol=1e-14)
+    assert [len(k._tidiff_loops) for k in G.program._kernels] == [3]
+    assert G.memo.peek("reverse verdict") is None
+
+
+def test_a_softmax_launched_twice_in_every_mode_as_torch():
+    F = td.function(softmax_steps, inputs=[lx, lw], outputs=[l_loss])
+    tx, tw = torch.tensor(X), torch.tensor(W)
+    v = np.linspace(0.5, -0.5, N)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        grads = td.grad(F, argnums=(0, 1))(X, W)
+        _, hv = td.hvp(F, (X, W), (v, np.zeros(N)))
+    for got, want in zip(grads, torch.autograd.grad(torch_softmax_steps(tx.requires_grad_(), tw.requires_grad_()),
+                                                    (tx, tw)), strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-14)
+    want_hv = torch.autograd.functional.hvp(torch_softmax_steps, (tx.detach(), tw.detach()),
+                                            (torch.tensor(v), torch.zeros(N)))[1]
+    for got, want in zip(hv, want_hv, strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
+    assert F.memo.peek("reverse verdict") is None
 
 
 @ti.kernel

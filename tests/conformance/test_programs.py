@@ -93,6 +93,11 @@ APPLY = {
                                                   "        y[j] = y[j] * y[j] * 0.5 + ti.sin(w[j]) * y[j]\n"
                                                   "    s = 0.0\n    for j in x:\n        s += y[j]\n"
                                                   "    y[0] += 0.125 * s",
+    # y = v / (1 + m), m = sum(v * v) / N, v = f(x, w): a sum (and a local computed from it) read by a later
+    # loop, handed on in a 0-d field (NOTE: [Sums handed to a later loop])
+    "normalized by a sum a later loop reads": "y[i] = f(x[i], w[i])\n    s = 0.0\n    for j in x:\n"
+                                              "        s += y[j] * y[j]\n    m = s / N\n    for j in x:\n"
+                                              "        y[j] = y[j] / (1.0 + m)",
     # v = f(x[i], w[i]) grown by half until past 1, at most three times (NOTE: [Break as a flag])
     "a loop that breaks": "v = f(x[i], w[i])\n        for _ in range(3):\n            if v > 1.0:\n"
                           "                break\n            v = v * 1.5\n        y[i] = v",
@@ -106,7 +111,7 @@ APPLY = {
 PASSES = ("once", "in place", "in place, *=", "twice", "twice, y cleared")
 # statements beside a kernel's loops: Taichi's reverse mode refuses the mix
 TAICHI_REFUSES = {"a top-level sum", "updated in place after a top-level local",
-                  "updated in place, then summed into a local"}
+                  "updated in place, then summed into a local", "normalized by a sum a later loop reads"}
 
 
 def run_passes(ns: dict, fields: dict, passes: str) -> None:
@@ -144,6 +149,8 @@ def y_twin(variant: str, f_values, w):
     if variant == "updated in place, then summed into a local":
         v = 0.5 * f_values ** 2 + torch.sin(w) * f_values
         return v + 0.125 * v.sum() * (torch.arange(len(v)) == 0)
+    if variant == "normalized by a sum a later loop reads":
+        return f_values / (1.0 + (f_values * f_values).sum() / len(f_values))
     if variant == "a loop that breaks":
         grown = []
         for v in f_values:

@@ -18,15 +18,27 @@ kernel and before the next part. It may also assign locals (``c = a * 2.0``) onc
 before its statements where it reads them: taken where the value reads no field the kernel writes and calls only
 Taichi's own functions, so that every part computes the value the kernel did, and where no loop assigns the local
 but for one loop summing into it (``total = 0.0``, then ``total += e`` in a loop, then ``loss[None] = total`` after
-it), read in that loop's part alone, as a launch cannot hand a local to the next. Anything else at the top level (a
-``return``, an ``if``, a local assigned twice, a sum read by a later loop) runs the kernel whole, checked (NOTE:
-[Checking Taichi's reverse mode]).
+it), read in that loop's part and later ones (NOTE: [Sums handed to a later loop]). Anything else at the top level
+(a ``return``, an ``if``, a local assigned twice) runs the kernel whole, checked (NOTE: [Checking Taichi's reverse
+mode]).
+
+NOTE: [Sums handed to a later loop] A launch cannot hand a local to the next, so a sum a later loop reads (a softmax:
+``total += y[i]``, then ``y[i] = y[i] / total``) made the kernel run whole, checked, found wrong and computed by
+forward pushes. The part of the summing loop now ends by storing the sum in a 0-d field of its own
+(``total_handed[None] = total``: of the default float type, with a gradient, in a tree made with the program's copy
+of the kernel), and each later part that reads it starts by loading it, then computes again the locals computed
+from it that it reads (``mean = total / N``). The field is one more field of the program: the store's adjoint
+reads and clears its gradient, the loads' adjoints add into it, and a later launch overwriting it keeps what an
+earlier one read (NOTE: [Overwritten values kept]). Taken for a sum that starts as a float scalar (``0.0``, or
+``ti.zero`` of such a sum, as a tangent kernel's ``dtotal``); a vector sum, or an entry a loop writes into a
+top-level local (``c[0] = e``), keeps the kernel whole.
 """
 import ast
 import copy
 from typing import Any
 
 import taichi as ti
+from taichi.lang import impl
 from taichi.lang.field import Field
 from taichi.lang.kernel_impl import Kernel
 
@@ -38,6 +50,7 @@ from .._lang.compile import compile_source, wrap_long_lines
 from .._lang.naming import Namer, names_in, taichi_name
 from .._lang.objects import bind
 from .._lang.parse import MISSING, parse, resolve, without_docstring
+from .twins import fields_builder
 
 
 def loop_parts(kernel: Any) -> list[Any] | None:
@@ -50,13 +63,24 @@ def loop_parts(kernel: Any) -> list[Any] | None:
         parsed = inlined(bind(parse(kernel), None))
     except Exception:  # noqa: BLE001 -- a kernel tidiff cannot read runs whole, as Taichi runs it
         return None
-    groups = _loops(without_docstring(parsed.tree.body), parsed.namespace, _values(parsed.tree, parsed.namespace))
-    if groups is None or len(groups) < 2 or not (_overwrites_a_read_write(groups, parsed.namespace)
-                                                   or any(_recurs(group, parsed.namespace) for group in groups)):
+    namer = Namer(names_in(parsed.tree) | set(parsed.namespace))
+    found = _loops(without_docstring(parsed.tree.body), parsed.namespace, _values(parsed.tree, parsed.namespace),
+                   namer)
+    if found is None:
+        return None
+    groups, handed = found
+    if len(groups) < 2 or not (_overwrites_a_read_write(groups, parsed.namespace)
+                               or any(_recurs(group, parsed.namespace) for group in groups)):
         return None
     namespace = dict(parsed.namespace)
-    taichi = taichi_name(Namer(names_in(parsed.tree) | set(namespace)), namespace)
+    taichi = taichi_name(namer, namespace)
     namespace[taichi] = ti
+    if handed:  # NOTE: [Sums handed to a later loop]
+        builder = fields_builder(f"the kernel {parsed.tree.name} run loop by loop")
+        for field in handed:
+            namespace[field] = ti.field(impl.get_runtime().default_fp, needs_grad=True)
+            builder.place(namespace[field], namespace[field].grad)
+        builder.finalize(raise_warning=False)
     parts = []
     for k, group in enumerate(groups):
         fn = copy.deepcopy(parsed.tree)
@@ -69,11 +93,12 @@ def loop_parts(kernel: Any) -> list[Any] | None:
     return parts
 
 
-def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str]
-           ) -> list[list[ast.stmt]] | None:
+def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str], namer: Namer
+           ) -> tuple[list[list[ast.stmt]], list[str]] | None:
     """The kernel's top-level loops, each with the statements after it up to the next loop (those before the first
     loop and each ``ti.loop_config(...)`` with the loop after them), and before them again every top-level local
-    they read (NOTE: [Top-level statements of a kernel run loop by loop]); None where the kernel cannot be run so."""
+    they read (NOTE: [Top-level statements of a kernel run loop by loop]), and the 0-d fields that hand sums on
+    (NOTE: [Sums handed to a later loop]); None where the kernel cannot be run so."""
     groups: list[list[ast.stmt]] = []
     definitions: dict[str, ast.stmt] = {}
     stood: dict[str, int] = {}
@@ -103,12 +128,59 @@ def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str]
         name = _defined(stmt)  # computed from the part's sum after its loop
         return name is None or homes.get(name) == k and stood[name] == k
 
-    parts, sums = [], set(homes)
+    parts, sums, handed = [], set(homes), {}
+    summed = {n for group in groups for stmt in group if isinstance(stmt, ast.For)  # (``c[0] = e`` too)
+              for n in _names(stmt, ast.Store) | written_names(stmt)}
     for k, group in enumerate(groups):  # the sum's start before the part's statements; other locals assigned
         kept = [stmt for stmt in group if stays(stmt, k)]  # again before the statements that read them
         starts = [definitions[name] for name, home in homes.items() if home == k and stood[name] < k]
-        parts.append(_defined_before(starts + kept, definitions, sums) + copy.deepcopy(starts) + kept)
-    return parts
+        earlier = _handed_in(starts + kept, definitions, {n: h for n, h in homes.items() if h < k}, summed,
+                             namespace)
+        if earlier is None:
+            return None
+        for name in earlier:
+            if name in summed and name not in handed:
+                handed[name] = namer.fresh(f"{name}_handed")
+        received = [ast.Assign([ast.Name(n, ast.Store())], _entry(handed[n], ast.Load())) for n in earlier
+                    if n in summed] + [copy.deepcopy(definitions[n]) for n in earlier if n not in summed]
+        parts.append(received + _defined_before(starts + kept, definitions, sums) + copy.deepcopy(starts) + kept)
+    for k, part in enumerate(parts):  # each sum a later part reads, handed on by the part it is summed in
+        part += [ast.Assign([_entry(field, ast.Store())], ast.Name(n, ast.Load())) for n, field in handed.items()
+                 if homes[n] == k]
+    return parts, list(handed.values())
+
+
+def _handed_in(stmts: list[ast.stmt], definitions: dict[str, ast.stmt], earlier: dict[str, int], summed: set[str],
+               namespace: dict[str, Any]) -> list[str] | None:
+    """The locals an earlier part sums (``summed``: a loop assigns them) or computes from its sums that the
+    statements read, with those they are computed from, in the kernel's order; None where a sum is not a float
+    scalar (``0.0``, or ``ti.zero`` of one: a tangent kernel's), which a 0-d field of the default float holds."""
+    needed: set[str] = set()
+    frontier = [n for stmt in stmts for n in _names(stmt, ast.Load) if n in earlier]
+    while frontier:
+        name = frontier.pop()
+        if name not in needed:
+            needed.add(name)
+            if name not in summed:
+                frontier += [n for n in _names(definitions[name], ast.Load) if n in earlier]
+    if not all(_float_start(definitions[n], definitions, namespace) for n in needed & summed):
+        return None
+    return [name for name in definitions if name in needed]
+
+
+def _float_start(stmt: ast.stmt, definitions: dict[str, ast.stmt], namespace: dict[str, Any]) -> bool:
+    """Whether a sum starts as a float scalar: ``total = 0.0``, or ``dtotal = ti.zero(total)`` of such a sum."""
+    value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+    if isinstance(value, ast.Constant):
+        return type(value.value) is float
+    return isinstance(value, ast.Call) and resolve(value.func, namespace) is ti.zero and len(value.args) == 1 \
+        and isinstance(value.args[0], ast.Name) and value.args[0].id in definitions \
+        and _float_start(definitions[value.args[0].id], definitions, namespace)
+
+
+def _entry(field: str, ctx: ast.expr_context) -> ast.Subscript:
+    """``field[None]``."""
+    return ast.Subscript(ast.Name(field, ast.Load()), ast.Constant(None), ctx)
 
 
 def _values(tree: ast.FunctionDef, namespace: dict[str, Any]) -> set[str]:
@@ -163,10 +235,11 @@ def _homes(definitions: dict[str, ast.stmt], groups: list[list[ast.stmt]], names
             return None
         if found:
             homes[name] = found.pop()
-    for name, home in homes.items():  # read by the statements of its part alone (locals computed from it share it)
+    for name, home in homes.items():  # read by the statements of its part and later ones (handed on: NOTE: [Sums
+        # handed to a later loop]; locals computed from it share its part)
         readers = {k for k, group in enumerate(groups) for stmt in group
                    if _defined(stmt) is None and name in _names(stmt, ast.Load)}
-        if readers - {home}:
+        if any(k < home for k in readers):
             return None
     written = _fields([stmt for group in groups for stmt in group], namespace, ast.Store)
     for stmt in definitions.values():
