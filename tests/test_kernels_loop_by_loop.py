@@ -196,10 +196,11 @@ def sum_read_by_a_later_loop():
 @ti.kernel
 def softmax_of_x():
     total = 0.0
+    count = ti.cast(N, ti.f64)  # computed from constants: assigned again where read
     for i in lx:
         ly[i] = ti.exp(lx[i] * lw[i])
         total += ly[i]
-    mean = total / N  # computed from the sum: computed again where a later loop reads it
+    mean = total / count  # computed from the sum: computed again where a later loop reads it
     for i in lx:
         ly[i] = ly[i] / total + 0.25 * mean
 

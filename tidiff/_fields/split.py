@@ -143,7 +143,8 @@ def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str], na
                 handed[name] = namer.fresh(f"{name}_handed")
         received = [ast.Assign([ast.Name(n, ast.Store())], _entry(handed[n], ast.Load())) for n in earlier
                     if n in summed] + [copy.deepcopy(definitions[n]) for n in earlier if n not in summed]
-        parts.append(received + _defined_before(starts + kept, definitions, sums) + copy.deepcopy(starts) + kept)
+        parts.append(_defined_before(received + starts + kept, definitions, sums) + received + copy.deepcopy(starts)
+                     + kept)  # (a local computed from a sum may read one computed from the parameters)
     for k, part in enumerate(parts):  # each sum a later part reads, handed on by the part it is summed in
         part += [ast.Assign([_entry(field, ast.Store())], ast.Name(n, ast.Load())) for n, field in handed.items()
                  if homes[n] == k]
