@@ -29,9 +29,10 @@ forward pushes. The part of the summing loop now ends by storing the sum in a 0-
 of the kernel), and each later part that reads it starts by loading it, then computes again the locals computed
 from it that it reads (``mean = total / N``). The field is one more field of the program: the store's adjoint
 reads and clears its gradient, the loads' adjoints add into it, and a later launch overwriting it keeps what an
-earlier one read (NOTE: [Overwritten values kept]). Taken for a sum that starts as a float scalar (``0.0``, or
-``ti.zero`` of such a sum, as a tangent kernel's ``dtotal``); a vector sum, or an entry a loop writes into a
-top-level local (``c[0] = e``), keeps the kernel whole.
+earlier one read (NOTE: [Overwritten values kept]). So is a top-level local whose entry a loop writes (``c[0] =
+e`` in a serialized loop): it is handed on as that loop's part left it. Taken where such a local starts as floats:
+``0.0``, a vector or matrix of float constants (``ti.Vector([0.0, 0.0])``: a 0-d vector field), or ``ti.zero`` of
+such a local (a tangent kernel's ``dtotal``); any other start keeps the kernel whole.
 """
 import ast
 import copy
@@ -77,8 +78,8 @@ def loop_parts(kernel: Any) -> list[Any] | None:
     namespace[taichi] = ti
     if handed:  # NOTE: [Sums handed to a later loop]
         builder = fields_builder(f"the kernel {parsed.tree.name} run loop by loop")
-        for field in handed:
-            namespace[field] = ti.field(impl.get_runtime().default_fp, needs_grad=True)
+        for field, shape in handed.items():
+            namespace[field] = _scalar_or_matrix_field(shape)
             builder.place(namespace[field], namespace[field].grad)
         builder.finalize(raise_warning=False)
     parts = []
@@ -94,11 +95,12 @@ def loop_parts(kernel: Any) -> list[Any] | None:
 
 
 def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str], namer: Namer
-           ) -> tuple[list[list[ast.stmt]], list[str]] | None:
+           ) -> tuple[list[list[ast.stmt]], dict[str, tuple[int, ...]]] | None:
     """The kernel's top-level loops, each with the statements after it up to the next loop (those before the first
     loop and each ``ti.loop_config(...)`` with the loop after them), and before them again every top-level local
-    they read (NOTE: [Top-level statements of a kernel run loop by loop]), and the 0-d fields that hand sums on
-    (NOTE: [Sums handed to a later loop]); None where the kernel cannot be run so."""
+    they read (NOTE: [Top-level statements of a kernel run loop by loop]), and the 0-d fields that hand sums on,
+    by name, with the shape of their element (NOTE: [Sums handed to a later loop]); None where the kernel cannot
+    be run so."""
     groups: list[list[ast.stmt]] = []
     definitions: dict[str, ast.stmt] = {}
     stood: dict[str, int] = {}
@@ -128,7 +130,7 @@ def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str], na
         name = _defined(stmt)  # computed from the part's sum after its loop
         return name is None or homes.get(name) == k and stood[name] == k
 
-    parts, sums, handed = [], set(homes), {}
+    parts, sums, handed, shapes = [], set(homes), {}, {}
     summed = {n for group in groups for stmt in group if isinstance(stmt, ast.For)  # (``c[0] = e`` too)
               for n in _names(stmt, ast.Store) | written_names(stmt)}
     for k, group in enumerate(groups):  # the sum's start before the part's statements; other locals assigned
@@ -141,6 +143,7 @@ def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str], na
         for name in earlier:
             if name in summed and name not in handed:
                 handed[name] = namer.fresh(f"{name}_handed")
+                shapes[handed[name]] = _start_shape(definitions[name], definitions, namespace) or ()
         received = [ast.Assign([ast.Name(n, ast.Store())], _entry(handed[n], ast.Load())) for n in earlier
                     if n in summed] + [copy.deepcopy(definitions[n]) for n in earlier if n not in summed]
         parts.append(_defined_before(received + starts + kept, definitions, sums) + received + copy.deepcopy(starts)
@@ -148,7 +151,7 @@ def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str], na
     for k, part in enumerate(parts):  # each sum a later part reads, handed on by the part it is summed in
         part += [ast.Assign([_entry(field, ast.Store())], ast.Name(n, ast.Load())) for n, field in handed.items()
                  if homes[n] == k]
-    return parts, list(handed.values())
+    return parts, shapes
 
 
 def _handed_in(stmts: list[ast.stmt], definitions: dict[str, ast.stmt], earlier: dict[str, int], summed: set[str],
@@ -164,19 +167,51 @@ def _handed_in(stmts: list[ast.stmt], definitions: dict[str, ast.stmt], earlier:
             needed.add(name)
             if name not in summed:
                 frontier += [n for n in _names(definitions[name], ast.Load) if n in earlier]
-    if not all(_float_start(definitions[n], definitions, namespace) for n in needed & summed):
+    if any(_start_shape(definitions[n], definitions, namespace) is None for n in needed & summed):
         return None
     return [name for name in definitions if name in needed]
 
 
-def _float_start(stmt: ast.stmt, definitions: dict[str, ast.stmt], namespace: dict[str, Any]) -> bool:
-    """Whether a sum starts as a float scalar: ``total = 0.0``, or ``dtotal = ti.zero(total)`` of such a sum."""
+def _start_shape(stmt: ast.stmt, definitions: dict[str, ast.stmt], namespace: dict[str, Any]
+                 ) -> tuple[int, ...] | None:
+    """The element shape of a sum that starts as floats: ``()`` for ``total = 0.0``, ``(n,)`` for ``ti.Vector([0.0,
+    ...])``, ``(n, m)`` for ``ti.Matrix([[0.0, ...], ...])``, that of ``total`` for ``dtotal = ti.zero(total)`` (a
+    tangent kernel's); None for any other start."""
     value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
     if isinstance(value, ast.Constant):
-        return type(value.value) is float
-    return isinstance(value, ast.Call) and resolve(value.func, namespace) is ti.zero and len(value.args) == 1 \
-        and isinstance(value.args[0], ast.Name) and value.args[0].id in definitions \
-        and _float_start(definitions[value.args[0].id], definitions, namespace)
+        return () if type(value.value) is float else None
+    if not isinstance(value, ast.Call) or len(value.args) != 1 or value.keywords:
+        return None
+    func, arg = resolve(value.func, namespace), value.args[0]
+    if func is ti.zero:
+        return _start_shape(definitions[arg.id], definitions, namespace) \
+            if isinstance(arg, ast.Name) and arg.id in definitions else None
+    rows = _floats(arg) if func is ti.Vector else None
+    if rows is not None:
+        return (len(rows),)
+    if func is ti.Matrix and isinstance(arg, ast.List) and arg.elts:
+        table = [_floats(row) for row in arg.elts]
+        if all(row is not None and len(row) == len(table[0] or ()) for row in table) and table[0]:
+            return (len(table), len(table[0]))
+    return None
+
+
+def _floats(node: ast.expr) -> list[float] | None:
+    """The numbers of a list of float constants (``[0.0, 0.0]``), else None."""
+    if not isinstance(node, ast.List) or not node.elts:
+        return None
+    found = [e.value for e in node.elts if isinstance(e, ast.Constant) and type(e.value) is float]
+    return found if len(found) == len(node.elts) else None
+
+
+def _scalar_or_matrix_field(shape: tuple[int, ...]) -> Any:
+    """An unplaced 0-d field of the default float type, with a gradient, of this element shape."""
+    dtype = impl.get_runtime().default_fp
+    if not shape:
+        return ti.field(dtype, needs_grad=True)
+    if len(shape) == 1:
+        return ti.Vector.field(shape[0], dtype, needs_grad=True)
+    return ti.Matrix.field(shape[0], shape[1], dtype, needs_grad=True)
 
 
 def _entry(field: str, ctx: ast.expr_context) -> ast.Subscript:
