@@ -113,6 +113,29 @@ def test_the_kernel_so_written():
     assert "y[i] = y_v0[i] / total" in source  # what the last loop read: the version before it
 
 
+@ti.kernel
+def softmax_returning_its_sum(x: ti.types.ndarray(), y: ti.types.ndarray()) -> ti.f64:
+    total = 0.0
+    for i in range(x.shape[0]):
+        y[i] = ti.exp(x[i])
+        total += y[i]
+    for i in y:
+        y[i] = y[i] / total
+    return total
+
+
+def test_a_kernel_returning_a_value_is_written_with_its_return_type():
+    """The kernel written with versions lost the kernel's return type, and Taichi refused it at the first vjp."""
+    f = td.function(softmax_returning_its_sum, inputs=["x"], outputs={"y": lambda x: x.shape})
+    x, c = np.linspace(-1.0, 1.0, 4), np.array([0.5, -1.0, 2.0, 0.25])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", td.TaichiReverseWarning)
+        (got,) = td.vjp(f, x)[1](c)
+    xt = torch.tensor(x, requires_grad=True)
+    want = torch.autograd.grad(torch_softmax(xt), xt, torch.tensor(c))[0]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-14)
+
+
 def test_kernels_that_overwrite_nothing_read_are_left_as_they_are():
     @ti.kernel
     def chained(x: ti.types.ndarray(), h: ti.types.ndarray(), y: ti.types.ndarray()):

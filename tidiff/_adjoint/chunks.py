@@ -42,7 +42,7 @@ from typing import Any
 
 from taichi.lang import impl
 
-from .._lang.nodes import assign, for_range, name, taichi
+from .._lang.nodes import assign, augment, for_range, name, taichi
 from .._lang.scratch import Scratch
 from .._lang.sym import Sym
 
@@ -207,8 +207,7 @@ def _summed(array: str, part: str, rank: int, chunks: str, fresh: Callable[[str]
     entry = [name(k) for k in ks]
     body: list[ast.stmt] = [
         assign(total, Sym(name(part))[tuple([ast.Constant(0), *entry])]),
-        for_range(c, [1, name(chunks)], [ast.AugAssign(ast.Name(total, ast.Store()), ast.Add(), Sym(name(
-            part))[tuple([name(c), *entry])].node)]),
+        for_range(c, [1, name(chunks)], [augment(total, ast.Add(), Sym(name(part))[tuple([name(c), *entry])])]),
         _plain_add(ast.Subscript(ast.Attribute(name(array), "grad", ast.Load()), _slice(entry), ast.Store()),
                    ast.Add(), name(total))]
     extents = [Sym(name(array)).shape[d].node for d in range(rank)]

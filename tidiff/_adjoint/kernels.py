@@ -231,7 +231,7 @@ from .._cache import ADJOINT
 from .._lang import extremes
 from .._lang.activity import assigned_names, integer_locals, root_names, stop_grad_arguments, stores, written_names
 from .._lang.callees import transformable
-from .._lang.compile import compile_source, mark, wrap_long_lines
+from .._lang.compile import compile_source, mark
 from .._lang.dead_branches import without_dead_branches
 from .._lang.generate import generate, owned_cache
 from .._lang.launch import NumberLaunch
@@ -431,16 +431,14 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
         p) for p in reverser.number_templates]
     made = KernelAdjoint(adjoint, fields_at, accesses, params, bound, reverser.scratch, numbers_at)
     if reverser.chunked is not None:  # NOTE: [Accumulations by chunk]
-        parts = [p for _, found, _ in reverser.chunk_forms.values() for p in found]
         made.chunked = KernelAdjoint(_compiled(reverser.chunked, scope, reverser), fields_at, accesses, params,
-                                     bound, [*reverser.scratch, *parts], numbers_at)
+                                     bound, reverser.chunked_scratch(), numbers_at)
         made.chunkings = [chunking for _, _, chunking in reverser.chunk_forms.values()]
     return made
 
 
 def _compiled(tree: ast.FunctionDef, scope: dict[str, Any], reverser: KernelReverser) -> Any:
-    text = wrap_long_lines(ast.unparse(ast.Module([tree], [])))
-    adjoint = compile_source(text + "\n", tree.name, dict(scope), tag="adjoint-kernel")
+    adjoint = compile_source(tree, tree.name, dict(scope), tag="adjoint-kernel")
     mark(adjoint, reverse=True, uses_bwd=reverser.uses_bwd, recomputes=reverser.recomputes)
     return adjoint
 
@@ -1020,9 +1018,12 @@ class KernelReverser(FieldReverser):
         if self.chunk_forms:  # NOTE: [Accumulations by chunk]
             backward = [s for stmt in self.backward for s in (self.chunk_forms[id(stmt)][0] if id(
                 stmt) in self.chunk_forms else [stmt])]
-            parts = [p for _, made, _ in self.chunk_forms.values() for p in made]
-            self.chunked = self.function(copy.deepcopy(self.forward + backward), [*self.scratch, *parts], "_chunked")
+            self.chunked = self.function(copy.deepcopy(self.forward + backward), self.chunked_scratch(), "_chunked")
         return self.function(self.forward + self.backward, self.scratch)
+
+    def chunked_scratch(self) -> list[Scratch]:
+        """The scratch arrays of the chunked form: the adjoint's own, then the chunks' copies."""
+        return [*self.scratch, *(p for _, parts, _ in self.chunk_forms.values() for p in parts)]
 
     def function(self, stmts: list[ast.stmt], scratch: Sequence[Scratch], suffix: str = "") -> ast.FunctionDef:
         """The adjoint kernel of these statements, taking the kernel's parameters, then ``scratch``."""

@@ -33,9 +33,11 @@ from typing import Any
 
 import taichi as ti
 
-from .._lang.compile import compile_source, wrap_long_lines
+from .._lang.compile import kernel_like
 from .._lang.naming import Namer, names_in, taichi_name
+from .._lang.nodes import assign, name
 from .._lang.parse import parse, resolve, without_docstring
+from .._lang.sym import Sym
 
 Event = tuple[str, ast.Subscript, bool]
 """``(kind, entry, nested)``: an entry of an array read or written (:func:`_events`)."""
@@ -94,15 +96,9 @@ def versioned(kernel: Any, outputs: Sequence[str]) -> tuple[Any, list[tuple[str,
     used = {n.id for n in ast.walk(ast.Module(body, [])) if isinstance(n, ast.Name)}
     extra = [(p, a) for p, a in extra if p in used]
     annotations = {arg.arg: arg.annotation for arg in tree.args.args}
-    fn = copy.deepcopy(tree)
-    fn.name = namer.fresh(f"{tree.name}_versioned")
-    fn.body = body
-    fn.args.args += [ast.arg(p, copy.deepcopy(annotations[a])) for p, a in extra]
-    fn.decorator_list = [ast.Attribute(ast.Name(taichi, ast.Load()), "kernel", ast.Load())]
-    fn.returns = None
-    scope = {**namespace, taichi: ti}
-    text = wrap_long_lines(ast.unparse(ast.Module([ast.fix_missing_locations(fn)], [])))
-    return compile_source(text + "\n", fn.name, scope, tag="versioned-kernel"), extra
+    params = [ast.arg(p, copy.deepcopy(annotations[a])) for p, a in extra]
+    return kernel_like(tree, namer.fresh(f"{tree.name}_versioned"), body, {**namespace, taichi: ti}, taichi,
+                       "versioned-kernel", params), extra
 
 
 def _used_by_entry(tree: ast.FunctionDef, outs: set[str], namespace: dict[str, Any]) -> bool:
@@ -159,16 +155,12 @@ def _rename(node: ast.Subscript, version: str) -> None:
     node.value = ast.Name(version, ast.Load())
 
 
-def _copy(new: str, current: str, namer: Namer, taichi_module: str) -> ast.For:
+def _copy(new: str, current: str, namer: Namer, taichi: str) -> ast.For:
     """``for I in ti.grouped(new): new[I] = current[I]``."""
     index = namer.fresh("I")
-    taichi = ast.Name(taichi_module, ast.Load())
-    entry = [ast.Name(index, ast.Load())]
-    return ast.For(ast.Name(index, ast.Store()), ast.Call(ast.Attribute(taichi, "grouped", ast.Load()),
-                                                          [ast.Name(new, ast.Load())], []),
-                   [ast.Assign([ast.Subscript(ast.Name(new, ast.Load()), entry[0], ast.Store())],
-                               ast.Subscript(ast.Name(current, ast.Load()), copy.deepcopy(entry[0]), ast.Load()))],
-                   [])
+    grouped = Sym(name(taichi)).grouped(name(new))
+    return ast.For(ast.Name(index, ast.Store()), grouped.node,
+                   [assign(Sym(name(new))[name(index)], Sym(name(current))[name(index)])], [])
 
 
 def _events(stmts: Sequence[ast.AST], namespace: dict[str, Any], nested: bool) -> Iterator[Event]:

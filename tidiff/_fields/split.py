@@ -47,7 +47,7 @@ from .._adjoint.inline import inlined
 from .._adjoint.kernels import serializes
 from .._lang.activity import written_names
 from .._lang.callees import is_taichi_func
-from .._lang.compile import compile_source, wrap_long_lines
+from .._lang.compile import kernel_like
 from .._lang.naming import Namer, names_in, taichi_name
 from .._lang.objects import bind
 from .._lang.parse import MISSING, parse, resolve, without_docstring
@@ -82,16 +82,8 @@ def loop_parts(kernel: Any) -> list[Any] | None:
             namespace[field] = _scalar_or_matrix_field(shape)
             builder.place(namespace[field], namespace[field].grad)
         builder.finalize(raise_warning=False)
-    parts = []
-    for k, group in enumerate(groups):
-        fn = copy.deepcopy(parsed.tree)
-        fn.name = f"{parsed.tree.name}_loop_{k}"
-        fn.body = copy.deepcopy(group)
-        fn.decorator_list = [ast.Attribute(ast.Name(taichi, ast.Load()), "kernel", ast.Load())]
-        fn.returns = None
-        text = wrap_long_lines(ast.unparse(ast.Module([ast.fix_missing_locations(fn)], [])))
-        parts.append(compile_source(text + "\n", fn.name, namespace, tag="loop-of-kernel"))
-    return parts
+    return [kernel_like(parsed.tree, f"{parsed.tree.name}_loop_{k}", copy.deepcopy(group), namespace, taichi,
+                        "loop-of-kernel") for k, group in enumerate(groups)]
 
 
 def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str], namer: Namer

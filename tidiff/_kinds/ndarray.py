@@ -483,9 +483,10 @@ class NdarrayFunction(Function):
         self._with_scratch(tensors, device)  # one set, for the kernel and its adjoint
         if own is not None and self.reads_outputs(own):  # the outputs as the kernel left them, to be read again
             self._launch(self.kernel, {n: t.detach() for n, t in tensors.items()})
+        arrays = {**self.constants, **tensors}
         if own is not None:
-            own = own.for_launch({**self.constants, **tensors})  # NOTE: [Accumulations by chunk]
-        extra = [] if own is None else scratch_arrays(own, {**self.constants, **tensors}, device)
+            own = own.for_launch(arrays)  # NOTE: [Accumulations by chunk]
+        extra = [] if own is None else scratch_arrays(own, arrays, device)
         try:
             self._launch(self.kernel.grad if own is None else own.kernel, tensors, counted=self.kernel, extra=extra)
         except RuntimeError as e:

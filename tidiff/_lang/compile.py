@@ -9,10 +9,12 @@ instance), and is dropped with it.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import itertools
 import linecache
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 _counter = itertools.count()
@@ -68,6 +70,16 @@ def compile_source(source: str | ast.Module | ast.stmt, name: str, namespace: di
     except TypeError:  # an object that cannot be weakly referenced keeps its entry
         pass
     return obj
+
+
+def kernel_like(tree: ast.FunctionDef, name: str, body: list[ast.stmt], namespace: dict[str, Any], taichi: str,
+                tag: str, params: Sequence[ast.arg] = ()) -> Any:
+    """A ``@ti.kernel`` named ``name`` with the parameters (then ``params``) and return type of the kernel ``tree``
+    and the statements ``body``, compiled in ``namespace``, where ``taichi`` names the taichi module."""
+    decorator = ast.Attribute(ast.Name(taichi, ast.Load()), "kernel", ast.Load())
+    fn = ast.FunctionDef(name, copy.deepcopy(tree.args), body, [decorator], copy.deepcopy(tree.returns))
+    fn.args.args += list(params)
+    return compile_source(ast.fix_missing_locations(fn), name, namespace, tag=tag)
 
 
 # NOTE: [Where compile time goes] A first call compiles one Taichi kernel;

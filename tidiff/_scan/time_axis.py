@@ -43,7 +43,7 @@ from taichi.types.ndarray_type import NdarrayType
 from .._adjoint.inline import inlined
 from .._fields.graph import CodeGraph
 from .._lang.callees import is_helper, is_taichi_func
-from .._lang.compile import compile_source
+from .._lang.compile import kernel_like
 from .._lang.naming import Namer, names_in
 from .._lang.objects import Unbound, bind, static_value
 from .._lang.parse import parse, resolve
@@ -90,12 +90,9 @@ def with_time_axis(kernel: Any, owner: object, axes: Mapping[int, Axis]) -> Any:
     namespace.update({names[n]: a.buffer for n, a in buffered.items()})
     namespace[taichi] = ti
     rewriter = _Rewriter(buffered, names, slot, step, taichi, namespace, local, name, ids)
-    tree.body = [rewriter.visit(stmt) for stmt in tree.body]
-    tree.args.args += [ast.arg(p, ast.Attribute(ast.Name(taichi, ast.Load()), "i32", ast.Load()))
-                       for p in (slot, step)]
-    tree.decorator_list = [ast.Attribute(ast.Name(taichi, ast.Load()), "kernel", ast.Load())]
-    tree.name = f"{name}_in_time"
-    return compile_source(ast.fix_missing_locations(tree), tree.name, namespace, tag="time-axis")
+    body = [rewriter.visit(stmt) for stmt in tree.body]
+    params = [ast.arg(p, ast.Attribute(ast.Name(taichi, ast.Load()), "i32", ast.Load())) for p in (slot, step)]
+    return kernel_like(tree, f"{name}_in_time", body, namespace, taichi, "time-axis", params)
 
 
 def _reaches(callee: Any, ids: set[int]) -> bool:
