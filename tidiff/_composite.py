@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ._arrays import Batch, is_tensor, of_dtype, tensor_device, torch_module, zeros
-from ._derived import Arguments, CotangentArguments, TangentArguments, like
+from ._derived import Arguments, CotangentArguments, OutputsCotangentArguments, TangentArguments, like
 from ._pointwise import cotangent_map
 from ._protocol import Function
 from ._signature import ArgSpec, with_tangents
@@ -313,6 +313,45 @@ class CotangentMap(Function):
         return [next(on_x) if s.is_float else None for s in inner.specs] + on_c
 
 
+class OutputsCotangentMap(Function):
+    """``(x..., y..., c...) -> J^T c``, given ``y = f(x)`` as a launch left it: an ndarray kernel's adjoint then
+    reads back what the kernel stored instead of computing it again (NOTE: [Outputs read back] in
+    ``_adjoint/read_back.py``), any other function takes the vjp without ``y``. What a torch operator's
+    first-order backward calls; ``y`` stands for ``f(x)``, so it has no derivative of its own: that backward's
+    graph is not differentiated (double backward takes :class:`CotangentMap`)."""
+
+    arguments: OutputsCotangentArguments
+
+    def __init__(self, parent: Function) -> None:
+        super().__init__(f"vjp_fn({parent.name}, outputs)", listed=False, arguments=OutputsCotangentArguments(parent))
+        self.parent = parent
+
+    def read(self, args: Sequence[Any], call: str | None = None) -> Batch:
+        return self.arguments.read(args, call or self.name)
+
+    def signature(self, in_specs: Sequence[ArgSpec]) -> tuple[list[ArgSpec], Tree]:
+        return self.arguments.outputs(in_specs)
+
+    def evaluate(self, batch: Batch) -> list[Any]:
+        n = self.parent.arity(batch.specs)
+        m = (len(batch.specs) - n) // 2
+        inner = Batch(batch.arrays[:n], batch.specs[:n], (), batch.device)
+        outputs, cts = list(batch.arrays[n:n + m]), list(batch.arrays[n + m:])
+        from_outputs = getattr(self.parent, "vjp_from_outputs", None)  # an ndarray kernel's
+        grads = self.parent.vjp(inner, cts) if from_outputs is None else from_outputs(inner, outputs, cts)
+        return [g for g, s in zip(grads, inner.specs, strict=True) if s.is_float]
+
+    def launch_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
+        vjp_plan = getattr(self.parent, "vjp_plan", None)  # an ndarray kernel's (NOTE: [Launch plans] in _torch)
+        return None if vjp_plan is None else vjp_plan(batch, read_back=True)
+
+    def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+        raise NotImplementedError(f"{self.name} has no derivative: double backward takes vjp_fn({self.parent.name})")
+
+    def tangent(self) -> Function:
+        raise NotImplementedError(f"{self.name} has no derivative: double backward takes vjp_fn({self.parent.name})")
+
+
 class CotangentMapTangent(Composed):
     """The tangent of ``V = vjp_fn(f)``: ``(x, c, dx, dc) -> (J^T c, J^T dc + sum_k c_k H_k dx)``.
 
@@ -343,6 +382,13 @@ class CotangentMapTangent(Composed):
         outputs += [Output(((0, r),), ArgSpec(f"dct_{primal[i].name}", primal[i].shape, primal[i].dtype))
                     for r, i in enumerate(floats)]
         return Composite(specs, [call], outputs, tuple(range(2 * k)))
+
+
+def outputs_cotangent_map_of(fn: Function) -> OutputsCotangentMap:
+    """:class:`OutputsCotangentMap` of ``fn``, made once."""
+    if "outputs cotangent map" not in fn.derived:
+        fn.derived["outputs cotangent map"] = OutputsCotangentMap(fn)
+    return fn.derived["outputs cotangent map"]  # type: ignore[return-value]
 
 
 def cotangent_map_of(fn: Function) -> Function:

@@ -138,6 +138,19 @@ class CotangentArguments(Arguments):
         return outs, tuple(range(len(outs)))
 
 
+class OutputsCotangentArguments(CotangentArguments):
+    """The inputs of ``vjp_fn(f)`` given ``f``'s outputs too: ``(x..., each output of f, one cotangent per
+    output)`` (NOTE: [Outputs read back] in ``_adjoint/read_back.py``)."""
+
+    def param_names(self) -> list[str]:
+        return self.parent.param_names() + ["outputs", "cotangents"]
+
+    def specs_of(self, primal: Sequence[ArgSpec]) -> list[ArgSpec]:
+        """Primal specs, then one spec per output, then one cotangent spec per output."""
+        outs, _ = self.parent.signature(primal)
+        return [*primal, *outs, *[ArgSpec(f"ct_{o.name}", o.shape, o.dtype) for o in outs]]
+
+
 def like(value: Any, spec: ArgSpec, inner: Batch) -> Any:
     """An extra argument (tangent, cotangent) as the parent's arrays are: a tensor beside tensors."""
     device = tensor_device(inner.arrays)

@@ -81,7 +81,7 @@ import numpy as np
 import torch
 
 from ._arrays import torch_dtype, unbroadcast
-from ._composite import cotangent_map_of
+from ._composite import cotangent_map_of, outputs_cotangent_map_of
 from ._fields.values import reading, record
 from ._protocol import Function, as_function
 from ._protocol import function as _td_function
@@ -345,8 +345,19 @@ class Operator:
         flat = list(self(*_align(args, in_dims, cores)))
         return flat, [0] * len(flat)
 
+    def keeps_outputs(self, inputs: Sequence[torch.Tensor]) -> bool:
+        """Whether a call on ``inputs`` keeps its outputs for a first-order backward that reads them back (NOTE:
+        [Outputs read back] in ``_adjoint/read_back.py``): an ndarray kernel's whose adjoint does. Found once per
+        dtypes and shapes."""
+        read_back_for = getattr(self.fn, "read_back_for", None)
+        if read_back_for is None or not all(isinstance(d, int) for p in inputs for d in p.shape):
+            return False
+        key = ("keeps outputs", tuple((p.dtype, tuple(p.shape)) for p in inputs))
+        keeps: bool = self.fn.memo.get(key, lambda: read_back_for(self.fn.specs_for(inputs)) is not None)
+        return keeps
+
     def backward(self, primals: Sequence[torch.Tensor], out_shapes: Sequence[Sequence[int]],
-                 grads: Sequence[Any]) -> tuple[Any, ...]:
+                 grads: Sequence[Any], outputs: Sequence[torch.Tensor] = ()) -> tuple[Any, ...]:
         # NOTE: [Launch plans]: which primals are floats and the outputs' dtypes, once per dtypes and shapes (traced
         # shapes are symbolic, and not kept)
         concrete = all(isinstance(d, int) for p in primals for d in p.shape)
@@ -361,7 +372,11 @@ class Operator:
         device = _device_of(primals)
         cts = [torch.zeros(tuple(shape), dtype=dtype, device=device) if g is None else g
                for g, dtype, shape in zip(grads, out_dtypes, out_shapes, strict=True)]
-        per_element = iter(operator_of(cotangent_map_of(self.fn), self.owner)(*primals, *cts))
+        if outputs and not torch.is_grad_enabled():  # first order: the adjoint reads the outputs back (NOTE:
+            # [Outputs read back])
+            per_element = iter(operator_of(outputs_cotangent_map_of(self.fn), self.owner)(*primals, *outputs, *cts))
+        else:
+            per_element = iter(operator_of(cotangent_map_of(self.fn), self.owner)(*primals, *cts))
         return tuple(unbroadcast(next(per_element), p.shape) if is_float else None
                      for p, is_float in zip(primals, floats, strict=True))
 
@@ -389,7 +404,8 @@ def _autograd_function(operator: Operator) -> Any:
 
         @staticmethod
         def setup_context(ctx: Any, inputs: Sequence[Any], output: Sequence[Any]) -> None:
-            ctx.save_for_backward(*inputs)
+            ctx.kept = len(output) if me().keeps_outputs(inputs) else 0  # type: ignore[union-attr]
+            ctx.save_for_backward(*inputs, *output[:ctx.kept])  # NOTE: [Outputs read back]
             ctx.save_for_forward(*inputs)
             ctx.out_shapes = [tuple(o.shape) for o in output]
             ctx.field_values = getattr(forwards, "values", None) or {}
@@ -397,8 +413,10 @@ def _autograd_function(operator: Operator) -> Any:
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+            saved = ctx.saved_tensors
+            n = len(saved) - ctx.kept
             with reading(ctx.field_values):
-                return me().backward(ctx.saved_tensors, ctx.out_shapes, grads)  # type: ignore[union-attr]
+                return me().backward(saved[:n], ctx.out_shapes, grads, saved[n:])  # type: ignore[union-attr]
 
         @staticmethod
         def jvp(ctx: Any, *tangents: Any) -> tuple[torch.Tensor, ...]:

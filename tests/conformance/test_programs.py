@@ -29,7 +29,7 @@ import hypothesis.strategies as st
 import numpy as np
 import taichi as ti
 import torch
-from hypothesis import given, reject
+from hypothesis import event, given, reject
 from taichi.lang import impl
 from taped import tape
 
@@ -503,6 +503,11 @@ def test_ndarray_kernels(data):
         for got, want in zip(cts, wants, strict=True):
             close(got, want)
         same_as_taichi(cts, plain, wants)
+        batch = K.read([a, b])  # a torch operator's first-order backward: what the kernel stored read back (NOTE:
+        # [Outputs read back])
+        event(f"ndarray kernel: outputs read back: {K.read_back_for(batch.specs) is not None}")
+        for got, want in zip(K.vjp_from_outputs(batch, K.evaluate(batch), [c]), wants, strict=True):
+            close(got, want)
         versions = K.by_version()
         assert (versions[0] if versions else K).memo.peek("reverse verdict") is None, "reverse mode was checked"
         # Jacobians, and second order: the adjoint of the tangent kernel

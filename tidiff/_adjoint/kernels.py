@@ -242,7 +242,7 @@ from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, without_doc
 from .._lang.scratch import Scratch, holds_scalars
 from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
-from . import _made, chunks
+from . import _made, chunks, read_back
 from .accesses import Access, KernelAccesses
 from .control import Block, Branch, Loop, Op, Store, has_effects, uses, value_reads
 from .inline import DEEPEST, Renamed, inlined
@@ -286,6 +286,9 @@ class KernelAdjoint:
         self.chunked: KernelAdjoint | None = None  # the same adjoint, its loops by chunk (NOTE: [Accumulations by
         # chunk]), and how a launch splits them
         self.chunkings: list[chunks.Chunking] = []
+        self.read_back: KernelAdjoint | None = None  # the same adjoint reading back what the kernel stored into
+        # the outputs ``reads_back`` names (NOTE: [Outputs read back])
+        self.reads_back: list[str] = []
 
     def for_launch(self, arrays: dict[str, Any]) -> KernelAdjoint:
         """The form of this adjoint a launch with ``arrays`` (by parameter name) runs: by chunk on the CPU where
@@ -420,7 +423,6 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
         except NotReversible:
             raise reason from None
     scope = {**parsed.namespace, **reverser.helpers, RULE_HELPERS: rule_helpers, reverser.taichi_name: ti}
-    adjoint = _compiled(tree, scope, reverser)
     params = [a.arg for a in parsed.tree.args.args]
     used = used_names(tree, reverser.taichi_name)  # NOTE: [Values the adjoint uses]
     won = {id(a) for a in reverser.extremes if a.kind == "load"}  # what won, read as the kernel left it: after
@@ -429,12 +431,24 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     accesses += [a for a in reverser.accesses if id(a) in won]
     fields_at, numbers_at = [params.index(p) for p in reverser.template_fields], [params.index(
         p) for p in reverser.number_templates]
-    made = KernelAdjoint(adjoint, fields_at, accesses, params, bound, reverser.scratch, numbers_at)
-    if reverser.chunked is not None:  # NOTE: [Accumulations by chunk]
-        made.chunked = KernelAdjoint(_compiled(reverser.chunked, scope, reverser), fields_at, accesses, params,
-                                     bound, reverser.chunked_scratch(), numbers_at)
-        made.chunkings = [chunking for _, _, chunking in reverser.chunk_forms.values()]
-    return made
+
+    def made(tree: ast.FunctionDef, chunked: ast.FunctionDef | None) -> KernelAdjoint:
+        adjoint = KernelAdjoint(_compiled(tree, scope, reverser), fields_at, accesses, params, bound, reverser.scratch,
+                                numbers_at)
+        if chunked is not None:  # NOTE: [Accumulations by chunk]
+            adjoint.chunked = KernelAdjoint(_compiled(chunked, scope, reverser), fields_at, accesses, params, bound,
+                                            reverser.chunked_scratch(), numbers_at)
+            adjoint.chunkings = [chunking for _, _, chunking in reverser.chunk_forms.values()]
+        return adjoint
+
+    adjoint = made(tree, reverser.chunked)
+    taken = reverser.readable()  # NOTE: [Outputs read back]
+    back = read_back.read_back(tree, taken) if taken else None
+    if back is not None:
+        chunked = None if reverser.chunked is None else read_back.read_back(reverser.chunked, taken)
+        adjoint.read_back = made(back[0], None if chunked is None else chunked[0])
+        adjoint.reads_back = back[1]
+    return adjoint
 
 
 def _compiled(tree: ast.FunctionDef, scope: dict[str, Any], reverser: KernelReverser) -> Any:
@@ -979,6 +993,10 @@ class KernelReverser(FieldReverser):
         # loop (by id) -> its chunked form, the copies it takes, how a launch splits it (NOTE: [Accumulations by
         # chunk])
         self.chunked: ast.FunctionDef | None = None  # the adjoint with every such loop in its chunked form
+        self.stored: list[read_back.Stored] = []  # what iterations store whole into arrays (NOTE: [Outputs read
+        # back])
+        self.counters: list[str] = []  # the parallel loop's counters
+        self.own_statements: set[int] = set()  # the statements of its body itself (ids)
         self.template_fields = self._template_fields()
         for p in self.template_fields:
             self.gradients[p] = ast.Attribute(name(p), "grad", ast.Load())
@@ -992,6 +1010,24 @@ class KernelReverser(FieldReverser):
                 self.types[p] = name(helper)
             else:
                 self.narrow[p] = False
+
+    def stmt_Assign(self, node: ast.Assign) -> None:
+        before = len(self.ops)
+        super().stmt_Assign(node)
+        if self.arrays is None or id(node) not in self.own_statements or len(self.ops) == before:
+            return
+        store = self.ops[-1]  # a statement of the iteration itself: maybe read back (NOTE: [Outputs read back])
+        target = node.targets[0]
+        if isinstance(store, Store) and store.kind == "set" and not store.component and self.is_active(store.value) \
+                and isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
+                and self.arrays.get(target.value.id) is not None:
+            found = read_back.stored(store.value, target.value.id, store.index, self.counters, self.forward)
+            self.stored += [found] if found is not None else []
+
+    def readable(self) -> list[read_back.Stored]:
+        """The stores whose values an adjoint may read back (NOTE: [Outputs read back])."""
+        positions = {p: k for k, p in enumerate(a.arg for a in self.tree.args.args)}
+        return read_back.readable(self.stored, self.accesses, positions, self.arrays or {}, self.integral)
 
     def refuse_external_writes(self) -> None:
         """An array given to a kernel over fields is read only (NOTE: [Arrays given to a kernel over fields])."""
@@ -1165,7 +1201,7 @@ class KernelReverser(FieldReverser):
         self.stopped = self.stopped_fields(node.body)
         self.depth += 1
         self.ties = []
-        self.parallel_loop = node
+        self.parallel_loop, self.counters, self.own_statements = node, counters, {id(s) for s in node.body}
         start = len(self.accesses)
         self.forwarded = {}  # an iteration reads what it wrote itself, never what the kernel's top level did
         try:
@@ -1173,7 +1209,7 @@ class KernelReverser(FieldReverser):
         finally:
             self.depth -= 1
             self.stopped = set()
-            self.parallel_loop = None
+            self.parallel_loop, self.counters, self.own_statements = None, [], set()
             self.forwarded = {}
         self.alone_in_extremes(self.accesses[start:], self.ties, "load")
         for _, field in self.ties:

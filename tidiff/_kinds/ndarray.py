@@ -376,19 +376,20 @@ class NdarrayFunction(Function):
 
         return arguments
 
-    def vjp_plan(self, batch: Batch) -> Callable[[Sequence[Any]], list[Any]] | None:
-        """:meth:`unchecked_vjp` of tensors like ``batch``'s (primals, then one cotangent per output), as a plan
-        (NOTE: [Launch plans] in ``_torch``) returning the float inputs' cotangents. Only where that reverse mode
-        needs no check (tidiff's exact adjoint, or Taichi's settled right and reaching no rule), and not for kernels
-        reading global fields."""
+    def vjp_plan(self, batch: Batch, read_back: bool = False) -> Callable[[Sequence[Any]], list[Any]] | None:
+        """:meth:`unchecked_vjp` of tensors like ``batch``'s (primals, then one cotangent per output; with
+        ``read_back``, primals, the outputs the kernel left, then the cotangents: :meth:`vjp_from_outputs`), as a
+        plan (NOTE: [Launch plans] in ``_torch``) returning the float inputs' cotangents. Only where that reverse
+        mode needs no check (tidiff's exact adjoint, or Taichi's settled right and reaching no rule), and not for
+        kernels reading global fields."""
         if self.by_version() is not None:  # its vjp takes cotangents of the versions too
             return None
         n = len(self.inputs)
         specs = list(batch.specs[:n])
-        own = self.adjoint_for(specs)
+        own = self.read_back_for(specs) if read_back else self.adjoint_for(specs)
         exact = own is not None and self.exact(own)
-        if not (exact or own is None and settled_right(self) and not self.hidden_rules()) or self.global_fields() \
-                or self.scratch \
+        if not (exact or own is None and settled_right(self) and not self.hidden_rules() and not read_back) \
+                or self.global_fields() or self.scratch \
                 or not all(is_tensor(a) for a in batch.arrays) or not all(a.is_contiguous() for a in batch.arrays[:n]):
             return None  # cotangents may be expanded (a sum's): the plan copies them
         torch = _torch()
@@ -397,6 +398,7 @@ class NdarrayFunction(Function):
         differentiated = [s.is_float and not f for s, f in zip(specs, self.frozen, strict=True)]
         floats = [(k, s.shape, torch_dtype(s.dtype)) for k, s in enumerate(specs) if s.is_float]
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
+        m = len(outputs)
         adjoint = DirectLaunch(own.kernel if own is not None else self.kernel.grad)
         chunked = None if own is None or own.chunked is None else DirectLaunch(own.chunked.kernel)  # NOTE:
         # [Accumulations by chunk]
@@ -411,9 +413,11 @@ class NdarrayFunction(Function):
                 if d:  # NOTE: [Gradient aliases]: Taichi's adjoint of a tensor is its .grad
                     ins[k] = ins[k].detach().requires_grad_(True)
                     ins[k].grad = torch.zeros_like(ins[k])
+            given = args[n:n + m] if read_back else [None] * m
             outs = []
-            for (shape, dtype), ct in zip(outputs, args[n:], strict=True):
-                out = allocate(shape, dtype=dtype, device=device).requires_grad_(True)
+            for (shape, dtype), y, ct in zip(outputs, given, args[n + m:] if read_back else args[n:], strict=True):
+                out = allocate(shape, dtype=dtype, device=device) if y is None else y.detach().to(dtype).contiguous()
+                out.requires_grad_(True)
                 out.grad = ct.detach().to(dtype).clone(memory_format=torch.contiguous_format)
                 outs.append(out)
             if primal is not None:
@@ -430,6 +434,25 @@ class NdarrayFunction(Function):
                     for k, shape, dtype in floats]
 
         return launch
+
+    def read_back_for(self, specs: Sequence[ArgSpec]) -> KernelAdjoint | None:
+        """The adjoint reading back what the kernel stored (NOTE: [Outputs read back]) for inputs of these specs,
+        where a vjp given the outputs a launch left may run it instead of :meth:`unchecked_vjp`'s: tidiff's exact
+        adjoint, reading no output as the kernel left them, of a kernel without versions, global fields or
+        scratch arrays. None elsewhere."""
+        if self.by_version() is not None or self.global_fields() or self.scratch:
+            return None
+        own = self.adjoint_for(specs)
+        if own is None or own.read_back is None or not self.exact(own) or self.reads_outputs(own) \
+                or not set(own.reads_back) <= set(self.outputs):
+            return None
+        return own.read_back
+
+    def vjp_from_outputs(self, batch: Batch, outputs: Sequence[Any], cotangents: Sequence[Any]) -> list[Any]:
+        """:meth:`vjp`, given the outputs a launch on ``batch`` left (NOTE: [Outputs read back])."""
+        if self.read_back_for(batch.specs) is None:
+            return self.vjp(batch, cotangents)
+        return self.unchecked_vjp(batch, cotangents, outputs)
 
     def by_version(self) -> tuple[NdarrayFunction, int] | None:
         """The kernel written with versions, as a function whose outputs are this one's and then the versions,
@@ -457,12 +480,15 @@ class NdarrayFunction(Function):
         return checked_vjp(self, batch, cotangents, lambda: self.unchecked_vjp(batch, cotangents),
                            f"the ndarray kernel `{self.name}`", exact)
 
-    def unchecked_vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
+    def unchecked_vjp(self, batch: Batch, cotangents: Sequence[Any], outputs: Sequence[Any] | None = None) \
+            -> list[Any]:
         """The vjp by reverse mode alone, unchecked: tidiff's adjoint of the kernel where the transform takes it
-        (run after the kernel itself where the kernel reads its outputs), else Taichi's ``kernel.grad``."""
+        (run after the kernel itself where the kernel reads its outputs), else Taichi's ``kernel.grad``. Given
+        ``outputs`` (those a launch on ``batch`` left), the adjoint reading them back (NOTE: [Outputs read
+        back]; :meth:`vjp_from_outputs`)."""
         if (versions := self.by_version()) is not None:  # NOTE: [Arrays kept by version]
             return versions[0].unchecked_vjp(batch, [*cotangents, *[None] * versions[1]])
-        own = self.adjoint_for(batch.specs)
+        own = self.adjoint_for(batch.specs) if outputs is None else self.read_back_for(batch.specs)
         if own is None:
             refuse_hidden_rules(self.hidden_rules(), f"the ndarray kernel `{self.name}`")
         ins, out_specs, device, as_numpy = self._inputs(batch)
@@ -476,8 +502,9 @@ class NdarrayFunction(Function):
             else:
                 grads.append(None)
             tensors[name] = t
-        for name, spec, ct in zip(self.outputs, out_specs, cotangents, strict=True):
-            out = zeros(spec, device).requires_grad_(True)
+        for name, spec, ct, y in zip(self.outputs, out_specs, cotangents, outputs or [None] * len(self.outputs),
+                                     strict=True):
+            out = (zeros(spec, device) if y is None else fresh(y, spec, device)).requires_grad_(True)
             out.grad = zeros(spec, device) if ct is None else fresh(ct, spec, device)
             tensors[name] = out
         self._with_scratch(tensors, device)  # one set, for the kernel and its adjoint
