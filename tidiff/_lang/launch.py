@@ -8,15 +8,34 @@ before it sets the arguments and launches: for an 8-argument batch kernel at
 signature every time, so :class:`DirectLaunch` looks the instance up once and
 then launches it directly. Where Taichi must see the launch (a tape or a
 forward-mode manager recording it) it goes through Taichi's own call.
+
+NOTE: [Tensor launches] Taichi then sets each argument through a generic
+recursive setter that, per tensor, reads an environment variable, builds
+NumPy's integer limits, checks devices and gradients: on the RWKV operator's
+backward at (1, 4, 8), about as long as the launch of the adjoint kernel
+itself. Where every parameter is a number or an ndarray (no template, no
+return value, no print, arrays of structure layout), a launch whose tensors
+are contiguous, on the device Taichi computes on, and with a contiguous
+gradient wherever they require one, and whose NumPy arrays are contiguous
+(on the CPU), sets them itself: data pointer, size, shape without the
+element's dims, gradient pointer, as Taichi's setter does. Any other launch
+(a tensor elsewhere or strided, one requiring a gradient it does not have:
+Taichi allocates it) goes through Taichi's call.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import numpy as np
+import taichi as ti
 from taichi.lang import impl
+from taichi.lang.enums import Layout
 from taichi.lang.util import cook_dtype
 from taichi.types import ndarray_type, primitive_types
 from taichi.types.utils import is_signed
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 class DirectLaunch:
@@ -25,6 +44,10 @@ class DirectLaunch:
     def __init__(self, kernel: Any) -> None:
         self.kernel = getattr(kernel, "_primal", kernel)  # the wrapper ti.kernel returns holds the Kernel
         self.compiled: Any = None
+        self.kinds: list[str] | None = None  # per parameter, "float", "int" or "array" (NOTE: [Tensor launches])
+        self.element_dims: list[int] = []  # per parameter, the dims of an array's element
+        self.device = ""  # the device type of the tensors a launch sets itself
+        self.data: Any = None
 
     def __call__(self, *args: Any) -> Any:
         runtime = impl.get_runtime()
@@ -32,7 +55,57 @@ class DirectLaunch:
             return self.kernel(*args)
         if self.compiled is None:
             self.compiled = self.kernel.compiled_kernels[self.kernel.ensure_compiled(*args)]
-        return self.kernel.launch_kernel(self.compiled, *args)
+            self._prepare()
+        context = None if self.kinds is None else self._context(args)
+        if context is None:
+            return self.kernel.launch_kernel(self.compiled, *args)
+        runtime.prog.launch_kernel(self.data, context)
+        return None
+
+    def _prepare(self) -> None:
+        """Whether launches may set the arguments (NOTE: [Tensor launches]), and what they need for it."""
+        kernel = self.kernel
+        arch = impl.current_cfg().arch
+        if kernel.return_type is not None or kernel.has_print or arch not in (ti.x64, ti.arm64, ti.cuda):
+            return
+        kinds, dims = [], []
+        for argument in kernel.arguments:
+            annotation = argument.annotation
+            kinds.append(_kind(annotation))
+            if kinds[-1] == "other" or kinds[-1] == "array" and annotation.layout == Layout.SOA:
+                return
+            dtype = getattr(annotation, "dtype", None)
+            dims.append(0 if dtype is None or id(dtype) in primitive_types.type_ids else dtype.ndim)
+        prog = impl.get_runtime().prog
+        self.data = prog.compile_kernel(prog.config(), prog.get_device_caps(), self.compiled)
+        self.kinds, self.element_dims, self.device = kinds, dims, "cuda" if arch == ti.cuda else "cpu"
+
+    def _context(self, args: tuple[Any, ...]) -> Any:
+        """A launch context with ``args`` set, or None where Taichi's call must set them."""
+        torch = sys.modules.get("torch")
+        if self.kinds is None or len(args) != len(self.kinds):
+            return None
+        context = self.compiled.make_launch_context()
+        for i, (kind, dims, v) in enumerate(zip(self.kinds, self.element_dims, args, strict=True)):
+            if kind == "float" and isinstance(v, (float, int, np.floating, np.integer)):
+                context.set_arg_float((i,), float(v))
+            elif kind == "int" and isinstance(v, (int, np.integer)):
+                context.set_arg_int((i,), int(v))
+            elif kind == "array" and type(v) is np.ndarray and self.device == "cpu" and v.flags.c_contiguous \
+                    and v.size <= _INT32_MAX:
+                context.set_arg_external_array_with_shape((i,), int(v.ctypes.data), v.nbytes, v.shape[:v.ndim - dims],
+                                                          0)
+            elif kind == "array" and torch is not None and isinstance(v, torch.Tensor) \
+                    and v.device.type == self.device and v.is_contiguous() and v.nelement() <= _INT32_MAX:
+                grad = v.grad if v.requires_grad else None
+                if v.requires_grad and (grad is None or not grad.is_contiguous()):
+                    return None
+                shape = tuple(v.shape[:v.ndim - dims])
+                context.set_arg_external_array_with_shape((i,), int(v.data_ptr()), v.element_size() * v.nelement(),
+                                                          shape, 0 if grad is None else int(grad.data_ptr()))
+            else:
+                return None
+        return context
 
 
 class NumberLaunch:
