@@ -47,6 +47,7 @@ def test_no_copies_and_one_compile_per_dtype():
     k, w = _data(2, 3, 8, seed=2)
     seen = []
     real = fn.kernel
+    rwkv_conv.operator.keeps_outputs([k, w])  # decided from the kernel itself, before the spy stands in for it
 
     class Spy:
         _primal, _adjoint, grad = real._primal, real._adjoint, real.grad
