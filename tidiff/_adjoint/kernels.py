@@ -245,6 +245,7 @@ from .._rules import helpers as rule_helpers
 from . import _made, chunks, read_back
 from .accesses import Access, KernelAccesses
 from .control import Block, Branch, Loop, Op, Store, has_effects, uses, value_reads
+from .entry_locals import entries_as_locals
 from .inline import DEEPEST, Renamed, inlined
 from .transform import NotReversible, Reverser
 
@@ -409,6 +410,7 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     # attribute chains named (NOTE: [Fields through objects]), then funcs writing fields written out (NOTE: [Funcs
     # that write fields, inlined])
     parsed = inlined(bind(parse(Unbound(kernel)), owner) if bound else bind(parse(kernel), None))
+    parsed = entries_as_locals(parsed)  # NOTE: [Entries updated in a loop, as locals]
     pristine = copy.deepcopy(parsed.tree)
     try:
         reverser = KernelReverser(parsed, kernel, bound, arrays)

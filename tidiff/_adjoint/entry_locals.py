@@ -1,0 +1,167 @@
+"""An entry a runtime loop updates again and again, written for the adjoint as a local of the iteration.
+
+NOTE: [Entries updated in a loop, as locals] A kernel iteration that updates
+one entry in a runtime loop (``for _ in range(n): h[i] = h[i] * p[i]``)
+reads, in each pass, what the pass before wrote. The adjoint reads fields
+as the kernel left them (NOTE: [Reads of what the iteration wrote]), so it
+saw only the last value: its first vjp was checked against forward mode,
+found wrong, and the gradient came by forward pushes, one kernel run per
+input component, with a ``td.TaichiReverseWarning``. Locals are reversed
+exactly (the loop is reversed as a func's is, NOTE: [Reverse control
+flow]), so for its adjoint the kernel is written as the rewrite the
+warning asked users for: the entry read into a local before the loop, the
+loop updating the local, the local stored after it. That is the same
+computation: the iteration owns the entry (another iteration writing it
+would race), the loop reads and writes it at one index its passes do not
+change, and nothing else in the loop reaches the field: no func or helper
+call (a func could read it), no atomic on it, no other index of it. The
+read before the loop is one of an entry the kernel then writes, which a
+field program keeps (NOTE: [Overwritten values kept]) as it keeps any entry
+updated once (``v[i] = v[i] * 0.9``). The kernel itself runs as written.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+from typing import Any
+
+import taichi as ti
+
+from .._lang.callees import is_taichi_func
+from .._lang.naming import Namer, names_in
+from .._lang.parse import Parsed, resolve
+
+_ALLOWED_BUILTINS = {range, min, max, abs, int, float, len}
+
+
+def entries_as_locals(parsed: Parsed) -> Parsed:
+    """``parsed`` (a kernel) with each entry a runtime loop in a parallel loop updates written as a local (see
+    the NOTE): a new Parsed over a copy, or ``parsed`` itself where there is none."""
+    tree = copy.deepcopy(parsed.tree)
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    rewriter = _Rewriter(parsed.namespace, bound, Namer(names_in(tree) | set(parsed.namespace)))
+    for stmt in tree.body:
+        if isinstance(stmt, ast.For):  # a parallel loop: its runtime loops
+            rewriter.counters = [n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)]
+            stmt.body = rewriter.block(stmt.body)
+    if not rewriter.changed:
+        return parsed
+    return Parsed(ast.fix_missing_locations(tree), parsed.filename, parsed.first_line, parsed.namespace, parsed.form)
+
+
+class _Rewriter:
+    def __init__(self, namespace: dict[str, Any], bound: set[str], namer: Namer) -> None:
+        self.namespace, self.bound, self.namer = namespace, bound, namer
+        self.counters: list[str] = []  # the parallel loop's
+        self.changed = False
+
+    def block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for stmt in stmts:
+            if isinstance(stmt, (ast.For, ast.While)) and not self.static(stmt):
+                out += self.loop(stmt)
+            else:
+                for field in ("body", "orelse"):
+                    if isinstance(stmt, (ast.If, ast.For, ast.While)):
+                        setattr(stmt, field, self.block(getattr(stmt, field)))
+                out.append(stmt)
+        return out
+
+    def static(self, loop: ast.For | ast.While) -> bool:
+        """A ``for`` over ``ti.static(...)`` (unrolled when Taichi compiles it)."""
+        return isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) \
+            and resolve(loop.iter.func, self.namespace) is ti.static
+
+    def loop(self, loop: ast.For | ast.While) -> list[ast.stmt]:
+        """The loop, each entry it updates read into a local before it and stored after it; loops inside it
+        rewritten too."""
+        before: list[ast.stmt] = []
+        after: list[ast.stmt] = []
+        for root, index in self.entries(loop):
+            local = self.namer.fresh(f"{root}_entry")
+            _Replace(root, ast.dump(index), local).visit(loop)
+            before.append(ast.Assign([ast.Name(local, ast.Store())],
+                                     ast.Subscript(ast.Name(root, ast.Load()), copy.deepcopy(index), ast.Load())))
+            after.append(ast.Assign([ast.Subscript(ast.Name(root, ast.Load()), copy.deepcopy(index), ast.Store())],
+                                    ast.Name(local, ast.Load())))
+            self.changed = True
+        loop.body = self.block(loop.body)
+        return [*before, loop, *after]
+
+    def entries(self, loop: ast.For | ast.While) -> list[tuple[str, ast.expr]]:
+        """``(field, index)`` of each entry the loop updates and may keep in a local (see the NOTE)."""
+        if any(isinstance(n, ast.Call) and not self.plain(n) for n in ast.walk(loop)):
+            return []
+        assigned = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        written = _written_entries(loop)
+        found = []
+        for root in sorted(self.stored(loop)):
+            uses = [n for n in ast.walk(loop) if isinstance(n, ast.Name) and n.id == root]
+            entries = [n for n in ast.walk(loop) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
+                       and n.value.id == root]
+            shapes = [n for n in ast.walk(loop) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                      and n.value.id == root and n.attr == "shape"]
+            if len(uses) != len(entries) + len(shapes) or len({ast.dump(e.slice) for e in entries}) != 1:
+                continue  # the field reached otherwise, or at two indices
+            index = entries[0].slice
+            if any(isinstance(n, ast.Call) for n in ast.walk(index)) or assigned & {
+                    n.id for n in ast.walk(index) if isinstance(n, ast.Name)}:
+                continue  # an index the loop's passes may change
+            parts = index.elts if isinstance(index, ast.Tuple) else [index]
+            if not set(self.counters) <= {p.id for p in parts if isinstance(p, ast.Name)}:
+                continue  # an entry other iterations may reach too (a sum into loss[None])
+            if all(id(e) in written for e in entries):
+                continue  # written only (h[i] += e): its adjoint needs no value, as written
+            found.append((root, index))
+        return found
+
+    def stored(self, loop: ast.AST) -> set[str]:
+        """Names not bound in the kernel (fields, arrays) whose entries the loop writes (or a component of)."""
+        roots = set()
+        for node in ast.walk(loop):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AugAssign) else []
+            for target in targets:
+                while isinstance(target, (ast.Attribute, ast.Subscript)):
+                    if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                        if target.value.id not in self.bound:
+                            roots.add(target.value.id)
+                        break
+                    target = target.value
+        return roots
+
+    def plain(self, call: ast.Call) -> bool:
+        """A call of Taichi's own (not an atomic) or of a Python builtin: it reaches no field."""
+        fn = resolve(call.func, self.namespace)
+        if fn in _ALLOWED_BUILTINS:
+            return True
+        module = getattr(fn, "__module__", None) or ""
+        name = getattr(fn, "__name__", "") or ""
+        return module.startswith("taichi") and not name.startswith("atomic") and not is_taichi_func(fn) \
+            and not getattr(fn, "_is_taichi_function", False)
+
+
+def _written_entries(loop: ast.AST) -> set[int]:
+    """The ids of the subscripts on the way to what assignments write (``v[i]`` in ``v[i][0] += e``)."""
+    found = set()
+    for node in ast.walk(loop):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AugAssign) else []
+        for target in targets:
+            while isinstance(target, (ast.Attribute, ast.Subscript)):
+                found.add(id(target))
+                target = target.value
+    return found
+
+
+class _Replace(ast.NodeTransformer):
+    """Every ``root[index]`` becomes the local, read or written."""
+
+    def __init__(self, root: str, index: str, local: str) -> None:
+        self.root, self.index, self.local = root, index, local
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        if isinstance(node.value, ast.Name) and node.value.id == self.root and ast.dump(node.slice) == self.index:
+            return ast.copy_location(ast.Name(self.local, node.ctx), node)
+        self.generic_visit(node)
+        return node
