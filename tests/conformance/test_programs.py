@@ -101,6 +101,10 @@ APPLY = {
     # v = f(x[i], w[i]) grown by half until past 1, at most three times (NOTE: [Break as a flag])
     "a loop that breaks": "v = f(x[i], w[i])\n        for _ in range(3):\n            if v > 1.0:\n"
                           "                break\n            v = v * 1.5\n        y[i] = v",
+    # y[i] updated again in a runtime loop of the iteration (NOTE: [Entries updated in a loop, as locals]); Taichi's
+    # own reverse mode is silently wrong there
+    "updated again in a runtime loop": "y[i] = f(x[i], w[i])\n        for _ in range(2):\n"
+                                       "            y[i] = y[i] * 0.5 + 0.25 * ti.sin(y[i])",
 }
 
 
@@ -151,6 +155,11 @@ def y_twin(variant: str, f_values, w):
         return v + 0.125 * v.sum() * (torch.arange(len(v)) == 0)
     if variant == "normalized by a sum a later loop reads":
         return f_values / (1.0 + (f_values * f_values).sum() / len(f_values))
+    if variant == "updated again in a runtime loop":
+        v = f_values
+        for _ in range(2):
+            v = v * 0.5 + 0.25 * torch.sin(v)
+        return v
     if variant == "a loop that breaks":
         grown = []
         for v in f_values:
