@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import tidiff as td
 from tidiff._adjoint.entry_locals import entries_as_locals
+from tidiff._adjoint.kernels import _touches_fields
 from tidiff._lang.objects import bind
 from tidiff._lang.parse import parse
 
@@ -54,6 +55,18 @@ def total():
         loss[None] += h[i] ** 2 + v[i].dot(v[i])
 
 
+@ti.func
+def damped(x, q):
+    return x * q + 0.1 * ti.sin(x)
+
+
+@ti.kernel
+def through_a_func(n: ti.i32):
+    for i in h:
+        for _ in range(n):
+            h[i] = damped(h[i], p[i])  # a func reaching no field
+
+
 def run(kernel, n):
     def program():
         kernel(n)
@@ -64,7 +77,7 @@ def run(kernel, n):
 def torch_run(name, n, h0, p0, v0):
     x, q, w = h0.clone(), p0, v0.clone()
     for _ in range(n):
-        if name == "compound":
+        if name in ("compound", "through a func"):
             x = x * q + 0.1 * torch.sin(x)
         elif name == "until":
             x = x + q * x * 0.5
@@ -74,7 +87,8 @@ def torch_run(name, n, h0, p0, v0):
 
 
 PROGRAMS = {(name, n): run(kernel, n) for name, kernel in (("compound", compound), ("until", until),
-                                                            ("components", components)) for n in (0, 1, 3)}
+                                                            ("components", components),
+                                                            ("through a func", through_a_func)) for n in (0, 1, 3)}
 
 
 @given(st.sampled_from(sorted(PROGRAMS)), st.integers(0, 2**32 - 1))
@@ -94,15 +108,15 @@ def test_updates_in_a_loop_are_exact_and_not_checked(key, seed):
 
 
 @ti.func
-def scaled(x):
-    return x * 0.5
+def weight(i):
+    return p[i]  # reads a field
 
 
 @ti.kernel
-def through_a_func(n: ti.i32):
+def through_a_func_reading_a_field(n: ti.i32):
     for i in h:
         for _ in range(n):
-            h[i] = scaled(h[i])
+            h[i] = h[i] * weight(i)
 
 
 @ti.kernel
@@ -121,14 +135,14 @@ def moving_index(n: ti.i32):
             j = (j + 1) % N
 
 
-@pytest.mark.parametrize("kernel", [through_a_func, two_indices, moving_index])
+@pytest.mark.parametrize("kernel", [through_a_func_reading_a_field, two_indices, moving_index])
 def test_loops_reaching_the_field_otherwise_are_left_as_written(kernel):
     parsed = bind(parse(kernel), None)
-    assert entries_as_locals(parsed) is parsed
+    assert entries_as_locals(parsed, _touches_fields) is parsed
 
 
 def test_the_kernel_as_written_for_its_adjoint():
-    parsed = entries_as_locals(bind(parse(compound), None))
+    parsed = entries_as_locals(bind(parse(compound), None), _touches_fields)
     assert ast.unparse(parsed.tree).splitlines()[2:6] == [
         "        h_entry = h[i]",
         "        for _ in range(n):",

@@ -185,19 +185,15 @@ def test_an_ndarray_kernel_reading_what_it_stored_is_exact():
     assert op.reverse_refused() is None and op.memo.peek("reverse verdict") is None
 
 
-@ti.func
-def squared(v):
-    return v * v
-
-
 @ti.kernel
 def squared_in_a_loop(x: ti.types.ndarray(dtype=ti.math.vec2, ndim=1),
                       out: ti.types.ndarray(dtype=ti.math.vec2, ndim=1)):
     for i in range(x.shape[0]):
         out[i] = x[i]
+        j = i
         for _ in range(2):  # each time round reads what the time before wrote: the adjoint reads x**4 every time
-            out[i] = squared(out[i])  # through a func: not kept in a local (NOTE: [Entries updated in a loop, as
-            # locals])
+            out[i] = out[j] * out[i]  # the entry reached by two names: not kept in a local (NOTE: [Entries
+            # updated in a loop, as locals])
 
 
 def test_an_ndarray_kernel_reading_its_own_write_is_checked_and_pushed_forward():

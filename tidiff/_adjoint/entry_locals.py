@@ -13,8 +13,9 @@ warning asked users for: the entry read into a local before the loop, the
 loop updating the local, the local stored after it. That is the same
 computation: the iteration owns the entry (another iteration writing it
 would race), the loop reads and writes it at one index its passes do not
-change, and nothing else in the loop reaches the field: no func or helper
-call (a func could read it), no atomic on it, no other index of it. The
+change, and nothing else in the loop reaches the field: no func reaching
+global fields (one given the field by name counts as a use of it), no
+helper, no atomic on it, no other index of it. The
 read before the loop is one of an entry the kernel then writes, which a
 field program keeps (NOTE: [Overwritten values kept]) as it keeps any entry
 updated once (``v[i] = v[i] * 0.9``). The kernel itself runs as written.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import taichi as ti
@@ -34,12 +36,13 @@ from .._lang.parse import Parsed, resolve
 _ALLOWED_BUILTINS = {range, min, max, abs, int, float, len}
 
 
-def entries_as_locals(parsed: Parsed) -> Parsed:
+def entries_as_locals(parsed: Parsed, reaches_fields: Callable[[Any], bool]) -> Parsed:
     """``parsed`` (a kernel) with each entry a runtime loop in a parallel loop updates written as a local (see
-    the NOTE): a new Parsed over a copy, or ``parsed`` itself where there is none."""
+    the NOTE; ``reaches_fields(func)``: whether a ``@ti.func`` reads or writes global fields): a new Parsed over a
+    copy, or ``parsed`` itself where there is none."""
     tree = copy.deepcopy(parsed.tree)
     bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    rewriter = _Rewriter(parsed.namespace, bound, Namer(names_in(tree) | set(parsed.namespace)))
+    rewriter = _Rewriter(parsed.namespace, bound, Namer(names_in(tree) | set(parsed.namespace)), reaches_fields)
     for stmt in tree.body:
         if isinstance(stmt, ast.For):  # a parallel loop: its runtime loops
             rewriter.counters = [n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)]
@@ -50,8 +53,9 @@ def entries_as_locals(parsed: Parsed) -> Parsed:
 
 
 class _Rewriter:
-    def __init__(self, namespace: dict[str, Any], bound: set[str], namer: Namer) -> None:
-        self.namespace, self.bound, self.namer = namespace, bound, namer
+    def __init__(self, namespace: dict[str, Any], bound: set[str], namer: Namer,
+                 reaches_fields: Callable[[Any], bool]) -> None:
+        self.namespace, self.bound, self.namer, self.reaches_fields = namespace, bound, namer, reaches_fields
         self.counters: list[str] = []  # the parallel loop's
         self.changed = False
 
@@ -131,9 +135,10 @@ class _Rewriter:
         return roots
 
     def plain(self, call: ast.Call) -> bool:
-        """A call of Taichi's own (not an atomic) or of a Python builtin: it reaches no field."""
+        """A call that reaches no field: of Taichi's own (not an atomic), of a Python builtin, or of a ``@ti.func``
+        reading and writing no global field (one given the field by name is told by its uses)."""
         fn = resolve(call.func, self.namespace)
-        if fn in _ALLOWED_BUILTINS:
+        if fn in _ALLOWED_BUILTINS or is_taichi_func(fn) and not self.reaches_fields(fn):
             return True
         module = getattr(fn, "__module__", None) or ""
         name = getattr(fn, "__name__", "") or ""

@@ -410,7 +410,7 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     # attribute chains named (NOTE: [Fields through objects]), then funcs writing fields written out (NOTE: [Funcs
     # that write fields, inlined])
     parsed = inlined(bind(parse(Unbound(kernel)), owner) if bound else bind(parse(kernel), None))
-    parsed = entries_as_locals(parsed)  # NOTE: [Entries updated in a loop, as locals]
+    parsed = entries_as_locals(parsed, _touches_fields)  # NOTE: [Entries updated in a loop, as locals]
     pristine = copy.deepcopy(parsed.tree)
     try:
         reverser = KernelReverser(parsed, kernel, bound, arrays)
