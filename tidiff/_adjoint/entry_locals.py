@@ -121,18 +121,8 @@ class _Rewriter:
 
     def stored(self, loop: ast.AST) -> set[str]:
         """Names not bound in the kernel (fields, arrays) whose entries the loop writes (or a component of)."""
-        roots = set()
-        for node in ast.walk(loop):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                node, ast.AugAssign) else []
-            for target in targets:
-                while isinstance(target, (ast.Attribute, ast.Subscript)):
-                    if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
-                        if target.value.id not in self.bound:
-                            roots.add(target.value.id)
-                        break
-                    target = target.value
-        return roots
+        return {n.value.id for n in _written_entries(loop).values() if isinstance(n, ast.Subscript)
+                and isinstance(n.value, ast.Name) and n.value.id not in self.bound}
 
     def plain(self, call: ast.Call) -> bool:
         """A call that reaches no field: of Taichi's own (not an atomic), of a Python builtin, or of a ``@ti.func``
@@ -146,15 +136,15 @@ class _Rewriter:
             and not getattr(fn, "_is_taichi_function", False)
 
 
-def _written_entries(loop: ast.AST) -> set[int]:
-    """The ids of the subscripts on the way to what assignments write (``v[i]`` in ``v[i][0] += e``)."""
-    found = set()
+def _written_entries(loop: ast.AST) -> dict[int, ast.expr]:
+    """The subscripts and attributes on the way to what assignments write (``v[i]`` in ``v[i][0] += e``), by id."""
+    found: dict[int, ast.expr] = {}
     for node in ast.walk(loop):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, ast.AugAssign) else []
         for target in targets:
             while isinstance(target, (ast.Attribute, ast.Subscript)):
-                found.add(id(target))
+                found[id(target)] = target
                 target = target.value
     return found
 
