@@ -19,6 +19,9 @@ helper, no atomic on it, no other index of it. The
 read before the loop is one of an entry the kernel then writes, which a
 field program keeps (NOTE: [Overwritten values kept]) as it keeps any entry
 updated once (``v[i] = v[i] * 0.9``). The kernel itself runs as written.
+Measured on a program updating 2,000 entries four times so, then summing
+their squares (2-core CPU, a net on the other core): ``td.grad`` 1.89 s warm
+before (4,000 tangent runs), 1.2 ms now; first call 2.53 s before, 0.50 s.
 """
 from __future__ import annotations
 
