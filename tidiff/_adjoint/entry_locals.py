@@ -68,9 +68,8 @@ class _Rewriter:
             if isinstance(stmt, (ast.For, ast.While)) and not self.static(stmt):
                 out += self.loop(stmt)
             else:
-                for field in ("body", "orelse"):
-                    if isinstance(stmt, (ast.If, ast.For, ast.While)):
-                        setattr(stmt, field, self.block(getattr(stmt, field)))
+                if isinstance(stmt, (ast.If, ast.For, ast.While)):  # a branch, or a loop unrolled: its loops
+                    stmt.body, stmt.orelse = self.block(stmt.body), self.block(stmt.orelse)
                 out.append(stmt)
         return out
 

@@ -56,7 +56,7 @@ class DirectLaunch:
         if self.compiled is None:
             self.compiled = self.kernel.compiled_kernels[self.kernel.ensure_compiled(*args)]
             self._prepare()
-        context = None if self.kinds is None else self._context(args)
+        context = self._context(args)
         if context is None:
             return self.kernel.launch_kernel(self.compiled, *args)
         runtime.prog.launch_kernel(self.data, context)
@@ -64,21 +64,15 @@ class DirectLaunch:
 
     def _prepare(self) -> None:
         """Whether launches may set the arguments (NOTE: [Tensor launches]), and what they need for it."""
-        kernel = self.kernel
-        arch = impl.current_cfg().arch
-        if kernel.return_type is not None or kernel.has_print or arch not in (ti.x64, ti.arm64, ti.cuda):
+        kinds, arch = _kinds(self.kernel), impl.current_cfg().arch
+        annotations = [a.annotation for a in self.kernel.arguments]
+        if kinds is None or arch not in (ti.x64, ti.arm64, ti.cuda) or any(
+                k == "array" and a.layout == Layout.SOA for k, a in zip(kinds, annotations, strict=True)):
             return
-        kinds, dims = [], []
-        for argument in kernel.arguments:
-            annotation = argument.annotation
-            kinds.append(_kind(annotation))
-            if kinds[-1] == "other" or kinds[-1] == "array" and annotation.layout == Layout.SOA:
-                return
-            dtype = getattr(annotation, "dtype", None)
-            dims.append(0 if dtype is None or id(dtype) in primitive_types.type_ids else dtype.ndim)
-        prog = impl.get_runtime().prog
-        self.data = prog.compile_kernel(prog.config(), prog.get_device_caps(), self.compiled)
-        self.kinds, self.element_dims, self.device = kinds, dims, "cuda" if arch == ti.cuda else "cpu"
+        dtypes = [getattr(a, "dtype", None) for a in annotations]
+        self.element_dims = [0 if d is None or id(d) in primitive_types.type_ids else d.ndim for d in dtypes]
+        self.data = _kernel_data(self.compiled)
+        self.kinds, self.device = kinds, "cuda" if arch == ti.cuda else "cpu"
 
     def _context(self, args: tuple[Any, ...]) -> Any:
         """A launch context with ``args`` set, or None where Taichi's call must set them."""
@@ -152,17 +146,27 @@ class NumberLaunch:
         return None
 
     def _prepare(self, args: tuple[Any, ...]) -> None:
-        kernel = self.kernel
-        annotations = [a.annotation for a in kernel.arguments]
-        self.kinds = [_kind(a) for a in annotations]
-        if "other" in self.kinds or kernel.return_type is not None or kernel.has_print or any(
-                k == "array" and (getattr(a, "grad", None) is not None or not hasattr(a, "arr"))
-                for k, a in zip(self.kinds, args, strict=True)):  # a NumPy array or tensor: through Taichi's call
+        kinds = _kinds(self.kernel)
+        if kinds is None or any(k == "array" and (getattr(a, "grad", None) is not None or not hasattr(a, "arr"))
+                                for k, a in zip(kinds, args, strict=True)):  # a NumPy array or tensor: Taichi's call
             return
-        self.compiled = kernel.compiled_kernels[kernel.ensure_compiled(*args)]
-        prog = impl.get_runtime().prog
-        self.data = prog.compile_kernel(prog.config(), prog.get_device_caps(), self.compiled)
+        self.kinds = kinds
+        self.compiled = self.kernel.compiled_kernels[self.kernel.ensure_compiled(*args)]
+        self.data = _kernel_data(self.compiled)
         self.direct = True
+
+
+def _kinds(kernel: Any) -> list[str] | None:
+    """How a launch past Taichi's call sets each parameter (:func:`_kind`); None for a kernel only Taichi's call
+    launches (one printing or returning a value, or a parameter of another kind)."""
+    kinds = [_kind(a.annotation) for a in kernel.arguments]
+    return None if "other" in kinds or kernel.return_type is not None or kernel.has_print else kinds
+
+
+def _kernel_data(compiled: Any) -> Any:
+    """What Taichi compiled for the kernel instance ``compiled``, to launch with a context."""
+    prog = impl.get_runtime().prog
+    return prog.compile_kernel(prog.config(), prog.get_device_caps(), compiled)
 
 
 def _kind(annotation: Any) -> str:
