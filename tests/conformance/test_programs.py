@@ -105,6 +105,11 @@ APPLY = {
     # own reverse mode is silently wrong there
     "updated again in a runtime loop": "y[i] = f(x[i], w[i])\n        for _ in range(2):\n"
                                        "            y[i] = y[i] * 0.5 + 0.25 * ti.sin(y[i])",
+    # y[i] set, summed into in a runtime loop and once after it, then read (NOTE: [Reads of what the iteration
+    # wrote], [Entries updated in a loop, as locals]); Taichi's own reverse mode is silently wrong there
+    "summed into where set, then read": "v = f(x[i], w[i])\n        y[i] = 0.25 * w[i]\n"
+                                        "        for k in range(2):\n            y[i] += 0.5 * v + 0.0625 * k\n"
+                                        "        y[i] -= 0.0625 * v\n        y[i] = ti.tanh(y[i])",
 }
 
 
@@ -117,7 +122,7 @@ PASSES = ("once", "in place", "in place, *=", "twice", "twice, y cleared")
 TAICHI_REFUSES = {"a top-level sum", "updated in place after a top-level local",
                   "updated in place, then summed into a local", "normalized by a sum a later loop reads"}
 # Taichi's reverse mode is silently wrong there: no cross-check with it
-TAICHI_WRONG = {"updated again in a runtime loop"}
+TAICHI_WRONG = {"updated again in a runtime loop", "summed into where set, then read"}
 
 
 def run_passes(ns: dict, fields: dict, passes: str) -> None:
@@ -162,6 +167,8 @@ def y_twin(variant: str, f_values, w):
         for _ in range(2):
             v = v * 0.5 + 0.25 * torch.sin(v)
         return v
+    if variant == "summed into where set, then read":
+        return torch.tanh(0.25 * w + 0.9375 * f_values + 0.0625)
     if variant == "a loop that breaks":
         grown = []
         for v in f_values:

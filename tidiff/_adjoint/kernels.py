@@ -112,10 +112,15 @@ one before it on its field, so a store after a read is seen. Stored values
 are forgotten at any other write of the field (entries may alias), around
 each branch and loop that writes the field (a later iteration, or the code
 after a branch, may read another value), and at the parallel loop's ends;
-float32 fields are read back (the stored value is rounded). Other reads of
-one's own writes (after a branch writing the entry, in a runtime loop that
-writes it) read the field and are checked (NOTE: [Checking Taichi's
-reverse mode]).
+float32 fields are read back (the stored value is rounded). A sum into
+such an entry (``y[i] = b; y[i] += e``, ``-=``) stores the sum: a later
+read (``y[i] = ti.tanh(y[i])``) sees ``b + e``, where it read the field,
+the ``tanh``, and the first vjp was checked, found wrong and replaced by
+forward pushes (a survey of kernels as users write them, 2026-11-30). Other
+reads of one's own writes (after a branch writing the entry, in a runtime
+loop that writes it, after a sum into what the entry held before the
+kernel) read the field and are checked (NOTE: [Checking Taichi's reverse
+mode]).
 
 NOTE: [Values the adjoint uses] The adjoint computes again what the kernel
 computed, but uses only some of it: ``v[i] = v[i] + ti.sin(x[i]) * dt``
@@ -410,6 +415,9 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     # attribute chains named (NOTE: [Fields through objects]), then funcs writing fields written out (NOTE: [Funcs
     # that write fields, inlined])
     parsed = inlined(bind(parse(Unbound(kernel)), owner) if bound else bind(parse(kernel), None))
+    if _draws_random(parsed):  # NOTE: [Random numbers in reverse]
+        raise NotReversible("a call of `ti.random` or `ti.randn` (an adjoint computes the kernel's values again, "
+                            "and would draw other numbers)")
     parsed = entries_as_locals(parsed, _touches_fields)  # NOTE: [Entries updated in a loop, as locals]
     pristine = copy.deepcopy(parsed.tree)
     try:
@@ -867,7 +875,9 @@ class FieldReverser(Reverser):
             kinds = {ast.Add: "add", ast.Sub: "sub"}
             entry, path = component or (target, ())
             assert isinstance(entry, ast.Subscript)
-            if type(node.op) not in kinds:  # ``x[i] *= e`` reads the entry, then writes it: ``x[i] = x[i] * e``
+            if type(node.op) not in kinds or self.forwarded.get(self.written_key(entry, path)) is not None:
+                # ``x[i] *= e`` reads the entry, then writes it: ``x[i] = x[i] * e``; so does ``x[i] += e`` where the
+                # iteration stored the entry before (NOTE: [Reads of what the iteration wrote]): the sum is stored
                 read = copy.deepcopy(target)
                 read.ctx = ast.Load()
                 return self.store(entry, ast.BinOp(read, node.op, node.value), "set", path)
@@ -1461,6 +1471,35 @@ def _reads_at(callee: Any, args: list[ast.expr] | None, depth: int = 0) -> list[
     found += [(f, None) for f in _fields_reached(callee) if id(f) not in seen]  # (through objects' methods)
     unique = {(id(f), None if index is None else ast.dump(index)): (f, index) for f, index in found}
     return list(unique.values())
+
+
+def _draws_random(parsed: Parsed, seen: set[int] | None = None) -> bool:
+    """Whether the code calls ``ti.random`` or ``ti.randn``, directly or through the funcs it calls.
+
+    NOTE: [Random numbers in reverse] A kernel's adjoint computes the values the kernel computed again, and so
+    does Taichi's ``kernel.grad``: a ``ti.random`` in the kernel (dropout: ``ti.select(ti.random() > p, x[i] / (1
+    - p), 0.0)``) draws other numbers there, so the gradient was that of another mask, without a word (a survey
+    of kernels as users write them: 26 entries kept, 38 with a gradient). Such a kernel is not taken by the
+    transform, and reverse mode of a program or kernel reaching it is refused by name (NOTE: [Rules Taichi's
+    reverse mode cannot see]); forward mode draws once, for the value and its tangent together.
+    """
+    seen = set() if seen is None else seen
+    for node in ast.walk(parsed.tree):
+        if not isinstance(node, (ast.Name, ast.Attribute)):
+            continue
+        value = resolve(node, parsed.namespace)
+        if value is ti.random or value is ti.randn:
+            return True
+        if id(value) in seen or not (is_method_func(value) or hashable(value) and transformable(value)):
+            continue
+        seen.add(id(value))
+        try:
+            callee = parsed_for(value)
+        except (TypeError, OSError):
+            continue
+        if _draws_random(callee, seen):
+            return True
+    return False
 
 
 def _touches_fields(obj: object) -> bool:

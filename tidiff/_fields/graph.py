@@ -28,6 +28,7 @@ from typing import Any, TypeGuard
 from taichi.lang.field import Field, ScalarField
 from taichi.lang.kernel_impl import Func, _BoundedDifferentiableMethod
 from taichi.lang.matrix import MatrixField
+from taichi.lang.struct import StructField
 
 SUPPORTED_FIELDS = (ScalarField, MatrixField)
 _LIBRARIES = ("taichi", "numpy", "torch", "tidiff", "builtins", "jax", "scipy")
@@ -183,6 +184,7 @@ class CodeGraph:
         self.edges: dict[int, list[Edge]] = {}
         self.owners: dict[int, list[Any]] = {}
         self.replaced: list[types.FunctionType] = []
+        self.struct_fields: dict[int, str] = {}  # struct fields the code names (``P.field()``) -> a name
         self._used: set[str] = set()  # every name the walked code uses
         self._unused_members: list[tuple[object, str, Any]] = []
         for root in roots:
@@ -245,7 +247,10 @@ class CodeGraph:
     def _edge(self, obj: object, label: str, slot: Slot, value: Any) -> None:
         """Record one child of ``obj`` and walk it."""
         edges = self.edges[id(obj)]
-        if is_field(value):
+        if isinstance(value, StructField):  # not twinned: a program reaching one has no derivative (NOTE: [Struct
+            # fields refused])
+            self.struct_fields.setdefault(id(value), _name_of(slot, python_function(obj), label) or "")
+        elif is_field(value):
             self.fields.setdefault(id(value), value)
             fn = python_function(obj)
             name = _name_of(slot, fn, label)

@@ -39,6 +39,22 @@ from .graph import CodeGraph, code_names, python_function, slots
 #: (``ti.atomic_max(y[None], x[i])``: ``x.grad`` 1 everywhere, no error): refused as rules are.
 _WINNER_OPS = {id(op): f"the derivative of `ti.{op.__name__}` (to the winning entry only)"
                for op in (ti.atomic_max, ti.atomic_min)}
+_RANDOM = {"`ti.random`", "`ti.randn`"}
+_WINNER_OPS.update({id(ti.random): "`ti.random`", id(ti.randn): "`ti.randn`"})  # NOTE: [Random numbers in reverse]
+
+
+def refuse_random(rules: list[tuple[str, str]], what: str) -> None:
+    """Raise ``td.TransformError`` where ``rules`` hold ``ti.random`` or ``ti.randn`` (NOTE: [Random numbers in
+    reverse]): a reverse pass would draw other numbers, and so would the forward pushes standing in for it, one
+    per input entry."""
+    drawn = [(rule, caller) for rule, caller in rules if rule in _RANDOM]
+    if drawn:
+        raise TransformError(
+            f"{what} in reverse mode: it calls {drawn[0][0]} (in `{drawn[0][1]}`), and a reverse pass computes the "
+            "kernel's values again, drawing other numbers than the run it differentiates (as would one forward "
+            "push per input entry)",
+            hint="pass the random numbers in as an array (an input of the function, or a constant), or take a "
+                 "single td.jvp, which draws once for the value and its tangent")
 
 
 def rules_reached(graph: CodeGraph) -> list[tuple[str, str]]:
@@ -104,6 +120,7 @@ def refuse_hidden_rules(rules: list[tuple[str, str]], what: str) -> None:
     """Raise ``td.TransformError`` for reverse mode of ``what`` (a program or kernel) when it reaches rules."""
     if not rules:
         return
+    refuse_random(rules, what)
     raise TransformError(
         f"{what} in reverse mode: it reaches {_listed(rules)}. Reverse mode of field programs and ndarray kernels is "
         "Taichi's own, which differentiates the code as written and cannot apply these rules",

@@ -12,6 +12,7 @@ from taichi.lang.field import Field
 from .._adjoint.kernels import KernelAdjoint, vjp_kernel
 from .._arrays import owned_copy, tensor_device, zeros
 from .._cache import kernel_compiles
+from .._errors import TransformError
 from . import checks
 from .graph import CodeGraph
 from .hidden_rules import refuse_hidden_rules, rules_reached
@@ -143,8 +144,21 @@ class FieldProgram:
         return self._hidden_rules
 
     def check_reverse(self) -> None:
-        """Raise ``td.TransformError`` when reverse mode would ignore a rule (see :meth:`hidden_rules`)."""
+        """Raise ``td.TransformError`` when reverse mode would ignore a rule (see :meth:`hidden_rules`) or a struct
+        field (:meth:`refuse_struct_fields`)."""
+        self.refuse_struct_fields()
         refuse_hidden_rules(self.hidden_rules(), f"the field program `{self.name}`")
+
+    def refuse_struct_fields(self) -> None:
+        """NOTE: [Struct fields refused] A struct field (``ti.types.struct(pos=vec2, m=f64).field()``) is not
+        twinned, so a program writing one from its inputs and reading it into its outputs had its value right and
+        a gradient of zeros, without a word (a survey of programs as users write them); forward mode blamed
+        itself. Its derivatives are now a ``td.TransformError`` naming the field; its value still runs."""
+        if self._graph.struct_fields:
+            names = ", ".join(f"`{n}`" if n else "one unnamed" for n in self._graph.struct_fields.values())
+            raise TransformError(f"the field program `{self.name}`: it reaches the struct field {names}, which "
+                                 "tidiff does not differentiate through",
+                                 hint="write one field per member (ti.Vector.field for pos, ti.field for m)")
 
     def vjp(self, args: Iterable[object],
             cotangents: Iterable[object]) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
@@ -203,6 +217,7 @@ class FieldProgram:
         on every later call, without retrying).
         """
         self._check_runtime()
+        self.refuse_struct_fields()
         if self._tangent is None:
             try:
                 self._tangent = tangent_program(self)

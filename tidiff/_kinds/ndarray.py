@@ -61,7 +61,7 @@ from .._cache import uses
 from .._derived import TangentArguments
 from .._errors import taichi_cannot_reverse
 from .._fields.graph import CodeGraph
-from .._fields.hidden_rules import describe, refuse_hidden_rules, rules_reached
+from .._fields.hidden_rules import describe, refuse_hidden_rules, refuse_random, rules_reached
 from .._fields.values import check_unchanged
 from .._lang.activity import root_names, stores
 from .._lang.compile import info
@@ -193,6 +193,7 @@ class NdarrayFunction(Function):
         default = floats[0] if floats else np.dtype(np.float64)  # the annotations' types; float64 where they say none
         if self._adjoint([d or default for d in self.in_dtypes], [d or default for d in self.out_dtypes]) is not None:
             return wrong_reverse(self)  # tidiff's adjoint applies every rule
+        refuse_random(self.hidden_rules(), f"the ndarray kernel `{self.name}`")  # forward pushes would draw anew
         return describe(self.hidden_rules()) or wrong_reverse(self)
 
     def adjoint_for(self, specs: Sequence[ArgSpec]) -> KernelAdjoint | None:
@@ -417,8 +418,9 @@ class NdarrayFunction(Function):
             outs = []
             for (shape, dtype), y, ct in zip(outputs, given, args[n + m:] if read_back else args[n:], strict=True):
                 out = allocate(shape, dtype=dtype, device=device) if y is None else y.detach().to(dtype).contiguous()
-                out.requires_grad_(True)
-                out.grad = ct.detach().to(dtype).clone(memory_format=torch.contiguous_format)
+                if dtype.is_floating_point:  # an integer output carries no cotangent
+                    out.requires_grad_(True)
+                    out.grad = ct.detach().to(dtype).clone(memory_format=torch.contiguous_format)
                 outs.append(out)
             if primal is not None:
                 primal(*arguments([t.detach() for t in ins], [t.detach() for t in outs]))
@@ -504,8 +506,10 @@ class NdarrayFunction(Function):
             tensors[name] = t
         for name, spec, ct, y in zip(self.outputs, out_specs, cotangents, outputs or [None] * len(self.outputs),
                                      strict=True):
-            out = (zeros(spec, device) if y is None else fresh(y, spec, device)).requires_grad_(True)
-            out.grad = zeros(spec, device) if ct is None else fresh(ct, spec, device)
+            out = zeros(spec, device) if y is None else fresh(y, spec, device)
+            if spec.is_float:  # an integer output (a count beside a sum) carries no cotangent
+                out.requires_grad_(True)
+                out.grad = zeros(spec, device) if ct is None else fresh(ct, spec, device)
             tensors[name] = out
         self._with_scratch(tensors, device)  # one set, for the kernel and its adjoint
         if own is not None and self.reads_outputs(own):  # the outputs as the kernel left them, to be read again
