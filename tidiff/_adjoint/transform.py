@@ -166,7 +166,7 @@ class Reverser(ControlFlow):
 
     def stmt_Assign(self, node: ast.Assign) -> None:
         if len(node.targets) != 1:
-            raise NotReversible("a chained assignment")
+            raise NotReversible("a chained assignment into an entry or attribute (NOTE: [Chained assignments])")
         target = node.targets[0]
         if isinstance(target, ast.Name):
             paths = self.returned_paths(node.value)

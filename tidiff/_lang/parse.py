@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .callees import Quiet, is_helper, is_taichi_func, signature_of, value_node
+from .chained import without_chained_assignments
 from .comprehensions import unrolled
 from .continues import without_continue
 from .naming import Namer
@@ -84,6 +85,7 @@ def parse(f: Any) -> Parsed:
     _bind_annotations(tree, fn, namespace)
     unrolled(tree, lambda node: resolve(node, namespace))  # NOTE: [Unrolled comprehensions]
     without_continue(tree)  # NOTE: [Continue as a branch]
+    without_chained_assignments(tree)  # NOTE: [Chained assignments]
     scalarized_structs(tree, lambda node: resolve(node, namespace), namespace)  # NOTE: [Struct locals]
     narrowing_returns_cast(tree, lambda node: resolve(node, namespace), namespace)  # NOTE: [Narrowing return ...]
     return Parsed(tree, filename, first_line, namespace, form)
