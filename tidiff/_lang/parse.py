@@ -16,6 +16,7 @@ from .continues import without_continue
 from .naming import Namer
 from .returns import narrowing_returns_cast
 from .source import source_tree
+from .stages import unrolled_stages
 from .structs import scalarized_structs
 
 
@@ -83,6 +84,8 @@ def parse(f: Any) -> Parsed:
         except ValueError:  # an unfilled cell: the name is not bound yet
             pass
     _bind_annotations(tree, fn, namespace)
+    if form == "kernel":
+        unrolled_stages(tree, lambda node: resolve(node, namespace))  # NOTE: [Static loops around parallel loops]
     unrolled(tree, lambda node: resolve(node, namespace))  # NOTE: [Unrolled comprehensions]
     without_continue(tree)  # NOTE: [Continue as a branch]
     without_chained_assignments(tree)  # NOTE: [Chained assignments]

@@ -1,0 +1,77 @@
+"""A kernel running stages in a top-level ``ti.static`` loop around parallel loops (NOTE: [Static loops around
+parallel loops]): the adjoint transform did not take it, and where the stages update a field in place Taichi's
+reverse mode was found wrong and replaced by forward pushes (a survey of kernels as users write them). Unrolled
+when parsed, it is exact and unchecked."""
+import ast
+import warnings
+
+import numpy as np
+import taichi as ti
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tidiff as td
+from tidiff._lang.parse import parse
+
+N = 4
+STAGES = 3
+x = ti.field(ti.f64, shape=N)
+y = ti.field(ti.f64, shape=N)
+loss = ti.field(ti.f64, shape=())
+
+
+@ti.kernel
+def staged():
+    for i in x:
+        y[i] = x[i]
+    for s in ti.static(range(STAGES - 1)):
+        for i in y:
+            y[i] = ti.sin(y[i]) + 0.25 * s * x[i]
+    for i in y:
+        loss[None] += y[i] * (i + 1)
+
+
+@ti.kernel
+def staged_rows(x: ti.types.ndarray(), out: ti.types.ndarray()):
+    for i in x:
+        out[i] = x[i] ** 2
+    for s in ti.static(range(2)):
+        for i in x:
+            out[i] = ti.tanh(out[i]) * (s + 1.0)
+
+
+def torch_staged(t):
+    v = t
+    for s in range(STAGES - 1):
+        v = torch.sin(v) + 0.25 * s * t
+    return (v * torch.arange(1, N + 1, dtype=t.dtype)).sum()
+
+
+PROGRAM = td.function(staged, inputs=[x], outputs=[loss])
+ROWS = td.function(staged_rows, inputs=["x"], outputs={"out": lambda x: x.shape})
+
+
+def test_the_stages_are_unrolled_when_parsed():
+    source = ast.unparse(parse(staged).tree)
+    assert "ti.static" not in source and "y[i] = ti.sin(y[i]) + 0.25 * 1 * x[i]" in source
+
+
+@given(st.lists(st.floats(-1.5, 1.5), min_size=N, max_size=N))
+def test_stages_updating_in_place_are_exact_and_unchecked(values):
+    x0 = np.array(values)
+    t = torch.tensor(x0, requires_grad=True)
+    want = torch_staged(t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", td.TaichiReverseWarning)
+        value, grad = td.value_and_grad(PROGRAM)(x0)
+        out, pull = td.vjp(ROWS, x0)
+        (rows_grad,) = pull(np.ones(N))
+    np.testing.assert_allclose(value, want.item(), rtol=1e-12)
+    np.testing.assert_allclose(grad, torch.autograd.grad(want, t)[0].numpy(), rtol=1e-10, atol=1e-13)
+    r = t ** 2
+    for s in range(2):
+        r = torch.tanh(r) * (s + 1.0)
+    np.testing.assert_allclose(out, r.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(rows_grad, torch.autograd.grad(r.sum(), t)[0].numpy(), rtol=1e-10, atol=1e-13)
+    assert PROGRAM.memo.peek("reverse verdict") is None and ROWS.memo.peek("reverse verdict") is None
