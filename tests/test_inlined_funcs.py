@@ -141,3 +141,37 @@ def test_a_parameter_the_func_writes_into_stays_its_own_copy():
     np.testing.assert_allclose(fn(x0), x0 ** 2 + 3 * x0, rtol=1e-15)
     for transform in (td.jacrev, td.jacfwd):
         np.testing.assert_allclose(transform(fn)(x0), np.diag(2 * x0 + 3), rtol=1e-15, atol=1e-15)
+
+
+@ti.func
+def store_row(out: ti.template(), i, v):
+    for j in ti.static(range(3)):
+        out[i, j] = v[j]
+
+
+@ti.func
+def load_row(src: ti.template(), i):
+    return ti.Vector([src[i, 0], src[i, 1], src[i, 2]])
+
+
+@ti.kernel
+def normalized_rows(x: ti.types.ndarray(dtype=ti.f64), out: ti.types.ndarray(dtype=ti.f64)):
+    for i in range(x.shape[0]):
+        v = load_row(x, i)
+        store_row(out, i, v / v.norm())
+
+
+def test_funcs_given_ndarrays_are_written_out_too():
+    """A func given one of an ndarray kernel's arrays, reading or writing it, made the transform refuse the kernel
+    (Taichi's ``kernel.grad`` ran, checked; a survey of kernels as users write them)."""
+    from tidiff._adjoint.kernels import vjp_ndarray_kernel
+
+    assert isinstance(vjp_ndarray_kernel(normalized_rows, {"x": ti.f64, "out": ti.f64}), KernelAdjoint)
+    f = td.function(normalized_rows, inputs=["x"], outputs={"out": lambda x: x.shape})
+    rng = np.random.default_rng(4)
+    xs, c = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
+    (got,) = td.vjp(f, xs)[1](c)
+    t = torch.tensor(xs, requires_grad=True)
+    want = torch.autograd.grad(t / t.norm(dim=1, keepdim=True), t, torch.tensor(c))[0]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-14)
+    assert f.memo.peek("reverse verdict") is None

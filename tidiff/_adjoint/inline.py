@@ -6,8 +6,10 @@ kernel]); a ``@ti.func`` has no such place: its reverse function runs
 inside the caller's adjoint, where its forward sweep would write the fields
 again. So before the kernel is reversed, each call of a func that writes a
 global field (itself or through its callees) or is given a field through a
-``ti.template()`` parameter is replaced by the func's body, as Taichi itself
-inlines every func when it compiles:
+``ti.template()`` parameter (in an ndarray kernel, one of its arrays: a
+survey of kernels as users write them found ``store_row(out, i, v)``
+refused, and Taichi's ``kernel.grad`` running) is replaced by the func's
+body, as Taichi itself inlines every func when it compiles:
 
     @ti.func                                   for i in x:
     def push(y: ti.template(), i, f):              f_1 = x[i] * 2.0
@@ -98,11 +100,13 @@ def inlined(parsed: Parsed, also: Callable[[Any], bool] | None = None) -> Parsed
 
 
 def _template_parameters(tree: ast.FunctionDef, namespace: dict[str, Any]) -> set[str]:
-    """A kernel's ``ti.template()`` parameters: names that may stand for fields."""
+    """A kernel's ``ti.template()`` and ndarray parameters: names that may stand for fields, or arrays a func
+    given one may write (NOTE: [Funcs that write fields, inlined])."""
     found = set()
     for arg in tree.args.args:
         ann = arg.annotation
-        if ann is not None and isinstance(ann, ast.Call) and resolve(ann.func, namespace) is ti.template:
+        kind = resolve(ann.func if isinstance(ann, ast.Call) else ann, namespace) if ann is not None else None
+        if kind is ti.template or kind is ti.types.ndarray or isinstance(kind, ti.types.ndarray):
             found.add(arg.arg)
     return found
 
