@@ -67,6 +67,13 @@ def through_a_func(n: ti.i32):
             h[i] = damped(h[i], p[i])  # a func reaching no field
 
 
+@ti.kernel
+def scaled(n: ti.i32):
+    for i in h:
+        for _ in range(n):
+            h[i] *= p[i]  # an update reading the entry: taken as written only, it was checked and pushed forward
+
+
 def run(kernel, n):
     def program():
         kernel(n)
@@ -79,6 +86,8 @@ def torch_run(name, n, h0, p0, v0):
     for _ in range(n):
         if name in ("compound", "through a func"):
             x = x * q + 0.1 * torch.sin(x)
+        elif name == "scaled":
+            x = x * q
         elif name == "until":
             x = x + q * x * 0.5
         else:
@@ -87,7 +96,7 @@ def torch_run(name, n, h0, p0, v0):
 
 
 PROGRAMS = {(name, n): run(kernel, n) for name, kernel in (("compound", compound), ("until", until),
-                                                            ("components", components),
+                                                            ("components", components), ("scaled", scaled),
                                                             ("through a func", through_a_func)) for n in (0, 1, 3)}
 
 

@@ -53,8 +53,9 @@ def entries_as_locals(parsed: Parsed, reaches_fields: Callable[[Any], bool]) -> 
     bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     rewriter = _Rewriter(parsed.namespace, bound, Namer(names_in(tree) | set(parsed.namespace)), reaches_fields)
     for stmt in tree.body:
-        if isinstance(stmt, ast.For):  # a parallel loop: its runtime loops
-            rewriter.counters = [n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)]
+        if isinstance(stmt, ast.For):  # a parallel loop: its runtime loops (of one iteration: no other reaches
+            # its entries, NOTE: [Serialized kernels as one iteration])
+            rewriter.counters = [] if _once(stmt) else [n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)]
             stmt.body = rewriter.block(stmt.body)
     if not rewriter.changed:
         return parsed
@@ -123,8 +124,10 @@ class _Rewriter:
             parts = index.elts if isinstance(index, ast.Tuple) else [index]
             if not set(self.counters) <= {p.id for p in parts if isinstance(p, ast.Name)}:
                 continue  # an entry other iterations may reach too (a sum into loss[None])
-            if all(id(e) in written for e in entries) and not (_set_in(earlier, root, index)
-                                                                and _read_in(later, root, index)):
+            updates = {id(n.target) for n in ast.walk(loop) if isinstance(n, ast.AugAssign)
+                       and not isinstance(n.op, (ast.Add, ast.Sub))}  # ``h[i] *= e`` reads the entry too
+            if all(id(e) in written and id(e) not in updates for e in entries) and not (
+                    _set_in(earlier, root, index) and _read_in(later, root, index)):
                 continue  # written only (h[i] += e): its adjoint needs no value, as written
             found.append((root, index))
         return found
@@ -147,6 +150,12 @@ class _Rewriter:
         name = getattr(fn, "__name__", "") or ""
         return module.startswith("taichi") and not name.startswith("atomic") and not is_taichi_func(fn) \
             and not getattr(fn, "_is_taichi_function", False)
+
+
+def _once(loop: ast.For) -> bool:
+    """``for _ in range(1)``."""
+    return isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Name) and loop.iter.func.id == "range" \
+        and len(loop.iter.args) == 1 and isinstance(loop.iter.args[0], ast.Constant) and loop.iter.args[0].value == 1
 
 
 def _set_in(stmts: list[ast.stmt], root: str, index: ast.expr) -> bool:

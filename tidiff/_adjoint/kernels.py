@@ -171,7 +171,14 @@ loops, reversed as a func's are (NOTE: [Reverse control flow]): each
 iteration recomputed from the loop's start where the adjoint reads a carried
 value (``n * n / 2`` runs of the body: 155 ms for 5,000 steps, 2.6 s for
 20,000), the fields they write read as the loop left them under the run-time
-check of such loops (NOTE: [Launches that keep the access rules]).
+check of such loops (NOTE: [Launches that keep the access rules]). So is a
+kernel whose serialized loop stands beside parallel ones (a projection
+``u[t] = w * x[t]``, then a serialized scan ``h[t] = a * h[t - 1] + u[t]``:
+an ndarray kernel, which no loop-by-loop split runs, was checked, found
+wrong and pushed forward; a survey of kernels as users write them): a
+parallel loop's iterations are independent, so run in order they give the
+values the kernel gave, and its adjoint runs on one thread (the kernel itself
+still runs as written).
 
 NOTE: [Arrays given to a kernel over fields] A kernel of a field program
 may take a NumPy array or a tensor (``weighted(weights)``, the weights of a
@@ -372,20 +379,26 @@ def serializes(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
             for k in stmt.value.keywords)
 
 
+def _configures(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
+    """Whether the statement is ``ti.loop_config(...)``."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+        and resolve(stmt.value.func, namespace) is ti.loop_config
+
+
 def in_one_iteration(tree: ast.FunctionDef, namespace: dict[str, Any]) -> ast.FunctionDef | None:
-    """A kernel whose every loop is serialized, its statements as the body of a parallel loop of one iteration
-    (NOTE: [Serialized kernels as one iteration]); None for any other kernel."""
+    """A kernel with a serialized loop, its statements as the body of a parallel loop of one iteration, its
+    loops runtime loops (NOTE: [Serialized kernels as one iteration]); None for any other kernel."""
     body = without_docstring(tree.body)
     last = body[-1:] if body and isinstance(body[-1], ast.Return) else []
     body = body[:len(body) - len(last)]
 
     loops = [k for k, stmt in enumerate(body) if isinstance(stmt, ast.For)]
-    if not loops or not all(k > 0 and serializes(body[k - 1], namespace) for k in loops):
+    if not any(k > 0 and serializes(body[k - 1], namespace) for k in loops):
         return None
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     counter = next(f"_once{k}" for k in itertools.count() if f"_once{k}" not in names)
     once = ast.For(ast.Name(counter, ast.Store()), ast.Call(ast.Name("range", ast.Load()), [ast.Constant(1)], []),
-                   [stmt for stmt in body if not serializes(stmt, namespace)], [])
+                   [stmt for stmt in body if not _configures(stmt, namespace)], [])
     wrapped = copy.copy(tree)
     wrapped.body = [once, *last]
     return ast.fix_missing_locations(copy.deepcopy(wrapped))
@@ -428,7 +441,8 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
         if once is None:
             raise
         try:
-            reverser = KernelReverser(dataclasses.replace(parsed, tree=once), kernel, bound, arrays)
+            in_order = entries_as_locals(dataclasses.replace(parsed, tree=once), _touches_fields)
+            reverser = KernelReverser(in_order, kernel, bound, arrays)
             tree = reverser.run()
         except NotReversible:
             raise reason from None
