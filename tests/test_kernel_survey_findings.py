@@ -105,3 +105,24 @@ def test_an_integer_output_beside_a_float_one_carries_no_cotangent():
         assert not count_t.requires_grad
         (total_t * torch.tensor([1.0, 2.0], dtype=torch.float64)).sum().backward()
         np.testing.assert_allclose(xt.grad.numpy(), grad_x, rtol=1e-15)
+
+
+@ti.kernel
+def compacted(x: ti.types.ndarray(), count: ti.types.ndarray(dtype=ti.i32, ndim=0), out: ti.types.ndarray()):
+    for i in range(x.shape[0]):
+        if x[i] > 0.0:
+            k = ti.atomic_add(count[None], 1)  # a slot of its own, in the order the iterations ran in
+            out[k] = x[i] ** 2
+
+
+def test_reverse_mode_of_a_kernel_using_an_atomic_s_result_is_refused_by_name():
+    """Its adjoint ran the atomic again on the counter the kernel left and read past the output's end (NOTE:
+    [Atomic results]); the first vjp, once the integer output took no cotangent, corrupted memory."""
+    f = td.function(compacted, inputs=["x"], outputs={"count": (), "out": lambda x: x.shape})
+    x = np.array([0.3, -1.0, 0.7, 1.2, -0.2, 0.9])
+    count, out = f(x)
+    assert count == 4 and sorted(out[:4]) == sorted(x[x > 0] ** 2)
+    with pytest.raises(td.TransformError, match="atomic returns"):
+        td.vjp(f, x)[1]((np.zeros((), np.int32), np.ones(6)))
+    with pytest.raises(td.TransformError, match="ti.atomic_add"):  # forward mode has no rule for the result
+        td.jvp(f, (x,), (np.ones(6),))

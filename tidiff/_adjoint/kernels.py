@@ -242,6 +242,7 @@ from taichi.types.ndarray_type import NdarrayType
 from .._cache import ADJOINT
 from .._lang import extremes
 from .._lang.activity import assigned_names, integer_locals, root_names, stop_grad_arguments, stores, written_names
+from .._lang.atomic_results import used_atomic_result
 from .._lang.callees import transformable
 from .._lang.compile import compile_source, mark
 from .._lang.dead_branches import without_dead_branches
@@ -379,7 +380,7 @@ def serializes(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
             for k in stmt.value.keywords)
 
 
-def _configures(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
+def configures(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
     """Whether the statement is ``ti.loop_config(...)``."""
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
         and resolve(stmt.value.func, namespace) is ti.loop_config
@@ -398,7 +399,7 @@ def in_one_iteration(tree: ast.FunctionDef, namespace: dict[str, Any]) -> ast.Fu
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     counter = next(f"_once{k}" for k in itertools.count() if f"_once{k}" not in names)
     once = ast.For(ast.Name(counter, ast.Store()), ast.Call(ast.Name("range", ast.Load()), [ast.Constant(1)], []),
-                   [stmt for stmt in body if not _configures(stmt, namespace)], [])
+                   [stmt for stmt in body if not configures(stmt, namespace)], [])
     wrapped = copy.copy(tree)
     wrapped.body = [once, *last]
     return ast.fix_missing_locations(copy.deepcopy(wrapped))
@@ -431,6 +432,8 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
     if _draws_random(parsed):  # NOTE: [Random numbers in reverse]
         raise NotReversible("a call of `ti.random` or `ti.randn` (an adjoint computes the kernel's values again, "
                             "and would draw other numbers)")
+    if (atomic := used_atomic_result(parsed.tree, lambda node: resolve(node, parsed.namespace))) is not None:
+        raise NotReversible(f"the value `{ast.unparse(atomic)}` returns (NOTE: [Atomic results])")
     parsed = entries_as_locals(parsed, _touches_fields)  # NOTE: [Entries updated in a loop, as locals]
     pristine = copy.deepcopy(parsed.tree)
     try:

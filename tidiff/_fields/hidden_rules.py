@@ -26,12 +26,15 @@ the generated derivative code would differentiate through its rules too.
 """
 from __future__ import annotations
 
+import ast
 import types
 from typing import Any
 
 import taichi as ti
 
 from .._errors import TransformError
+from .._lang.atomic_results import used_atomic_result
+from .._lang.parse import parse, resolve
 from .._rules.helpers import RULE_ATTRIBUTE
 from .graph import CodeGraph, code_names, python_function, slots
 
@@ -39,22 +42,26 @@ from .graph import CodeGraph, code_names, python_function, slots
 #: (``ti.atomic_max(y[None], x[i])``: ``x.grad`` 1 everywhere, no error): refused as rules are.
 _WINNER_OPS = {id(op): f"the derivative of `ti.{op.__name__}` (to the winning entry only)"
                for op in (ti.atomic_max, ti.atomic_min)}
-_RANDOM = {"`ti.random`", "`ti.randn`"}
+_ORDERED = "the value an atomic returns (NOTE: [Atomic results])"
+_RANDOM = {"`ti.random`", "`ti.randn`", _ORDERED}
 _WINNER_OPS.update({id(ti.random): "`ti.random`", id(ti.randn): "`ti.randn`"})  # NOTE: [Random numbers in reverse]
 
 
 def refuse_random(rules: list[tuple[str, str]], what: str) -> None:
-    """Raise ``td.TransformError`` where ``rules`` hold ``ti.random`` or ``ti.randn`` (NOTE: [Random numbers in
-    reverse]): a reverse pass would draw other numbers, and so would the forward pushes standing in for it, one
-    per input entry."""
-    drawn = [(rule, caller) for rule, caller in rules if rule in _RANDOM]
-    if drawn:
-        raise TransformError(
-            f"{what} in reverse mode: it calls {drawn[0][0]} (in `{drawn[0][1]}`), and a reverse pass computes the "
-            "kernel's values again, drawing other numbers than the run it differentiates (as would one forward "
-            "push per input entry)",
-            hint="pass the random numbers in as an array (an input of the function, or a constant), or take a "
-                 "single td.jvp, which draws once for the value and its tangent")
+    """Raise ``td.TransformError`` where ``rules`` hold ``ti.random``, ``ti.randn`` (NOTE: [Random numbers in
+    reverse]) or an atomic's result (NOTE: [Atomic results]): a reverse pass, computing the kernel's values again,
+    would get other ones, and so would the forward pushes standing in for it, one run per input entry."""
+    redone = [(rule, caller) for rule, caller in rules if rule in _RANDOM]
+    if not redone:
+        return
+    rule, caller = redone[0]
+    why = ("the entry's old value, which depends on the order the iterations ran in" if rule == _ORDERED
+           else "drawing other numbers than the run it differentiates")
+    raise TransformError(
+        f"{what} in reverse mode: it uses {rule} (in `{caller}`), and a reverse pass computes the kernel's values "
+        f"again: {why} (as would one forward push per input entry)",
+        hint="pass such values in as an array (an input of the function, or a constant)" + (
+            "" if rule == _ORDERED else ", or take a single td.jvp, which runs the kernel once"))
 
 
 def rules_reached(graph: CodeGraph) -> list[tuple[str, str]]:
@@ -70,6 +77,8 @@ def rules_reached(graph: CodeGraph) -> list[tuple[str, str]]:
             if fn is None or id(fn) in seen:
                 continue
             seen.add(id(fn))
+            if _used_atomic_result(fn) is not None:
+                found.setdefault((_ORDERED, fn.__name__), None)
             for value in _called(fn):
                 rule = _WINNER_OPS.get(id(value)) or getattr(value, RULE_ATTRIBUTE, None)
                 if isinstance(rule, str):
@@ -81,6 +90,15 @@ def rules_reached(graph: CodeGraph) -> list[tuple[str, str]]:
         if pending:
             graphs.append(CodeGraph(*pending))
     return list(found)
+
+
+def _used_atomic_result(fn: types.FunctionType) -> ast.Call | None:
+    """The first atomic call of ``fn`` whose result its code uses (NOTE: [Atomic results]), or None."""
+    try:
+        parsed = parse(fn)
+    except Exception:  # noqa: BLE001 -- code tidiff cannot read uses no atomic it could see
+        return None
+    return used_atomic_result(parsed.tree, lambda node: resolve(node, parsed.namespace))
 
 
 def _called(fn: types.FunctionType) -> list[Any]:

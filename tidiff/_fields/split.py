@@ -44,7 +44,7 @@ from taichi.lang.field import Field
 from taichi.lang.kernel_impl import Kernel
 
 from .._adjoint.inline import inlined
-from .._adjoint.kernels import serializes
+from .._adjoint.kernels import configures, serializes
 from .._lang.activity import written_names
 from .._lang.callees import is_taichi_func
 from .._lang.compile import kernel_like
@@ -101,9 +101,9 @@ def _loops(body: list[ast.stmt], namespace: dict[str, Any], values: set[str], na
         if isinstance(stmt, ast.For) and not stmt.orelse:
             groups.append(pending + [stmt])
             pending = []
-        elif pending and _configures(pending[-1], namespace):  # a loop's configuration comes right before it
+        elif pending and configures(pending[-1], namespace):  # a loop's configuration comes right before it
             return None
-        elif _configures(stmt, namespace):
+        elif configures(stmt, namespace):
             pending.append(stmt)
         elif _stores_no_name(stmt) and not written_names(stmt) & definitions.keys():  # not into a local's entry
             (groups[-1] if groups else pending).append(stmt)
@@ -218,12 +218,6 @@ def _values(tree: ast.FunctionDef, namespace: dict[str, Any]) -> set[str]:
         return found is ti.template or found is ti.types.ndarray
 
     return {arg.arg for arg in tree.args.args if arg.annotation is not None and not holds_data(arg.annotation)}
-
-
-def _configures(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
-    """Whether the statement is ``ti.loop_config(...)``."""
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
-        and resolve(stmt.value.func, namespace) is ti.loop_config
 
 
 def _stores_no_name(stmt: ast.stmt) -> bool:
