@@ -75,6 +75,15 @@ def normalized_product(a: nd, b: nd, out: nd):
             out[i, j] = out[i, j] / norm
 
 
+@ti.kernel
+def product_then_activation(a: nd, b: nd, bias: nd, out: nd):
+    for i, j in out:
+        for k in range(a.shape[1]):  # summed into the iteration's own entry (NOTE: [Arrays kept by version])
+            out[i, j] += a[i, k] * b[k, j]
+    for i, j in out:
+        out[i, j] = ti.tanh(out[i, j] + bias[j])
+
+
 def torch_attention(q, k, v):
     weights = torch.softmax(q @ k.T / np.sqrt(q.shape[1]), 1)
     return weights, weights @ v
@@ -94,6 +103,10 @@ CASES = {
                               outputs={"att": lambda q, k, v: (q.shape[0], k.shape[0]),
                                        "out": lambda q, k, v: (q.shape[0], v.shape[1])}),
                   torch_attention, lambda rows, cols: [(rows, cols), (rows + 1, cols), (rows + 1, 2)]),
+    "product then activation": (td.function(product_then_activation, inputs=["a", "b", "bias"],
+                                            outputs={"out": lambda a, b, bias: (a.shape[0], b.shape[1])}),
+                                lambda a, b, bias: torch.tanh(a @ b + bias),
+                                lambda rows, cols: [(rows, cols), (cols, rows + 1), (rows + 1,)]),
     "normalized product": (td.function(normalized_product, inputs=["a", "b"],
                                        outputs={"out": lambda a, b: (a.shape[0], b.shape[1])}),
                            torch_normalized_product, lambda rows, cols: [(rows, cols), (cols, rows + 1)]),

@@ -43,7 +43,11 @@ and the parallel loop's (each iteration of such a loop then owns one entry of
 the iteration's own), those loops take versions as top-level loops do, each
 new one starting with a copy of the entry (``out_v1[i, j] = out_v0[i, j]``) in
 place of the copy loop; statements that only read the output (a loop
-multiplying the attention weights into ``v``) read the current version."""
+multiplying the attention weights into ``v``) read the current version. A
+parallel loop whose iterations each reach one entry of their own, however
+often (a matmul summed into ``out[i, j]`` in a runtime loop, then ``out[i,
+j] = ti.tanh(out[i, j] + b[j])`` in a second parallel loop), takes versions
+as a loop without inner loops does."""
 from __future__ import annotations
 
 import ast
@@ -153,7 +157,7 @@ def _loop(loop: ast.For, arrays: dict[str, _Array], namespace: dict[str, Any], n
                 _rename(node, state.versions[-1])
             state.read |= bool(mine)
             continue
-        if any(nested for _, _, nested in mine):
+        if any(nested for _, _, nested in mine) and not _owned_entry(loop, [node for _, node, _ in mine]):
             if not _by_inner_loop(loop, a, state, namespace, namer):
                 return None
             continue
@@ -206,6 +210,22 @@ def _by_inner_loop(loop: ast.For, a: str, state: _Array, namespace: dict[str, An
             _rename(node, current if k < stores[0] else state.versions[-1])
         state.written = True
     return True
+
+
+def _owned_entry(loop: ast.For, entries: list[ast.Subscript]) -> bool:
+    """Whether every iteration of the parallel ``loop`` reaches one entry of its own, however often (summed into
+    in a runtime loop: ``out[i, j] += a[i, k] * b[k, j]``): every entry at one index holding each of the loop's
+    counters as a name of its own, made of nothing the loop assigns. Such a loop takes versions as one without
+    inner loops does (NOTE: [Arrays kept by version])."""
+    counters = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    if len({ast.dump(e.slice) for e in entries}) != 1:
+        return False
+    index = entries[0].slice
+    parts = index.elts if isinstance(index, ast.Tuple) else [index]
+    assigned = {n.id for stmt in loop.body for n in ast.walk(stmt) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Store)}
+    return counters <= {p.id for p in parts if isinstance(p, ast.Name)} and not assigned & {
+        n.id for n in ast.walk(index) if isinstance(n, ast.Name)}
 
 
 def _one_entry_each(unit: ast.For, entries: list[ast.Subscript], counters: set[str]) -> bool:
