@@ -168,6 +168,62 @@ def rows_over_other_ranges(x: nd, out: nd):
             out[i, j] = out[i, j] * out[i, j + 1]
 
 
+@ti.kernel
+def recurrence_then_activation(x: nd, out: nd):
+    for i in out:
+        out[i] = x[i]
+        for _ in range(3):  # reads what the pass before wrote, after the iteration's first write: one version
+            out[i] = out[i] * 0.5 + ti.sin(out[i])
+    for i in out:
+        out[i] = ti.tanh(out[i])
+
+
+@ti.kernel
+def recurrence_on_what_a_loop_before_wrote(x: nd, out: nd):
+    for i in out:
+        out[i] = x[i]
+    for i in out:
+        for _ in range(3):  # reads before the iteration's first write: a version read before would hold the old
+            out[i] = out[i] * 0.5 + ti.sin(out[i])  # value for every pass (versioned so, silently wrong)
+    for i in out:
+        out[i] = ti.tanh(out[i])
+
+
+@ti.kernel
+def rows_recurring_on_what_a_loop_before_wrote(x: nd, out: nd):
+    for r in range(1):
+        for i in range(x.shape[0]):
+            out[r, i] = x[i]
+        for i in range(x.shape[0]):
+            for _ in range(3):  # a read in a loop inside, before the pass's first write: not versioned
+                out[r, i] = out[r, i] * 0.5 + ti.sin(out[r, i])
+        for i in range(x.shape[0]):
+            out[r, i] = ti.tanh(out[r, i])
+
+
+def torch_recurrence(x):
+    v = x
+    for _ in range(3):
+        v = v * 0.5 + torch.sin(v)
+    return torch.tanh(v)
+
+
+@pytest.mark.parametrize("kernel, versioned", [(recurrence_then_activation, True),
+                                               (recurrence_on_what_a_loop_before_wrote, False),
+                                               (rows_recurring_on_what_a_loop_before_wrote, False)])
+def test_a_recurrence_on_an_entry_in_a_runtime_loop(kernel, versioned):
+    rows = kernel is rows_recurring_on_what_a_loop_before_wrote
+    f = td.function(kernel, inputs=["x"], outputs={"out": (lambda x: (1,) + x.shape) if rows else lambda x: x.shape})
+    assert (f.by_version() is not None) == versioned
+    x, c = np.linspace(-1.0, 1.0, 5), np.arange(5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", td.TaichiReverseWarning)
+        (got,) = td.vjp(f, x)[1](c[None] if rows else c)
+    xt = torch.tensor(x, requires_grad=True)
+    want = torch.autograd.grad(torch_recurrence(xt), xt, torch.tensor(c))[0]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("kernel", [rows_over_other_ranges])
 def test_iterations_reaching_the_output_otherwise_stay_checked_and_right(kernel):
     f = td.function(kernel, inputs=["x"], outputs={"out": lambda x: x.shape})

@@ -157,7 +157,7 @@ def _loop(loop: ast.For, arrays: dict[str, _Array], namespace: dict[str, Any], n
                 _rename(node, state.versions[-1])
             state.read |= bool(mine)
             continue
-        if any(nested for _, _, nested in mine) and not _owned_entry(loop, [node for _, node, _ in mine]):
+        if any(nested for _, _, nested in mine) and not _owned_entry(loop, mine):
             if not _by_inner_loop(loop, a, state, namespace, namer):
                 return None
             continue
@@ -212,11 +212,17 @@ def _by_inner_loop(loop: ast.For, a: str, state: _Array, namespace: dict[str, An
     return True
 
 
-def _owned_entry(loop: ast.For, entries: list[ast.Subscript]) -> bool:
-    """Whether every iteration of the parallel ``loop`` reaches one entry of its own, however often (summed into
-    in a runtime loop: ``out[i, j] += a[i, k] * b[k, j]``): every entry at one index holding each of the loop's
-    counters as a name of its own, made of nothing the loop assigns. Such a loop takes versions as one without
-    inner loops does (NOTE: [Arrays kept by version])."""
+def _owned_entry(loop: ast.For, events: list[Event]) -> bool:
+    """Whether every iteration of the parallel ``loop`` reaches one entry of its own, however often in its runtime
+    loops (summed into: ``out[i, j] += a[i, k] * b[k, j]``), reading it there only after the iteration's first
+    write (a read before it stands for the version before the loop, which a later pass must not read: it reads
+    what the pass before wrote): every entry at one index holding each of the loop's counters as a name of its
+    own, made of nothing the loop assigns. Such a loop takes versions as one without inner loops does (NOTE:
+    [Arrays kept by version])."""
+    first = next((k for k, (kind, _, _) in enumerate(events) if kind == "store"), len(events))
+    if any(kind == "load" and nested for kind, _, nested in events[:first]):
+        return False
+    entries = [node for _, node, _ in events]
     counters = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
     if len({ast.dump(e.slice) for e in entries}) != 1:
         return False
@@ -230,11 +236,17 @@ def _owned_entry(loop: ast.For, entries: list[ast.Subscript]) -> bool:
 
 def _one_entry_each(unit: ast.For, entries: list[ast.Subscript], counters: set[str]) -> bool:
     """Whether each iteration of the runtime loop ``unit`` reaches one entry of its own: every entry at one index,
-    made of the loop's counter and the parallel loop's (each a name of its own) and of nothing the loop assigns
-    (a loop inside it may update that entry again: NOTE: [Entries updated in a loop, as locals])."""
+    made of the loop's counter and the parallel loop's (each a name of its own) and of nothing the loop assigns (a
+    loop inside it may update that entry again, reading it only after the pass's first write: NOTE: [Entries
+    updated in a loop, as locals])."""
     assert isinstance(unit.target, ast.Name)
     if len({ast.dump(e.slice) for e in entries}) != 1:
         return False
+    first = next((k for k, e in enumerate(entries) if isinstance(e.ctx, ast.Store)), len(entries))
+    deeper = {id(n) for stmt in unit.body for loop in ast.walk(stmt) if isinstance(loop, (ast.For, ast.While))
+              for n in ast.walk(loop)}
+    if any(id(e) in deeper for e in entries[:first]):  # a read in a loop inside, before the first write: a later
+        return False  # pass reads what the pass before wrote, which the version before does not hold
     index = entries[0].slice
     parts = index.elts if isinstance(index, ast.Tuple) else [index]
     names = {p.id for p in parts if isinstance(p, ast.Name)}
