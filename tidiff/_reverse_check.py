@@ -50,7 +50,8 @@ MOST_TRIES = 3
 
 
 class TaichiReverseWarning(UserWarning):
-    """Taichi's reverse mode gave a wrong derivative; tidiff computes it by forward mode instead."""
+    """A checked reverse mode gave a wrong derivative (Taichi's ``kernel.grad``, or an adjoint of tidiff's reading a
+    value the program overwrote); tidiff computes it by forward mode instead."""
 
 
 class _Verdict:
@@ -184,8 +185,9 @@ def _check(fn: Any, batch: Batch, what: str, verdict: _Verdict) -> bool:
         if differences is not None and abs(reverse - differences) * 10 < abs(forward - differences):
             return False  # differences side with reverse mode: forward mode is in doubt
         said = "not finite" if differences is None else f"{differences:.6g}"
-        verdict.wrong = (f"the reverse mode of {what} is wrong (Taichi's kernel.grad, or a program breaking Taichi's "
-                         f"global data access rules): <J^T c, t> = {reverse:.6g} where tidiff's forward mode gives "
+        verdict.wrong = (f"the reverse mode of {what} is wrong (an adjoint reading a value the program overwrote, "
+                         "tidiff's or Taichi's kernel.grad, or Taichi's kernel.grad getting a kernel wrong): "
+                         f"<J^T c, t> = {reverse:.6g} where tidiff's forward mode gives "
                          f"<c, J t> = {forward:.6g} and central differences {said} (NOTE: [Checking "
                          "Taichi's reverse mode])")
         warnings.warn(f"{verdict.wrong}; tidiff computes its reverse-mode derivatives by forward mode instead, one "
