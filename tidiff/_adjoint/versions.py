@@ -224,14 +224,9 @@ def _owned_entry(loop: ast.For, events: list[Event]) -> bool:
         return False
     entries = [node for _, node, _ in events]
     counters = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
-    if len({ast.dump(e.slice) for e in entries}) != 1:
-        return False
-    index = entries[0].slice
-    parts = index.elts if isinstance(index, ast.Tuple) else [index]
     assigned = {n.id for stmt in loop.body for n in ast.walk(stmt) if isinstance(n, ast.Name)
                 and isinstance(n.ctx, ast.Store)}
-    return counters <= {p.id for p in parts if isinstance(p, ast.Name)} and not assigned & {
-        n.id for n in ast.walk(index) if isinstance(n, ast.Name)}
+    return _own_index(entries, counters, assigned)
 
 
 def _one_entry_each(unit: ast.For, entries: list[ast.Subscript], counters: set[str]) -> bool:
@@ -240,18 +235,23 @@ def _one_entry_each(unit: ast.For, entries: list[ast.Subscript], counters: set[s
     loop inside it may update that entry again, reading it only after the pass's first write: NOTE: [Entries
     updated in a loop, as locals])."""
     assert isinstance(unit.target, ast.Name)
-    if len({ast.dump(e.slice) for e in entries}) != 1:
-        return False
     first = next((k for k, e in enumerate(entries) if isinstance(e.ctx, ast.Store)), len(entries))
     deeper = {id(n) for stmt in unit.body for loop in ast.walk(stmt) if isinstance(loop, (ast.For, ast.While))
               for n in ast.walk(loop)}
     if any(id(e) in deeper for e in entries[:first]):  # a read in a loop inside, before the first write: a later
         return False  # pass reads what the pass before wrote, which the version before does not hold
+    assigned = {n.id for n in ast.walk(unit) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return _own_index(entries, {unit.target.id} | counters, assigned - {unit.target.id})
+
+
+def _own_index(entries: list[ast.Subscript], counters: set[str], assigned: set[str]) -> bool:
+    """Whether every entry is at one index holding each of ``counters`` as a name of its own and made of no name
+    in ``assigned``: each iteration of the loop those counters run reaches an entry of its own."""
+    if len({ast.dump(e.slice) for e in entries}) != 1:
+        return False
     index = entries[0].slice
     parts = index.elts if isinstance(index, ast.Tuple) else [index]
-    names = {p.id for p in parts if isinstance(p, ast.Name)}
-    assigned = {n.id for n in ast.walk(unit) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    return {unit.target.id} | counters <= names and not (assigned - {unit.target.id}) & {
+    return counters <= {p.id for p in parts if isinstance(p, ast.Name)} and not assigned & {
         n.id for n in ast.walk(index) if isinstance(n, ast.Name)}
 
 

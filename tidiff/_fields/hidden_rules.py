@@ -43,15 +43,15 @@ from .graph import CodeGraph, code_names, python_function, slots
 _WINNER_OPS = {id(op): f"the derivative of `ti.{op.__name__}` (to the winning entry only)"
                for op in (ti.atomic_max, ti.atomic_min)}
 _ORDERED = "the value an atomic returns (NOTE: [Atomic results])"
-_RANDOM = {"`ti.random`", "`ti.randn`", _ORDERED}
+_RECOMPUTED = {"`ti.random`", "`ti.randn`", _ORDERED}
 _WINNER_OPS.update({id(ti.random): "`ti.random`", id(ti.randn): "`ti.randn`"})  # NOTE: [Random numbers in reverse]
 
 
-def refuse_random(rules: list[tuple[str, str]], what: str) -> None:
+def refuse_recomputed(rules: list[tuple[str, str]], what: str) -> None:
     """Raise ``td.TransformError`` where ``rules`` hold ``ti.random``, ``ti.randn`` (NOTE: [Random numbers in
     reverse]) or an atomic's result (NOTE: [Atomic results]): a reverse pass, computing the kernel's values again,
     would get other ones, and so would the forward pushes standing in for it, one run per input entry."""
-    redone = [(rule, caller) for rule, caller in rules if rule in _RANDOM]
+    redone = [(rule, caller) for rule, caller in rules if rule in _RECOMPUTED]
     if not redone:
         return
     rule, caller = redone[0]
@@ -138,7 +138,7 @@ def refuse_hidden_rules(rules: list[tuple[str, str]], what: str) -> None:
     """Raise ``td.TransformError`` for reverse mode of ``what`` (a program or kernel) when it reaches rules."""
     if not rules:
         return
-    refuse_random(rules, what)
+    refuse_recomputed(rules, what)
     raise TransformError(
         f"{what} in reverse mode: it reaches {_listed(rules)}. Reverse mode of field programs and ndarray kernels is "
         "Taichi's own, which differentiates the code as written and cannot apply these rules",

@@ -25,7 +25,7 @@ from .._arrays import Batch, broadcast_to, contiguous, tensor_device, zeros
 from .._cache import uses
 from .._errors import describe_shape
 from .._fields import FieldProgram
-from .._fields.hidden_rules import describe, refuse_random
+from .._fields.hidden_rules import describe, refuse_recomputed
 from .._protocol import Function, register_kind
 from .._reverse_check import checked_vjp, pushed_vjp, wrong_reverse
 from .._signature import ArgSpec
@@ -89,7 +89,7 @@ class FieldFunction(Function):
         return list(grads)
 
     def reverse_refused(self) -> str | None:
-        refuse_random(self.program.hidden_rules(), f"the field program `{self.program.name}`")  # forward pushes
+        refuse_recomputed(self.program.hidden_rules(), f"the field program `{self.program.name}`")  # forward pushes
         # would draw anew
         return describe(self.program.hidden_rules()) or wrong_reverse(self)
 

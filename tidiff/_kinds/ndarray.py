@@ -61,7 +61,7 @@ from .._cache import uses
 from .._derived import TangentArguments
 from .._errors import taichi_cannot_reverse
 from .._fields.graph import CodeGraph
-from .._fields.hidden_rules import describe, refuse_hidden_rules, refuse_random, rules_reached
+from .._fields.hidden_rules import describe, refuse_hidden_rules, refuse_recomputed, rules_reached
 from .._fields.values import check_unchanged
 from .._lang.activity import root_names, stores
 from .._lang.compile import info
@@ -193,7 +193,7 @@ class NdarrayFunction(Function):
         default = floats[0] if floats else np.dtype(np.float64)  # the annotations' types; float64 where they say none
         if self._adjoint([d or default for d in self.in_dtypes], [d or default for d in self.out_dtypes]) is not None:
             return wrong_reverse(self)  # tidiff's adjoint applies every rule
-        refuse_random(self.hidden_rules(), f"the ndarray kernel `{self.name}`")  # forward pushes would draw anew
+        refuse_recomputed(self.hidden_rules(), f"the ndarray kernel `{self.name}`")  # forward pushes would draw anew
         return describe(self.hidden_rules()) or wrong_reverse(self)
 
     def adjoint_for(self, specs: Sequence[ArgSpec]) -> KernelAdjoint | None:
