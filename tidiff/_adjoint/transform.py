@@ -612,10 +612,24 @@ class Reverser(ControlFlow):
 
         return self.op(rule, read, [base], f"{_hint(base)}_slice", shape=tuple(shape))
 
+    def read_swizzle(self, node: ast.Attribute) -> ast.expr:
+        """``v.yx``, ``v.xyz``, ``v.xx``: a vector of the entries named; the adjoint adds the cotangent's entries
+        at theirs, in a zero shaped like ``v``."""
+        base = self.operand(node.value)
+        picks = ast.Tuple([ast.Constant(_COMPONENTS[c]) for c in node.attr], ast.Load())
+
+        def rule(g: Sym, out: Sym, x: Sym) -> Contributions:
+            return [helpers.scatter_picks(x, g, Sym(picks))]
+
+        return self.op(rule, ast.Attribute(base, node.attr, ast.Load()), [base], f"{_hint(base)}_{node.attr}",
+                       shape=(len(node.attr),))
+
     def read_entry(self, node: ast.Subscript | ast.Attribute) -> ast.expr:
         """``v[i, j]``: the adjoint puts the cotangent at ``[i, j]`` of a zero shaped like ``v``."""
         if isinstance(node, ast.Subscript) and any(isinstance(n, ast.Slice) for n in ast.walk(node.slice)):
             return self.read_slice(node)
+        if isinstance(node, ast.Attribute) and 1 < len(node.attr) <= 4 and set(node.attr) <= set(_COMPONENTS):
+            return self.read_swizzle(node)
         element = self.tuple_element(node)
         if element is not None:
             return element
@@ -765,7 +779,8 @@ class Reverser(ControlFlow):
         return self.op(rule, ast.Call(node.func, [ast.List(args, ast.Load())], keywords), args, "mat")
 
     def construct_typed(self, node: ast.Call, callee: Any, keywords: list[ast.keyword]) -> ast.expr:
-        """``ti.math.vec3(a, b, c)`` with one scalar per entry, or a list of them (``ti.math.ivec3``: no derivative)."""
+        """``ti.math.vec3(a, b, c)`` with one scalar per entry, a list of them, or parts of any shape
+        (``ti.math.vec4(v.xyz, 1.0)``); ``ti.math.ivec3``: no derivative."""
         if is_integral(callee.dtype):
             return self.rename(node)
         if len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple)):  # ti.math.mat2([[a, b], [c, d]])
@@ -775,8 +790,15 @@ class Reverser(ControlFlow):
             return self.op(_constructor_of_one, ast.Call(node.func, [arg], keywords), [arg], "vec")
         shape = (callee.n,) if callee.ndim == 1 else (callee.n, callee.m)
         size = shape[0] if len(shape) == 1 else shape[0] * shape[1]
-        if len(node.args) != size:
-            raise NotReversible(f"the constructor `{ast.unparse(node)}` (one scalar per entry is supported)")
+        if len(node.args) != size:  # ti.math.vec4(v.xyz, 1.0): parts of any shape (NOTE: [Constructors from parts])
+            if any(isinstance(a, (ast.List, ast.Tuple, ast.Starred)) for a in node.args):
+                raise NotReversible(f"the constructor `{ast.unparse(node)}` (lists among several parts)")
+            parts = [self.operand(a) for a in node.args]
+            def rule(g: Sym, out: Sym, *xs: Sym) -> Contributions:
+                return [helpers.part_of(g, k, *xs) for k in range(len(xs))]
+
+            return self.op(rule, ast.Call(node.func, parts, keywords), parts, "vec" if len(shape) == 1 else "mat",
+                           shape=shape)
         args = [self.operand(a) for a in node.args]
         index = [(k,) for k in range(size)] if len(shape) == 1 else [divmod(k, shape[1]) for k in range(size)]
         return self._constructed(ast.Call(node.func, args, keywords), args, index)

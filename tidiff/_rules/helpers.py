@@ -164,10 +164,11 @@ def scatter2(like, v, i, j):
 # each other dim its index. Its adjoint writes the cotangent back at those entries of a zero like the base.
 @ti.func
 def scatter_picks(like, v, picks: ti.template()):  # type: ignore[valid-type]
-    """A zero shaped like the vector ``like`` with ``v``'s entries at ``picks``: the adjoint of a slice read."""
+    """A zero shaped like the vector ``like`` with ``v``'s entries added at ``picks``: the adjoint of a slice read,
+    or of a swizzle (``like.yx``, ``like.xx``)."""
     result = ti.zero(like)
     for a in ti.static(range(len(picks))):
-        result[picks[a]] = v[a]
+        result[picks[a]] += v[a]
     return result
 
 
@@ -365,6 +366,53 @@ def col_into(like, v, j: ti.template()):  # type: ignore[valid-type]
         result[i, j] = v[i]
     return result
 
+
+
+# --- constructors from parts: ``ti.math.vec4(v.xyz, 1.0)`` -----------------
+# NOTE: [Constructors from parts] Taichi fills a vector or matrix type called with several values, scalars,
+# vectors and matrices alike, with their entries in order (matrices row by row; GLSL's ``vec4(v.xyz, 1.0)``).
+# Which entries a part filled is known only when Taichi compiles, from the parts' shapes: these helpers cut a
+# cotangent into parts, and put a part back, while it compiles.
+def _entries_of(x: Any) -> list[Any]:
+    """The entries of a Taichi value while a kernel compiles, row by row (a scalar: itself)."""
+    shape = shape_of(x)
+    if not shape:
+        return [x]
+    builder = impl.get_runtime().compiling_callable.ast_builder()
+    index = [(k,) for k in range(shape[0])] if len(shape) == 1 else \
+        [(i, j) for i in range(shape[0]) for j in range(shape[1])]
+    return [impl.subscript(builder, x, *at) for at in index]
+
+
+def _shaped(entries: list[Any], like: Any) -> Any:
+    """``entries`` (row by row) in the shape of ``like``."""
+    shape = shape_of(like)
+    if not shape:
+        return entries[0]
+    if len(shape) == 1:
+        return ti.Vector(entries)
+    return ti.Matrix([entries[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])])
+
+
+def _span(k: int, parts: tuple[Any, ...]) -> slice:
+    start = sum(size_of(p) for p in parts[:k])
+    return slice(start, start + size_of(parts[k]))
+
+
+@compile_time
+def part_of(g, k, *parts):
+    """The entries of ``g`` that part ``k`` of ``parts`` filled, in that part's shape: the cotangent of the part
+    in a constructor called with ``parts`` (NOTE: [Constructors from parts])."""
+    return _shaped(_entries_of(g)[_span(k, parts)], parts[k])
+
+
+@compile_time
+def part_into(like, v, k, *parts):
+    """A zero shaped like ``like`` with the entries of ``v`` where part ``k`` of ``parts`` is: the adjoint of
+    :func:`part_of`."""
+    entries = [ti.cast(0, dtype_of(like))] * size_of(like)
+    entries[_span(k, parts)] = _entries_of(v)
+    return _shaped(entries, like)
 
 # --- tapes of loop-carried values (``_adjoint/control.py``) ------------------
 # A reverse sweep through a runtime loop needs the values its iterations started

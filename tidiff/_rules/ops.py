@@ -361,6 +361,8 @@ deflinear_in(rule_helpers.row_of, 0, lambda g, out, m, i: [helpers.row_into(m, g
 deflinear_in(rule_helpers.col_of, 0, lambda g, out, m, j: [helpers.col_into(m, g, j)])
 deflinear_in(rule_helpers.row_into, 1, lambda g, out, like, v, i: [None, helpers.row_of(g, i)])
 deflinear_in(rule_helpers.col_into, 1, lambda g, out, like, v, j: [None, helpers.col_of(g, j)])
+deflinear_in(rule_helpers.part_of, 0, lambda g, out, whole, k, *parts: [helpers.part_into(whole, g, k, *parts)])
+deflinear_in(rule_helpers.part_into, 1, lambda g, out, like, v, k, *parts: [None, helpers.part_of(g, k, *parts)])
 deflinear_in(rule_helpers.entries, 0, lambda g, out, x: [helpers.unflat_any(g, x)])
 deflinear_in(rule_helpers.unflat_any, 0, lambda g, out, v, like: [helpers.entries(g)])
 deflinear_in(rule_helpers.pick_extreme, 1, lambda g, out, x, t, largest: [None, helpers.extreme_adjoint(x, g, largest)])
