@@ -24,7 +24,7 @@ def from_parts(v: ti.math.vec2):
     u = ti.math.vec4(w.z, w.xy * 2.0, ti.sin(v.y))  # a scalar, a vector, a scalar
     m = ti.math.mat2(w.xy, u.zw)  # rows from vectors
     n = mat2x3(w, u.xyz)  # rows of three
-    e = vec6(m, v * 3.0)  # a matrix, row by row, then a vector
+    e = vec6(m, v.yy * 3.0)  # a matrix, row by row, then an entry twice
     return u.dot(u) + ti.sqrt(w.dot(w) + 1.0) + m.determinant() + (n @ n.transpose()).trace() * e[3] + e.dot(e) * e[5]
 
 
@@ -33,7 +33,7 @@ def from_parts_torch(v):
     u = torch.stack([w[2], 2 * w[0], 2 * w[1], torch.sin(v[1])])
     m = torch.stack([w[:2], u[2:]])
     n = torch.stack([w, u[:3]])
-    e = torch.cat([m.reshape(4), v * 3.0])
+    e = torch.cat([m.reshape(4), v[[1, 1]] * 3.0])
     determinant = m[0, 0] * m[1, 1] - m[0, 1] * m[1, 0]  # torch.linalg.det's gradient is 0 where m is singular
     return u @ u + torch.sqrt(w @ w + 1.0) + determinant + torch.trace(n @ n.T) * e[3] + (e @ e) * e[5]
 
