@@ -247,6 +247,7 @@ from .._lang.callees import transformable
 from .._lang.compile import compile_source, mark
 from .._lang.dead_branches import without_dead_branches
 from .._lang.generate import generate, owned_cache
+from .._lang.inline import DEEPEST, Renamed, inlined
 from .._lang.launch import NumberLaunch
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
 from .._lang.nodes import entry_root, name, zero_of
@@ -259,7 +260,6 @@ from . import _made, chunks, read_back
 from .accesses import Access, KernelAccesses
 from .control import Block, Branch, Loop, Op, Store, has_effects, uses, value_reads
 from .entry_locals import entries_as_locals
-from .inline import DEEPEST, Renamed, inlined
 from .transform import NotReversible, Reverser
 
 #: NOTE: [Constant ranges in kernels] The function transform writes out every constant range; in a kernel a

@@ -40,10 +40,10 @@ from taichi.lang.field import Field
 from taichi.types.annotations import Template
 from taichi.types.ndarray_type import NdarrayType
 
-from .._adjoint.inline import inlined
 from .._fields.graph import CodeGraph
 from .._lang.callees import is_helper, is_taichi_func
 from .._lang.compile import kernel_like
+from .._lang.inline import inlined
 from .._lang.naming import Namer, names_in
 from .._lang.objects import Unbound, bind, static_value
 from .._lang.parse import parse, resolve

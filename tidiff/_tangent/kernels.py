@@ -78,6 +78,7 @@ from .._lang.activity import assignments, root_names, stop_grad_arguments
 from .._lang.callees import call_name, transformable
 from .._lang.compile import compile_source, info, mark
 from .._lang.generate import generate
+from .._lang.inline import inlined
 from .._lang.naming import RULE_HELPERS, helper_name
 from .._lang.nodes import Value, call, entry_root, function, if_, statement, taichi
 from .._lang.objects import Unbound, argcount, bind, fields_of, is_float_field, method_parts, parsed_for
@@ -430,6 +431,10 @@ class KernelTransformer(Transformer):
         self.is_kernel = kernel is not None
         self.arrays = arrays
         bind(parsed, owner)
+        if kernel is not None:  # NOTE: [Structs through funcs]
+            written_out = inlined(parsed, structs_only=True)
+            parsed.namespace.update(written_out.namespace)  # the names bound for it, where the code is compiled
+            parsed = written_out
         super().__init__(parsed, active, self._jvp_of)
         self.locals = _bound_names(self.tree)
         self.template_params: list[str] = []  # ti.template() fields: their tangent is passed at launch

@@ -64,30 +64,36 @@ from typing import Any
 
 import taichi as ti
 from taichi.lang.field import Field
+from taichi.lang.struct import StructType
 
-from .._lang.activity import assigned_names
-from .._lang.callees import is_taichi_func
-from .._lang.naming import Namer, names_in
-from .._lang.objects import fields_of, parsed_for
-from .._lang.parse import MISSING, OPERATOR_NODES, Parsed, resolve, static_call, without_docstring
+from .activity import assigned_names
+from .callees import is_taichi_func
+from .naming import Namer, names_in
+from .objects import fields_of, parsed_for
+from .parse import MISSING, OPERATOR_NODES, Parsed, resolve, static_call, without_docstring
+from .structs import scalarized_structs
 
 DEEPEST = 8
 
 
 @dataclass(frozen=True)
 class _Sites:
-    """Which calls are inlined: of funcs given one of ``fields`` (template parameters), writing fields, or for
-    which ``also`` says so."""
+    """Which calls are inlined: of funcs given one of ``fields`` (template parameters) or one of ``structs``
+    (locals holding a struct), writing fields, returning a struct, or for which ``also`` says so."""
 
     fields: set[str]
     also: Callable[[Any], bool] | None = None
+    structs: frozenset[str] = frozenset()
+    writers: bool = True  # funcs that write fields are sites
 
 
-def inlined(parsed: Parsed, also: Callable[[Any], bool] | None = None) -> Parsed:
+def inlined(parsed: Parsed, also: Callable[[Any], bool] | None = None, structs_only: bool = False) -> Parsed:
     """``parsed`` (a kernel) with its calls of funcs that write fields or are given one written out (see the
     NOTE), and of funcs for which ``also`` is true: a new Parsed over a copy, or ``parsed`` itself where there
-    are none."""
-    sites = _Sites(_template_parameters(parsed.tree, parsed.namespace), also)
+    are none. ``structs_only``: only the calls given or returning a struct (NOTE: [Structs through funcs])."""
+    structs = _struct_locals(parsed.tree, parsed.namespace)
+    sites = _Sites(set(), None, structs, False) if structs_only else \
+        _Sites(_template_parameters(parsed.tree, parsed.namespace), also, structs)
     if not any(isinstance(node, ast.Call) and _site(ast.Expr(node), parsed.namespace, sites)
                for node in ast.walk(parsed.tree)):
         return parsed
@@ -96,7 +102,38 @@ def inlined(parsed: Parsed, also: Callable[[Any], bool] | None = None) -> Parsed
     for _ in range(DEEPEST):
         if not _inline_block_of(tree, namespace, sites, namer):
             break
+    if sites.structs:  # NOTE: [Structs through funcs]
+        scalarized_structs(tree, lambda node: resolve(node, namespace), namespace)
     return Parsed(ast.fix_missing_locations(tree), parsed.filename, parsed.first_line, namespace, parsed.form)
+
+
+# NOTE: [Structs through funcs] A struct local is written out as one local per member where every use is a member
+# access (NOTE: [Struct locals]); one given to a func (``energy(p)``) or made by one (``p = make(x, m)``) stayed a
+# struct, which no transform differentiates: a kernel's derivatives were Taichi's ``kernel.grad``, checked. Such
+# calls are written out in the kernel, as Taichi compiles them, and the struct locals of the result written out
+# member by member: ``p`` in ``energy``'s body is the kernel's ``p`` (a parameter the body only reads), and
+# ``make``'s ``return P(pos=..., m=m)`` leaves ``p = P(pos=..., m=m_1)``.
+def _struct_locals(tree: ast.FunctionDef, namespace: dict[str, Any]) -> frozenset[str]:
+    """Names a kernel assigns a struct: built by its type (``P(...)``) or returned by a func."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Call):
+            callee = resolve(node.value.func, namespace)
+            if isinstance(callee, StructType) or _returns_struct(callee):
+                found.add(node.targets[0].id)
+    return frozenset(found)
+
+
+def _returns_struct(callee: Any) -> bool:
+    """Whether a func ends by returning a struct it builds (``return P(pos=..., m=m)``)."""
+    if callee is MISSING or not is_taichi_func(callee) or getattr(callee, "_is_real_function", False):
+        return False
+    parsed = parsed_for(callee)
+    body = without_docstring(parsed.tree.body)
+    last = body[-1] if body else None
+    return isinstance(last, ast.Return) and isinstance(last.value, ast.Call) \
+        and isinstance(resolve(last.value.func, parsed.namespace), StructType)
 
 
 def _template_parameters(tree: ast.FunctionDef, namespace: dict[str, Any]) -> set[str]:
@@ -129,9 +166,10 @@ def _site(stmt: ast.AST, namespace: dict[str, Any], sites: _Sites) -> Any:
     callee = resolve(value.func, namespace)
     if callee is MISSING or not is_taichi_func(callee) or getattr(callee, "_is_real_function", False):
         return None
-    given = any(isinstance(a, ast.Name) and (a.id in sites.fields or _is_fields(resolve(a, namespace)))
-                for a in value.args)
-    if not given and not _writes_fields(callee, set()) and not (sites.also is not None and sites.also(callee)):
+    given = any(isinstance(a, ast.Name) and (a.id in sites.structs or sites.writers and (
+        a.id in sites.fields or _is_fields(resolve(a, namespace)))) for a in value.args)
+    if not given and not (sites.writers and _writes_fields(callee, set())) and not _returns_struct(callee) \
+            and not (sites.also is not None and sites.also(callee)):
         return None
     body = _body(callee, value.args)
     returns = [n for n in ast.walk(ast.Module(body, [])) if isinstance(n, ast.Return)]
@@ -271,7 +309,8 @@ def _hoisted(stmt: ast.stmt, namespace: dict[str, Any], sites: _Sites, namer: Na
             return ast.Name(fresh, ast.Load())
 
     hoist = Hoist()
-    if isinstance(stmt, (ast.Expr, ast.Assign)) and isinstance(stmt.value, ast.Call):
+    if isinstance(stmt, (ast.Expr, ast.Assign)) and isinstance(stmt.value, ast.Call) \
+            and _site(stmt, namespace, sites) is not None:
         stmt.value.args = [hoist.visit(arg) for arg in stmt.value.args]  # the call itself is a site
     elif isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)) and stmt.value is not None:
         stmt.value = hoist.visit(stmt.value)
