@@ -186,10 +186,13 @@ loss). Neither is an input of the program: the array is a constant of it,
 read as it is at each launch, in reverse mode (its reads are constants of
 the adjoint, which takes the same array) and in forward mode (no tangent
 beside it). The adjoint does not take a kernel writing into such an array
-(a copy out, ``out[i] = y[i]``): Taichi's ``kernel.grad`` reverses it,
-checked. Before, the replay left out every launch given an external array,
-as it leaves out Taichi's ``to_numpy``: the gradient through such a kernel
-was 0, without a word.
+(a copy out, ``out[i] = y[i]``) and reading it: Taichi's ``kernel.grad``
+reverses that, checked. A copy out the kernel does not read is left out of
+the adjoint, as forward mode gives it no tangent and Taichi's reverse mode
+no gradient (an array is no input or output of the program). Before, the
+replay left out every launch given an external array, as it leaves out
+Taichi's ``to_numpy``: the gradient through such a kernel was 0, without a
+word.
 
 NOTE: [Reverse of an ndarray kernel] A kernel over ``ti.types.ndarray()``
 parameters (``td.function(k, inputs=[...], outputs={...})``) is reversed by
@@ -879,7 +882,8 @@ class FieldReverser(Reverser):
         recorded (NOTE: [Launches that keep the access rules]) and left out."""
         if not (self.stores and isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
                 and target.value.id in self.constant_fields and self.is_global(target.value.id)):
-            return False
+            return self.stores and isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
+                and target.value.id in self.external_written  # a copy out: left out (NOTE: [Arrays given to ...])
         self.accesses.append(Access("store", self.field_key(target.value.id), None, ()))
         return True
 
@@ -1018,6 +1022,7 @@ class KernelReverser(FieldReverser):
         self.accumulators: dict[str, str] = {}  # top-level local -> its cotangent's sum over a parallel loop
         self.number_templates: list[str] = []  # ti.template() parameters used as numbers only
         self.external: set[str] = set()  # array parameters of a kernel over fields
+        self.external_written: set[str] = set()  # those it writes (a copy out), the writes left out
         self.chunk_forms: dict[int, tuple[list[ast.stmt], list[chunks.Part], chunks.Chunking]] = {}  # an adjoint
         # loop (by id) -> its chunked form, the copies it takes, how a launch splits it (NOTE: [Accumulations by
         # chunk])
@@ -1059,10 +1064,15 @@ class KernelReverser(FieldReverser):
         return read_back.readable(self.stored, self.accesses, positions, self.arrays or {}, self.integral)
 
     def refuse_external_writes(self) -> None:
-        """An array given to a kernel over fields is read only (NOTE: [Arrays given to a kernel over fields])."""
-        for _, target in stores(self.tree):
-            if set(root_names(target)[:1]) & self.external:
-                raise NotReversible(f"the write `{ast.unparse(target)}` into an array given to a kernel over fields")
+        """An array given to a kernel over fields and written is not read there (NOTE: [Arrays given to a kernel
+        over fields])."""
+        written = {name for _, target in stores(self.tree) for name in root_names(target)[:1]} & self.external
+        read = next((n for n in ast.walk(self.tree) if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load)
+                     and isinstance(n.value, ast.Name) and n.value.id in written), None)
+        if read is not None:
+            raise NotReversible(f"the read `{ast.unparse(read)}` of an array the kernel writes, given to a kernel "
+                                "over fields")
+        self.external_written = written
 
     def run(self) -> ast.FunctionDef:
         body = without_docstring(self.tree.body)
