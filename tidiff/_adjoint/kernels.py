@@ -551,6 +551,8 @@ class FieldReverser(Reverser):
         # first parallel loop holding one starts
         self.forwarded: dict[tuple[str, str], ast.expr] = {}  # NOTE: [Reads of what the iteration wrote]
         self.scratch: list[Scratch] = []  # NOTE: [Scratch arrays]
+        self.external_written: set[str] = set()  # arrays a kernel over fields writes (a copy out), the writes
+        # left out (NOTE: [Arrays given to a kernel over fields])
         self.find_fields()
 
     def find_fields(self) -> None:
@@ -1022,7 +1024,6 @@ class KernelReverser(FieldReverser):
         self.accumulators: dict[str, str] = {}  # top-level local -> its cotangent's sum over a parallel loop
         self.number_templates: list[str] = []  # ti.template() parameters used as numbers only
         self.external: set[str] = set()  # array parameters of a kernel over fields
-        self.external_written: set[str] = set()  # those it writes (a copy out), the writes left out
         self.chunk_forms: dict[int, tuple[list[ast.stmt], list[chunks.Part], chunks.Chunking]] = {}  # an adjoint
         # loop (by id) -> its chunked form, the copies it takes, how a launch splits it (NOTE: [Accumulations by
         # chunk])
