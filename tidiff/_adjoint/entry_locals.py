@@ -1,4 +1,4 @@
-"""An entry a runtime loop updates again and again, written for the adjoint as a local of the iteration.
+"""An entry a runtime loop (or a branch) updates, written for the adjoint as a local of the iteration.
 
 NOTE: [Entries updated in a loop, as locals] A kernel iteration that updates
 one entry in a runtime loop (``for _ in range(n): h[i] = h[i] * p[i]``)
@@ -29,6 +29,17 @@ runs as written.
 Measured on a program updating 2,000 entries four times so, then summing
 their squares (2-core CPU, a net on the other core): ``td.grad`` 1.89 s warm
 before (4,000 tangent runs), 1.2 ms now; first call 2.53 s before, 0.50 s.
+
+NOTE: [Entries set, then updated in a branch] ``y[i] = x[i] * 2``, then
+``if x[i] > 0: y[i] = y[i] * x[i]``, then a read of ``y[i]``: the read
+after the branch is of a value one side or the other wrote, which the
+adjoint does not know, so it read the field as the kernel left it; where
+the kernel overwrote the entry after (``y[i] = ti.tanh(y[i])``) that was
+wrong, checked and pushed forward, one kernel run per input entry. Such a
+branch is written as a loop is: the entry in a local before it (a read of
+what the iteration set, known), updated in it, stored after it. Taken where
+the iteration sets the entry before the branch and reads it in the branch
+or after it, with the loop's conditions on the branch.
 """
 from __future__ import annotations
 
@@ -75,6 +86,8 @@ class _Rewriter:
         for k, stmt in enumerate(stmts):
             if isinstance(stmt, (ast.For, ast.While)) and not self.static(stmt):
                 out += self.loop(stmt, stmts[:k], stmts[k + 1:])
+            elif isinstance(stmt, ast.If) and (found := self.entries(stmt, stmts[:k], stmts[k + 1:])):
+                out += self.localized(stmt, found)  # NOTE: [Entries set, then updated in a branch]
             else:
                 if isinstance(stmt, (ast.If, ast.For, ast.While)):  # a branch, or a loop unrolled: its loops
                     stmt.body, stmt.orelse = self.block(stmt.body), self.block(stmt.orelse)
@@ -89,22 +102,27 @@ class _Rewriter:
     def loop(self, loop: ast.For | ast.While, earlier: list[ast.stmt], later: list[ast.stmt]) -> list[ast.stmt]:
         """The loop, each entry it updates read into a local before it and stored after it; loops inside it
         rewritten too. ``earlier`` and ``later``: the statements of its block before and after it."""
+        localized = self.localized(loop, self.entries(loop, earlier, later))
+        loop.body = self.block(loop.body)
+        return localized
+
+    def localized(self, stmt: ast.stmt, entries: list[tuple[str, ast.expr]]) -> list[ast.stmt]:
+        """``stmt`` with each of ``entries`` read into a local before it, updated there, stored after it."""
         before: list[ast.stmt] = []
         after: list[ast.stmt] = []
-        for root, index in self.entries(loop, earlier, later):
+        for root, index in entries:
             local = self.namer.fresh(f"{root}_entry")
-            _Replace(root, ast.dump(index), local).visit(loop)
+            _Replace(root, ast.dump(index), local).visit(stmt)
             before.append(ast.Assign([ast.Name(local, ast.Store())],
                                      ast.Subscript(ast.Name(root, ast.Load()), copy.deepcopy(index), ast.Load())))
             after.append(ast.Assign([ast.Subscript(ast.Name(root, ast.Load()), copy.deepcopy(index), ast.Store())],
                                     ast.Name(local, ast.Load())))
             self.changed = True
-        loop.body = self.block(loop.body)
-        return [*before, loop, *after]
+        return [*before, stmt, *after]
 
-    def entries(self, loop: ast.For | ast.While, earlier: list[ast.stmt], later: list[ast.stmt]
+    def entries(self, loop: ast.For | ast.While | ast.If, earlier: list[ast.stmt], later: list[ast.stmt]
                 ) -> list[tuple[str, ast.expr]]:
-        """``(field, index)`` of each entry the loop updates and may keep in a local (see the NOTE)."""
+        """``(field, index)`` of each entry the loop (or branch) updates and may keep in a local (see the NOTEs)."""
         if any(isinstance(n, ast.Call) and not self.plain(n) for n in ast.walk(loop)):
             return []
         assigned = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
@@ -127,7 +145,11 @@ class _Rewriter:
                 continue  # an entry other iterations may reach too (a sum into loss[None])
             updates = {id(n.target) for n in ast.walk(loop) if isinstance(n, ast.AugAssign)
                        and not isinstance(n.op, (ast.Add, ast.Sub))}  # ``h[i] *= e`` reads the entry too
-            if all(id(e) in written and id(e) not in updates for e in entries) and not (
+            if isinstance(loop, ast.If):  # NOTE: [Entries set, then updated in a branch]
+                if not (_set_in(earlier, root, index) and (_read_in([loop], root, index)
+                                                           or _read_in(later, root, index))):
+                    continue
+            elif all(id(e) in written and id(e) not in updates for e in entries) and not (
                     _set_in(earlier, root, index) and _read_in(later, root, index)):
                 continue  # written only (h[i] += e): its adjoint needs no value, as written
             found.append((root, index))
