@@ -110,6 +110,11 @@ APPLY = {
     "summed into where set, then read": "v = f(x[i], w[i])\n        y[i] = 0.25 * w[i]\n"
                                         "        for k in range(2):\n            y[i] += 0.5 * v + 0.0625 * k\n"
                                         "        y[i] -= 0.0625 * v\n        y[i] = ti.tanh(y[i])",
+    # y[i] set, updated in a branch, then read and overwritten (NOTE: [Entries set, then updated in a branch]);
+    # Taichi's own reverse mode is silently wrong there
+    "updated in a branch, then read": "y[i] = f(x[i], w[i])\n        if y[i] > 0.25:\n            y[i] = y[i] * y[i]\n"
+                                      "        else:\n            y[i] -= 0.5 * w[i]\n"
+                                      "        y[i] = ti.tanh(y[i]) + 0.125 * y[i]",
 }
 
 
@@ -122,7 +127,7 @@ PASSES = ("once", "in place", "in place, *=", "twice", "twice, y cleared")
 TAICHI_REFUSES = {"a top-level sum", "updated in place after a top-level local",
                   "updated in place, then summed into a local", "normalized by a sum a later loop reads"}
 # Taichi's reverse mode is silently wrong there: no cross-check with it
-TAICHI_WRONG = {"updated again in a runtime loop", "summed into where set, then read"}
+TAICHI_WRONG = {"updated again in a runtime loop", "summed into where set, then read", "updated in a branch, then read"}
 
 
 def run_passes(ns: dict, fields: dict, passes: str) -> None:
@@ -169,6 +174,9 @@ def y_twin(variant: str, f_values, w):
         return v
     if variant == "summed into where set, then read":
         return torch.tanh(0.25 * w + 0.9375 * f_values + 0.0625)
+    if variant == "updated in a branch, then read":
+        u = torch.where(f_values > 0.25, f_values * f_values, f_values - 0.5 * w)
+        return torch.tanh(u) + 0.125 * u
     if variant == "a loop that breaks":
         grown = []
         for v in f_values:
