@@ -40,6 +40,19 @@ branch is written as a loop is: the entry in a local before it (a read of
 what the iteration set, known), updated in it, stored after it. Taken where
 the iteration sets the entry before the branch and reads it in the branch
 or after it, with the loop's conditions on the branch.
+
+NOTE: [Entries read first from zeroed outputs] An ndarray kernel's outputs
+hold zeros whenever it starts: tidiff allocates them so, for every launch
+(``+=`` sums from 0). A recurrence into an output carried by a runtime loop
+(RWKV's time mixing, ``for c: for t: state[c] = a[c] * state[c] + e[t, c];
+out[t, c] = state[c]``) first reads the entry before the loop, where it
+holds 0; the adjoint read it as the kernel left it (the last step's value),
+so the kernel was checked, found wrong and pushed forward, one run per input
+entry. Where that read is the kernel's first access of the entry (no use of
+the array before the loop in the kernel's source, and every runtime loop
+around it has its counter in the index, so no earlier pass reached it), the
+local starts as a zero of the array's type instead, a constant. An array of
+vectors or matrices is left as it was.
 """
 from __future__ import annotations
 
@@ -49,6 +62,8 @@ from collections.abc import Callable
 from typing import Any
 
 import taichi as ti
+from taichi.lang.matrix import MatrixType
+from taichi.types.ndarray_type import NdarrayType
 
 from .._lang.callees import is_taichi_func
 from .._lang.naming import Namer, names_in
@@ -57,13 +72,18 @@ from .._lang.parse import Parsed, resolve
 _ALLOWED_BUILTINS = {range, min, max, abs, int, float, len}
 
 
-def entries_as_locals(parsed: Parsed, reaches_fields: Callable[[Any], bool]) -> Parsed:
+def entries_as_locals(parsed: Parsed, reaches_fields: Callable[[Any], bool], zeroed: dict[str, Any] | None = None
+                      ) -> Parsed:
     """``parsed`` (a kernel) with each entry a runtime loop in a parallel loop updates written as a local (see
     the NOTE; ``reaches_fields(func)``: whether a ``@ti.func`` reads or writes global fields): a new Parsed over a
-    copy, or ``parsed`` itself where there is none."""
+    copy, or ``parsed`` itself where there is none. ``zeroed``: arrays holding zeros when the kernel starts (an
+    ndarray kernel's outputs), with their element types (NOTE: [Entries read first from zeroed outputs])."""
     tree = copy.deepcopy(parsed.tree)
     bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     rewriter = _Rewriter(parsed.namespace, bound, Namer(names_in(tree) | set(parsed.namespace)), reaches_fields)
+    rewriter.zeroed, rewriter.tree = _scalar_arrays(tree, parsed.namespace, zeroed or {}), tree
+    if rewriter.zeroed:
+        rewriter.order, rewriter.names_at = _preorder(tree)
     for stmt in tree.body:
         if isinstance(stmt, ast.For):  # a parallel loop: its runtime loops (of one iteration: no other reaches
             # its entries, NOTE: [Serialized kernels as one iteration])
@@ -80,6 +100,11 @@ class _Rewriter:
         self.namespace, self.bound, self.namer, self.reaches_fields = namespace, bound, namer, reaches_fields
         self.counters: list[str] = []  # the parallel loop's
         self.changed = False
+        self.zeroed: dict[str, Any] = {}  # arrays of scalars holding zeros when the kernel starts -> element type
+        self.order: dict[int, int] = {}  # statement id -> its place in the kernel's source order
+        self.names_at: dict[str, list[int]] = {}  # name -> the places of its uses, before any rewrite
+        self.enclosing: list[ast.For | ast.While] = []  # the runtime loops around the block being rewritten
+        self.tree: ast.AST = ast.Module([], [])  # the kernel
 
     def block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
         out: list[ast.stmt] = []
@@ -102,8 +127,13 @@ class _Rewriter:
     def loop(self, loop: ast.For | ast.While, earlier: list[ast.stmt], later: list[ast.stmt]) -> list[ast.stmt]:
         """The loop, each entry it updates read into a local before it and stored after it; loops inside it
         rewritten too. ``earlier`` and ``later``: the statements of its block before and after it."""
+        self.interchange(loop)  # NOTE: [Loops interchanged for a carried entry]
         localized = self.localized(loop, self.entries(loop, earlier, later))
-        loop.body = self.block(loop.body)
+        self.enclosing.append(loop)
+        try:
+            loop.body = self.block(loop.body)
+        finally:
+            self.enclosing.pop()
         return localized
 
     def localized(self, stmt: ast.stmt, entries: list[tuple[str, ast.expr]]) -> list[ast.stmt]:
@@ -112,9 +142,10 @@ class _Rewriter:
         after: list[ast.stmt] = []
         for root, index in entries:
             local = self.namer.fresh(f"{root}_entry")
+            first = self.zero(root) if self.read_first(stmt, root, index) else None
             _Replace(root, ast.dump(index), local).visit(stmt)
-            before.append(ast.Assign([ast.Name(local, ast.Store())],
-                                     ast.Subscript(ast.Name(root, ast.Load()), copy.deepcopy(index), ast.Load())))
+            before.append(ast.Assign([ast.Name(local, ast.Store())], first or ast.Subscript(
+                ast.Name(root, ast.Load()), copy.deepcopy(index), ast.Load())))
             after.append(ast.Assign([ast.Subscript(ast.Name(root, ast.Load()), copy.deepcopy(index), ast.Store())],
                                     ast.Name(local, ast.Load())))
             self.changed = True
@@ -155,6 +186,88 @@ class _Rewriter:
             found.append((root, index))
         return found
 
+    def interchange(self, outer: ast.For | ast.While) -> None:
+        """``for t: for c: body`` as ``for c: for t: body`` where that is the same computation and leaves an entry
+        the passes over ``t`` carry (``state[c]``) in the inner loop (NOTE: [Loops interchanged for a carried
+        entry])."""
+        if not (isinstance(outer, ast.For) and not outer.orelse and len(outer.body) == 1
+                and isinstance(outer.body[0], ast.For) and not self.static(outer.body[0])):
+            return
+        inner = outer.body[0]
+        if inner.orelse or not all(isinstance(t, ast.Name) for t in (outer.target, inner.target)):
+            return
+        assert isinstance(outer.target, ast.Name) and isinstance(inner.target, ast.Name)
+        t, c = outer.target.id, inner.target.id
+        if any(isinstance(n, ast.Name) and n.id == t for n in ast.walk(inner.iter)) or any(
+                isinstance(n, ast.Call) and not self.plain(n) for n in ast.walk(inner)):
+            return  # bounds that depend on the outer counter, or a call that may reach fields
+        if any(isinstance(n, (ast.Break, ast.Continue, ast.Return)) for n in ast.walk(inner)):
+            return
+        written = self.stored(inner)
+        carried = False
+        for root in written:
+            positions = set()
+            for n in ast.walk(inner):
+                if isinstance(n, ast.Name) and n.id == root and not any(
+                        isinstance(e, ast.Subscript) and e.value is n for e in ast.walk(inner)):
+                    return  # the array reached otherwise than by an entry
+                if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == root:
+                    parts = n.slice.elts if isinstance(n.slice, ast.Tuple) else [n.slice]
+                    at = [k for k, p in enumerate(parts) if isinstance(p, ast.Name) and p.id == c]
+                    positions.add(at[0] if at else None)
+                    carried |= not any(isinstance(p, ast.Name) and p.id == t for p in parts)
+            if len(positions) != 1 or None in positions:
+                return  # iterations over ``c`` may reach one entry
+        if not carried or not self.private(inner):
+            return
+        outer.target, inner.target = inner.target, outer.target
+        outer.iter, inner.iter = inner.iter, outer.iter
+        self.changed = True
+
+    def private(self, loop: ast.For) -> bool:
+        """Whether every local the loop's body assigns is its iteration's own: first assigned at its top level,
+        used nowhere outside it."""
+        inside = {id(n) for s in loop.body for n in ast.walk(s)}
+        assigned = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        assigned -= {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+        if any(isinstance(n, ast.Name) and n.id in assigned and id(n) not in inside for n in ast.walk(self.tree)):
+            return False
+        seen: set[str] = set()
+        for stmt in loop.body:
+            reads = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            if (reads & assigned) - seen:
+                return False  # read before the iteration assigned it: carried from another pass
+            if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
+                seen |= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+            elif any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id in assigned
+                     for n in ast.walk(stmt)):
+                return False  # assigned in a branch or a loop first
+        return True
+
+    def read_first(self, stmt: ast.stmt, root: str, index: ast.expr) -> bool:
+        """Whether the read of ``root[index]`` before ``stmt`` is the kernel's first access of that entry, in an
+        array holding zeros when the kernel starts (NOTE: [Entries read first from zeroed outputs])."""
+        loops = [loop for loop in self.enclosing if isinstance(loop, ast.For)]
+        if root not in self.zeroed or len(loops) < len(self.enclosing):
+            return False  # a while loop around: its passes are told by no counter
+        parts = {p.id for p in (index.elts if isinstance(index, ast.Tuple) else [index]) if isinstance(p, ast.Name)}
+        counters = {n.id for loop in loops for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+        if not counters <= parts:
+            return False  # an entry an earlier pass of a loop around may have reached
+        place = self.order.get(id(stmt))
+        return place is not None and not any(at < place for at in self.names_at.get(root, ()))
+
+    def zero(self, root: str) -> ast.expr:
+        """``ti.cast(0, dtype)`` of the array's element type, its names bound in the namespace."""
+        names = []
+        for value, hint in ((ti.cast, "cast"), (self.zeroed[root], "dtype")):
+            name = f"_tidiff_zero_{hint}"
+            while name in self.namespace and self.namespace[name] is not value:
+                name += "_"
+            self.namespace[name] = value
+            names.append(name)
+        return ast.Call(ast.Name(names[0], ast.Load()), [ast.Constant(0), ast.Name(names[1], ast.Load())], [])
+
     def stored(self, loop: ast.AST) -> set[str]:
         """Names not bound in the kernel (fields, arrays) whose entries the loop writes (or a component of)."""
         return {n.value.id for n in _written_entries(loop).values() if isinstance(n, ast.Subscript)
@@ -173,6 +286,37 @@ class _Rewriter:
         name = getattr(fn, "__name__", "") or ""
         return module.startswith("taichi") and not name.startswith("atomic") and not is_taichi_func(fn) \
             and not getattr(fn, "_is_taichi_function", False)
+
+
+def _preorder(tree: ast.AST) -> tuple[dict[int, int], dict[str, list[int]]]:
+    """Each statement's place in source order (a node before its children, children in order), by id; and the
+    places of each name's uses."""
+    order: dict[int, int] = {}
+    names: dict[str, list[int]] = {}
+
+    def visit(node: ast.AST, place: int) -> int:
+        if isinstance(node, ast.stmt):
+            order[id(node)] = place
+        elif isinstance(node, ast.Name):
+            names.setdefault(node.id, []).append(place)
+        for child in ast.iter_child_nodes(node):
+            place = visit(child, place + 1)
+        return place
+
+    visit(tree, 0)
+    return order, names
+
+
+def _scalar_arrays(tree: ast.FunctionDef, namespace: dict[str, Any], zeroed: dict[str, Any]) -> dict[str, Any]:
+    """The arrays of ``zeroed`` the kernel's annotations give scalar entries (no vector or matrix ``dtype``)."""
+    found = {}
+    for arg in tree.args.args:
+        if arg.arg not in zeroed or zeroed[arg.arg] is None:
+            continue
+        kind = resolve(arg.annotation, namespace) if arg.annotation is not None else None
+        if kind is ti.types.ndarray or isinstance(kind, NdarrayType) and not isinstance(kind.dtype, MatrixType):
+            found[arg.arg] = zeroed[arg.arg]
+    return found
 
 
 def _once(loop: ast.For) -> bool:

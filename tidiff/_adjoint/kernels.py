@@ -360,16 +360,18 @@ def vjp_kernel(kernel: Any, owner: object = None) -> KernelAdjoint | NotReversib
     return cache[key]
 
 
-def vjp_ndarray_kernel(kernel: Any, arrays: dict[str, Any]) -> KernelAdjoint | NotReversible:
+def vjp_ndarray_kernel(kernel: Any, arrays: dict[str, Any],
+                       zeroed: Sequence[str] = ()) -> KernelAdjoint | NotReversible:
     """The adjoint of a ``@ti.kernel`` over ndarray parameters (NOTE: [Reverse of an ndarray kernel]), or the
     NotReversible saying why the transform does not take it. ``arrays`` gives each ndarray parameter's element
     type where it carries a derivative (a float input or output: ``ti.f64``, ``ti.f32``), None where it does
-    not (integer arrays, frozen inputs); made once per kernel and pattern."""
+    not (integer arrays, frozen inputs); ``zeroed``: the arrays holding zeros whenever the kernel starts (the
+    outputs tidiff allocates); made once per kernel and pattern."""
     cache = owned_cache(kernel, ADJOINT)
-    key = ("ndarray", tuple(sorted((p, str(t)) for p, t in arrays.items())))
+    key = ("ndarray", tuple(sorted((p, str(t)) for p, t in arrays.items())), tuple(sorted(zeroed)))
     if key not in cache:
         try:
-            cache[key] = _generate(kernel, None, arrays)
+            cache[key] = _generate(kernel, None, arrays, {n: arrays.get(n) for n in zeroed})
         except NotReversible as reason:
             cache[key] = reason
     return cache[key]
@@ -425,7 +427,8 @@ def _field_made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
     return cache[key]
 
 
-def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) -> KernelAdjoint:
+def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None,
+              zeroed: dict[str, Any] | None = None) -> KernelAdjoint:
     bound = getattr(kernel, "_is_classkernel", False)
     if bound and owner is None:
         raise NotReversible("a kernel of a @ti.data_oriented class, without the object it runs on")
@@ -437,7 +440,7 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
                             "and would draw other numbers)")
     if (atomic := used_atomic_result(parsed.tree, lambda node: resolve(node, parsed.namespace))) is not None:
         raise NotReversible(f"the value `{ast.unparse(atomic)}` returns (NOTE: [Atomic results])")
-    parsed = entries_as_locals(parsed, _touches_fields)  # NOTE: [Entries updated in a loop, as locals]
+    parsed = entries_as_locals(parsed, _touches_fields, zeroed)  # NOTE: [Entries updated in a loop, as locals]
     pristine = copy.deepcopy(parsed.tree)
     try:
         reverser = KernelReverser(parsed, kernel, bound, arrays)
@@ -447,7 +450,7 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None) 
         if once is None:
             raise
         try:
-            in_order = entries_as_locals(dataclasses.replace(parsed, tree=once), _touches_fields)
+            in_order = entries_as_locals(dataclasses.replace(parsed, tree=once), _touches_fields, zeroed)
             reverser = KernelReverser(in_order, kernel, bound, arrays)
             tree = reverser.run()
         except NotReversible:

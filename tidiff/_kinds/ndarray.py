@@ -208,7 +208,7 @@ class NdarrayFunction(Function):
         arrays = {n: element(d, not f) for n, d, f in zip(self.inputs, in_dtypes, self.frozen, strict=True)}
         arrays.update({n: element(d, True) for n, d in zip(self.outputs, out_dtypes, strict=True)})
         arrays.update({s.param: None for s in self.scratch})  # read as the kernel left them
-        adjoint = vjp_ndarray_kernel(self.kernel, arrays)
+        adjoint = vjp_ndarray_kernel(self.kernel, arrays, self.outputs)  # allocated zeroed at every launch
         return None if isinstance(adjoint, NotReversible) else adjoint
 
     def exact(self, adjoint: KernelAdjoint) -> bool:
@@ -512,7 +512,9 @@ class NdarrayFunction(Function):
                 out.grad = zeros(spec, device) if ct is None else fresh(ct, spec, device)
             tensors[name] = out
         self._with_scratch(tensors, device)  # one set, for the kernel and its adjoint
-        if own is not None and self.reads_outputs(own):  # the outputs as the kernel left them, to be read again
+        if own is not None and self.reads_outputs(own):  # the outputs as the kernel left them, to be read again,
+            for name in self.outputs:  # from zeros, as every launch starts (NOTE: [Entries read first from zeroed
+                tensors[name].detach().zero_()  # outputs]): a copy of what the forward gave
             self._launch(self.kernel, {n: t.detach() for n, t in tensors.items()})
         arrays = {**self.constants, **tensors}
         if own is not None:
