@@ -53,6 +53,20 @@ the array before the loop in the kernel's source, and every runtime loop
 around it has its counter in the index, so no earlier pass reached it), the
 local starts as a zero of the array's type instead, a constant. An array of
 vectors or matrices is left as it was.
+
+NOTE: [Loops interchanged for a carried entry] Written step by step, the
+recurrence is ``for t: for c: state[c] = ...`` (serialized, or in each row
+of a parallel loop): the entry the passes over ``t`` carry sits in the
+inner loop over ``c``, whose passes change its index, so it is no local of
+either loop. Where the inner passes reach disjoint entries (every array the
+inner body writes is reached only by entries with ``c`` itself at one same
+place in the index), its locals are each pass's own (first assigned at the
+body's top level, used nowhere else), its bounds do not depend on ``t`` and
+it calls nothing that reaches fields, the two loops are the same
+computation the other way round, each ``c`` taking its ``t`` in order; the
+adjoint takes them so (``for c: for t:``) where that leaves an entry carried
+over ``t``, which is then a local of the inner loop. The kernel runs as
+written.
 """
 from __future__ import annotations
 
