@@ -259,6 +259,14 @@ NDARRAY_KERNELS = {  # the kernel's body, and its twin from the element function
     for i in out:
         out[i] = out[i] * ti.sin(a[(i + 1) % a.shape[0]]) / (1.0 + total)
 """, lambda y, a: y * torch.sin(torch.roll(a, -1)) / (1.0 + (y ** 2).sum())),
+    # a state carried over steps in the output, serialized (NOTE: [Loops interchanged for a carried entry],
+    # [Entries read first from zeroed outputs])
+    "a state carried over steps": ("""
+    ti.loop_config(serialize=True)
+    for t in range(2):
+        for i in range(a.shape[0]):
+            out[i] = out[i] * ti.sin(a[i]) + f(a[i], b[i])
+""", lambda y, a: y * torch.sin(a) + y),
 }
 
 
