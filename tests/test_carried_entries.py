@@ -26,7 +26,9 @@ def time_mix_serial(decay: nd, k: nd, v: nd, state: nd, out: nd):
 
 
 @ti.kernel
-def time_mix_by_channel(decay: nd, k: nd, v: nd, state: nd, out: nd):
+def time_mix_by_channel(decay: ti.types.ndarray(dtype=ti.f64, ndim=1), k: ti.types.ndarray(dtype=ti.f64, ndim=2),
+                        v: ti.types.ndarray(dtype=ti.f64, ndim=2), state: ti.types.ndarray(dtype=ti.f64, ndim=1),
+                        out: ti.types.ndarray(dtype=ti.f64, ndim=2)):  # annotations written inline, as called
     for c in range(k.shape[1]):
         for t in range(k.shape[0]):
             state[c] = ti.exp(-ti.exp(decay[c])) * state[c] + ti.exp(k[t, c]) * v[t, c]
