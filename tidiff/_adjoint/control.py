@@ -238,13 +238,19 @@ class ControlFlow:
                 raise self.not_reversible(f"the tuple `{v}` assigned inside a branch or loop")
         return variables
 
+    def control_value(self, node: ast.expr, again: bool = False) -> ast.expr:
+        """A branch's test or a loop's bounds (``again``: a while loop's test, computed before every pass), which
+        carry no derivative: the expression as written, in SSA names (a kernel's adjoint overrides it for the
+        fields it reads)."""
+        return self.rename(node)
+
     def branch(self, node: ast.If) -> None:
         """``if test: ... else: ...`` on a value (NOTE: [Reverse control flow]), or on ``ti.static(...)`` of what
         only Taichi knows when it compiles (a parameter's shape ``a.n``): the test stays static in both sweeps, so
         only the taken side compiles (the other may not type-check)."""
         test = self.fresh("cond")
         static = isinstance(node.test, ast.Call) and resolve(node.test.func, self.parsed.namespace) is ti.static
-        self.forward.append(assign(test, self.rename(node.test)))
+        self.forward.append(assign(test, self.control_value(node.test)))
         variables = self.carried(node.body + node.orelse)
         prevs = {v: self.ssa(v) for v in variables}
         phis = {v: self.fresh(v) for v in variables}
@@ -288,8 +294,9 @@ class ControlFlow:
         if counter is not None:
             assert bounds is not None  # a for loop
             start, stop = self.fresh("start"), self.fresh("stop")
-            self.forward.append(assign(start, self.rename(bounds[0]) if len(bounds) == 2 else ast.Constant(0)))
-            self.forward.append(assign(stop, self.rename(bounds[-1])))
+            self.forward.append(assign(start, self.control_value(bounds[0]) if len(bounds) == 2
+                                       else ast.Constant(0)))
+            self.forward.append(assign(stop, self.control_value(bounds[-1])))
         phis = {v: self.fresh(v) for v in variables}
         count, stride = self.fresh("count"), self.fresh("stride")
         for v in variables:
@@ -300,7 +307,7 @@ class ControlFlow:
         env = dict(self.env)
         env.update(phis)
         self.env = dict(env)
-        test = self.rename(node.test) if isinstance(node, ast.While) else None
+        test = self.control_value(node.test, again=True) if isinstance(node, ast.While) else None
         while True:  # until the activity of the carried values settles: y = 0.0; y += x makes y active
             saved = set(self.active), set(self.temps), dict(self.tuples)
             self.env = dict(env)

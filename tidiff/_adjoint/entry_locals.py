@@ -41,6 +41,18 @@ what the iteration set, known), updated in it, stored after it. Taken where
 the iteration sets the entry before the branch and reads it in the branch
 or after it, with the loop's conditions on the branch.
 
+NOTE: [Sums into an owned entry, then read] ``x[i] += d[i]``, then ``if
+x[i] < 0.0: x[i] = 0.0`` (a ground contact): a sum needs no value for its
+own adjoint, so the entry's value after it was unknown, and the test read
+the field as the kernel left it, clamped to 0, taking the other side
+(silently wrong before NOTE: [Fields read by tests]; then checked, wrong,
+pushed forward). Where the iteration owns the entry (its index holds each
+parallel counter by itself) and a later statement of the block reads it,
+the sum is written ``x[i] = x[i] + d[i]``: the same value (no other
+iteration adds there), now known to the reads after it; the read of what
+the entry held is one a field program keeps (NOTE: [Overwritten values
+kept]).
+
 NOTE: [Entries read first from zeroed outputs] An ndarray kernel's outputs
 hold zeros whenever it starts: tidiff allocates them so, for every launch
 (``+=`` sums from 0). A recurrence into an output carried by a runtime loop
@@ -124,8 +136,14 @@ class _Rewriter:
         out: list[ast.stmt] = []
         for k, stmt in enumerate(stmts):
             if isinstance(stmt, (ast.For, ast.While)) and not self.static(stmt):
-                out += self.loop(stmt, stmts[:k], stmts[k + 1:])
-            elif isinstance(stmt, ast.If) and (found := self.entries(stmt, stmts[:k], stmts[k + 1:])):
+                out += self.loop(stmt, list(out), stmts[k + 1:])
+            elif isinstance(stmt, ast.AugAssign) and self.summed_then_read(stmt, stmts[k + 1:]):
+                target = stmt.target
+                assert isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                first = self.read_first(stmt, target.value.id, target.slice)  # an output's 0, where read first
+                out.append(_as_update(stmt, self.zero(target.value.id) if first else None))  # NOTE: [Sums into
+                self.changed = True  # an owned entry, then read]
+            elif isinstance(stmt, ast.If) and (found := self.entries(stmt, list(out), stmts[k + 1:])):
                 out += self.localized(stmt, found)  # NOTE: [Entries set, then updated in a branch]
             else:
                 if isinstance(stmt, (ast.If, ast.For, ast.While)):  # a branch, or a loop unrolled: its loops
@@ -258,6 +276,20 @@ class _Rewriter:
                 return False  # assigned in a branch or a loop first
         return True
 
+    def summed_then_read(self, stmt: ast.AugAssign, later: list[ast.stmt]) -> bool:
+        """``x[i] += e`` (or ``-=``) into an entry the iteration owns, which a later statement of the block reads
+        (NOTE: [Sums into an owned entry, then read])."""
+        target = stmt.target
+        if not (isinstance(stmt.op, (ast.Add, ast.Sub)) and isinstance(target, ast.Subscript)
+                and isinstance(target.value, ast.Name) and target.value.id not in self.bound):
+            return False
+        index = target.slice
+        parts = index.elts if isinstance(index, ast.Tuple) else [index]
+        if any(isinstance(n, ast.Call) for n in ast.walk(index)) or not set(self.counters) <= {
+                p.id for p in parts if isinstance(p, ast.Name)}:
+            return False
+        return _read_in(later, target.value.id, index)
+
     def read_first(self, stmt: ast.stmt, root: str, index: ast.expr) -> bool:
         """Whether the read of ``root[index]`` before ``stmt`` is the kernel's first access of that entry, in an
         array holding zeros when the kernel starts (NOTE: [Entries read first from zeroed outputs])."""
@@ -333,6 +365,13 @@ def _scalar_arrays(tree: ast.FunctionDef, namespace: dict[str, Any], zeroed: dic
         if kind is ti.types.ndarray or isinstance(kind, NdarrayType) and not isinstance(kind.dtype, MatrixType):
             found[arg.arg] = zeroed[arg.arg]
     return found
+
+
+def _as_update(stmt: ast.AugAssign, held: ast.expr | None) -> ast.Assign:
+    """``x[i] += e`` as ``x[i] = x[i] + e`` (``held``: what the entry holds, where known)."""
+    read = copy.deepcopy(stmt.target)
+    read.ctx = ast.Load()
+    return ast.copy_location(ast.Assign([stmt.target], ast.BinOp(held or read, stmt.op, stmt.value)), stmt)
 
 
 def _once(loop: ast.For) -> bool:

@@ -110,8 +110,10 @@ the adjoint's forward sweep and for the cotangent (which goes to the stored
 value, not to the field's gradient); the log keeps every access unlike the
 one before it on its field, so a store after a read is seen. Stored values
 are forgotten at any other write of the field (entries may alias), around
-each branch and loop that writes the field (a later iteration, or the code
-after a branch, may read another value), and at the parallel loop's ends;
+each loop that writes the field (a later iteration may read another value),
+after each branch that writes it (the code after it may read another value;
+its test and sides read what was stored before it), and at the parallel
+loop's ends;
 float32 fields are read back (the stored value is rounded). A sum into
 such an entry (``y[i] = b; y[i] += e``, ``-=``) stores the sum: a later
 read (``y[i] = ti.tanh(y[i])``) sees ``b + e``, where it read the field,
@@ -121,6 +123,18 @@ reads of one's own writes (after a branch writing the entry, in a runtime
 loop that writes it, after a sum into what the entry held before the
 kernel) read the field and are checked (NOTE: [Checking Taichi's reverse
 mode]).
+
+NOTE: [Fields read by tests] A branch's test, and a loop's bounds, carry
+no derivative and were copied into the adjoint as written: their reads of
+fields read what the kernel left and were recorded nowhere. A ground
+contact, ``x[i] += d[i]``, then ``if x[i] < 0.0: x[i] = 0.0``, tested
+the clamped 0 again in the adjoint, took the other side, and the launch
+was called exact: a wrong gradient without a word (a survey of kernels as
+users write them). Such reads are now what any read is: the value the
+iteration stored there, where it did (not in a ``while`` test, computed
+again each pass), else a read of the field, recorded, so a later write of
+the entry is seen (and the launch checked). The sum itself is made a
+stored value (NOTE: [Sums into an owned entry, then read]).
 
 NOTE: [Values the adjoint uses] The adjoint computes again what the kernel
 computed, but uses only some of it: ``v[i] = v[i] + ti.sin(x[i]) * dt``
@@ -698,6 +712,42 @@ class FieldReverser(Reverser):
         if kind == "set" and not self.narrow.get(field, True):  # NOTE: [Reads of what the iteration wrote]
             self.forwarded[self.written_key(target, component)] = stored
 
+    def control_value(self, node: ast.expr, again: bool = False) -> ast.expr:
+        """A branch's test or a loop's bounds: the entries of float fields it reads are read as the adjoint
+        computes them again (NOTE: [Fields read by tests]): what the iteration stored there, where it did
+        (not in a while loop's test, computed again each pass), else the field, a read recorded."""
+        placeholders: dict[str, ast.expr] = {}
+        reverser = self
+
+        class Reads(ast.NodeTransformer):
+            def visit_Subscript(self, sub: ast.Subscript) -> ast.AST:
+                component = reverser.component_of(sub)
+                entry = component[0] if component is not None else sub
+                if component is None and reverser.field_name(sub.value) is None:
+                    self.generic_visit(sub)
+                    return sub
+                found = None if again else reverser.forwarded.get(reverser.written_key(*component) if component
+                                                                  else reverser.written_key(sub))
+                if found is not None:
+                    placeholder = f"__tidiff_stored_{len(placeholders)}"
+                    placeholders[placeholder] = found
+                    return ast.copy_location(ast.Name(placeholder, ast.Load()), sub)
+                field = reverser.field_name(entry.value)
+                assert field is not None
+                reverser.accesses.append(Access("load", reverser.field_key(field), reverser.field_index(entry),
+                                                reverser.scalar_params(), reverser.looped()))
+                return sub
+
+        written = Reads().visit(copy.deepcopy(node))
+        renamed = self.rename(written)
+
+        class Stored(ast.NodeTransformer):
+            def visit_Name(self, name_node: ast.Name) -> ast.AST:
+                found = placeholders.get(name_node.id)
+                return name_node if found is None else copy.deepcopy(found)
+
+        return Stored().visit(renamed) if placeholders else renamed
+
     def written_key(self, entry: ast.Subscript, component: tuple[ast.expr | str, ...] = ()) -> tuple[str, str]:
         """What names an entry (or a component of one) of a field for NOTE: [Reads of what the iteration wrote]:
         the field and the index as the adjoint computes it."""
@@ -721,10 +771,12 @@ class FieldReverser(Reverser):
             self.forwarded = outer
 
     def statement(self, node: ast.stmt) -> None:
-        """A branch or loop may read, in a later iteration or after the branch, what it writes: its fields'
-        stored values are forgotten before and after it (NOTE: [Reads of what the iteration wrote])."""
+        """A loop may read, in a later pass, what it writes: its fields' stored values are forgotten before and
+        after it; a branch's after it (its test and its sides read what was stored before it: NOTE: [Reads of
+        what the iteration wrote])."""
         written = self.fields_written(node) if isinstance(node, (ast.If, ast.For, ast.While)) else set()
-        self.forget(written)
+        if not isinstance(node, ast.If):
+            self.forget(written)
         super().statement(node)
         self.forget(written)
 
