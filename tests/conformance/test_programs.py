@@ -267,6 +267,15 @@ NDARRAY_KERNELS = {  # the kernel's body, and its twin from the element function
         for i in range(a.shape[0]):
             out[i] = out[i] * ti.sin(a[i]) + f(a[i], b[i])
 """, lambda y, a: y * torch.sin(a) + y),
+    # a sum into the (zeroed) output, tested in a branch, then read (NOTE: [Fields read by tests], [Sums into an
+    # owned entry, then read]): the test was computed again on what the kernel left, silently
+    "summed, tested in a branch, then scaled": ("""
+    for i in range(a.shape[0]):
+        out[i] += f(a[i], b[i])
+        if out[i] < 0.25:
+            out[i] = 0.5 * out[i]
+        out[i] = out[i] * ti.sin(a[i])
+""", lambda y, a: torch.where(y < 0.25, 0.5 * y, y) * torch.sin(a)),
 }
 
 
