@@ -75,3 +75,34 @@ def test_stages_updating_in_place_are_exact_and_unchecked(values):
     np.testing.assert_allclose(out, r.detach().numpy(), rtol=1e-12)
     np.testing.assert_allclose(rows_grad, torch.autograd.grad(r.sum(), t)[0].numpy(), rtol=1e-10, atol=1e-13)
     assert PROGRAM.memo.peek("reverse verdict") is None and ROWS.memo.peek("reverse verdict") is None
+
+
+nd = ti.types.ndarray(dtype=ti.f64)
+
+
+@ti.kernel
+def filled_by_components(a: nd, u: nd, out: nd):
+    m = ti.math.mat3(0.0)
+    for r, c in ti.static(ti.ndrange(3, 3)):  # statements alone: a top-level local filled entry by entry
+        m[r, c] = a[r, c]
+    for s in range(u.shape[0]):
+        v = m @ ti.math.vec3(u[s, 0], u[s, 1], u[s, 2])
+        for k in ti.static(range(3)):
+            out[s, k] = ti.tanh(v[k])
+
+
+def test_a_local_filled_in_a_static_loop_of_statements():
+    """Taken for a parallel loop assigning ``m`` before, refused, and refused by Taichi's kernel.grad too."""
+    f = td.function(filled_by_components, inputs=["a", "u"], outputs={"out": lambda a, u: u.shape})
+    rng = np.random.default_rng(3)
+    a, u, ct = rng.uniform(-1, 1, (3, 3)), rng.uniform(-1, 1, (4, 3)), rng.normal(size=(4, 3))
+    assert f.adjoint_for(f.specs_for([a, u])) is not None
+    ts = [torch.tensor(a, requires_grad=True), torch.tensor(u, requires_grad=True)]
+    want = torch.tanh(ts[1] @ ts[0].T)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", td.TaichiReverseWarning)
+        out, pull = td.vjp(f, a, u)
+        got = pull(ct)
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12)
+    for g, e in zip(got, torch.autograd.grad(want, ts, torch.tensor(ct)), strict=True):
+        np.testing.assert_allclose(g, e.numpy(), rtol=1e-12, atol=1e-14)
