@@ -106,3 +106,41 @@ def test_a_local_filled_in_a_static_loop_of_statements():
     np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12)
     for g, e in zip(got, torch.autograd.grad(want, ts, torch.tensor(ct)), strict=True):
         np.testing.assert_allclose(g, e.numpy(), rtol=1e-12, atol=1e-14)
+
+
+@ti.kernel
+def state_space_scan(a: nd, u: nd, out: nd):
+    m = ti.math.mat3(0.0)
+    for r, c in ti.static(ti.ndrange(3, 3)):
+        m[r, c] = a[r, c]
+    for s in range(u.shape[0]):
+        state = ti.math.vec3(0.0)
+        for t in range(u.shape[1]):  # the top-level matrix read in a runtime loop of the parallel loop
+            state = m @ state + u[s, t]
+            out[s, t] = state.sum()
+
+
+def state_space_torch(a, u):
+    state = torch.zeros(u.shape[0], 3, dtype=u.dtype)
+    outs = []
+    for t in range(u.shape[1]):
+        state = state @ a.T + u[:, t:t + 1]
+        outs.append(state.sum(dim=1))
+    return torch.stack(outs, dim=1)
+
+
+def test_a_top_level_matrix_read_in_a_runtime_loop_of_the_parallel_loop():
+    """Its cotangent's zero was declared inside the parallel loop, and the sum after it added into that name,
+    which Taichi did not know there: the adjoint did not compile."""
+    f = td.function(state_space_scan, inputs=["a", "u"], outputs={"out": lambda a, u: u.shape})
+    rng = np.random.default_rng(5)
+    a, u, ct = 0.5 * rng.uniform(-1, 1, (3, 3)), rng.uniform(-1, 1, (2, 4)), rng.normal(size=(2, 4))
+    ts = [torch.tensor(a, requires_grad=True), torch.tensor(u, requires_grad=True)]
+    want = state_space_torch(*ts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", td.TaichiReverseWarning)
+        out, pull = td.vjp(f, a, u)
+        got = pull(ct)
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12)
+    for g, e in zip(got, torch.autograd.grad(want, ts, torch.tensor(ct)), strict=True):
+        np.testing.assert_allclose(g, e.numpy(), rtol=1e-12, atol=1e-14)

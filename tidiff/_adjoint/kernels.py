@@ -1428,6 +1428,12 @@ class KernelReverser(FieldReverser):
         if made is not None:
             self.chunk_forms[id(header)] = made
 
+    def declare(self, names: set[str]) -> None:
+        """Zero cotangents for a block's names, but a top-level local's a parallel loop's adjoint adds into: its
+        contributions go to its sum, and a zero declared inside the loop would be gone after it, where the sum
+        joins the cotangent (a matrix read in a runtime loop of the loop: a name Taichi did not know)."""
+        super().declare({n for n in names if n not in self.accumulators})
+
     def add(self, variable: str, contribution: Sym) -> None:
         """A contribution to the cotangent of a top-level local, from inside a parallel loop's adjoint, adds into
         its sum atomically (``+=`` on a top-level local is a reduction in Taichi)."""
