@@ -728,7 +728,11 @@ class FieldReverser(Reverser):
                     return sub
                 found = None if again else reverser.forwarded.get(reverser.written_key(*component) if component
                                                                   else reverser.written_key(sub))
-                if found is not None:
+                if found is None and component is not None and not again \
+                        and reverser.written_key(entry) in reverser.forwarded:
+                    self.generic_visit(sub)  # a component of an entry stored whole: the stored value's
+                    return sub
+                if found is not None:  # the value stored there
                     placeholder = f"__tidiff_stored_{len(placeholders)}"
                     placeholders[placeholder] = found
                     return ast.copy_location(ast.Name(placeholder, ast.Load()), sub)
