@@ -118,11 +118,11 @@ float32 fields are read back (the stored value is rounded). A sum into
 such an entry (``y[i] = b; y[i] += e``, ``-=``) stores the sum: a later
 read (``y[i] = ti.tanh(y[i])``) sees ``b + e``, where it read the field,
 the ``tanh``, and the first vjp was checked, found wrong and replaced by
-forward pushes (a survey of kernels as users write them, 2026-11-30). Other
-reads of one's own writes (after a branch writing the entry, in a runtime
-loop that writes it, after a sum into what the entry held before the
-kernel) read the field and are checked (NOTE: [Checking Taichi's reverse
-mode]).
+forward pushes (a survey of kernels as users write them, 2026-11-30). An
+entry set and then updated in a branch or a runtime loop, or summed into
+and then read, is first written as a local of the iteration, or as a read
+and a store (``_adjoint/entry_locals.py``). Other reads of one's own writes
+read the field and are checked (NOTE: [Checking Taichi's reverse mode]).
 
 NOTE: [Fields read by tests] A branch's test, and a loop's bounds, carry
 no derivative and were copied into the adjoint as written: their reads of
