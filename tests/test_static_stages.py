@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import taichi as ti
 import torch
+from exact_vjp import assert_exact_vjp
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -97,15 +98,7 @@ def test_a_local_filled_in_a_static_loop_of_statements():
     rng = np.random.default_rng(3)
     a, u, ct = rng.uniform(-1, 1, (3, 3)), rng.uniform(-1, 1, (4, 3)), rng.normal(size=(4, 3))
     assert f.adjoint_for(f.specs_for([a, u])) is not None
-    ts = [torch.tensor(a, requires_grad=True), torch.tensor(u, requires_grad=True)]
-    want = torch.tanh(ts[1] @ ts[0].T)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", td.TaichiReverseWarning)
-        out, pull = td.vjp(f, a, u)
-        got = pull(ct)
-    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12)
-    for g, e in zip(got, torch.autograd.grad(want, ts, torch.tensor(ct)), strict=True):
-        np.testing.assert_allclose(g, e.numpy(), rtol=1e-12, atol=1e-14)
+    assert_exact_vjp(f, [a, u], lambda a_, u_: torch.tanh(u_ @ a_.T), [ct])
 
 
 @ti.kernel
@@ -135,12 +128,4 @@ def test_a_top_level_matrix_read_in_a_runtime_loop_of_the_parallel_loop():
     f = td.function(state_space_scan, inputs=["a", "u"], outputs={"out": lambda a, u: u.shape})
     rng = np.random.default_rng(5)
     a, u, ct = 0.5 * rng.uniform(-1, 1, (3, 3)), rng.uniform(-1, 1, (2, 4)), rng.normal(size=(2, 4))
-    ts = [torch.tensor(a, requires_grad=True), torch.tensor(u, requires_grad=True)]
-    want = state_space_torch(*ts)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", td.TaichiReverseWarning)
-        out, pull = td.vjp(f, a, u)
-        got = pull(ct)
-    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12)
-    for g, e in zip(got, torch.autograd.grad(want, ts, torch.tensor(ct)), strict=True):
-        np.testing.assert_allclose(g, e.numpy(), rtol=1e-12, atol=1e-14)
+    assert_exact_vjp(f, [a, u], state_space_torch, [ct])
