@@ -192,7 +192,11 @@ an ndarray kernel, which no loop-by-loop split runs, was checked, found
 wrong and pushed forward; a survey of kernels as users write them): a
 parallel loop's iterations are independent, so run in order they give the
 values the kernel gave, and its adjoint runs on one thread (the kernel itself
-still runs as written).
+still runs as written). A parallel loop over an array's indices (``for i, j
+in x``) or over ``ti.ndrange`` is written as nested loops over ranges there,
+which Taichi takes inside another loop (a copy, then a cumulative sum down
+the rows in place, was refused and reversed by Taichi's ``kernel.grad``,
+wrongly).
 
 NOTE: [Arrays given to a kernel over fields] A kernel of a field program
 may take a NumPy array or a tensor (``weighted(weights)``, the weights of a
@@ -269,7 +273,7 @@ from .._lang.launch import NumberLaunch
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
 from .._lang.nodes import entry_root, name, zero_of
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
-from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, without_docstring
+from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, static_call, without_docstring
 from .._lang.scratch import Scratch, holds_scalars
 from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
@@ -417,11 +421,45 @@ def in_one_iteration(tree: ast.FunctionDef, namespace: dict[str, Any]) -> ast.Fu
         return None
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     counter = next(f"_once{k}" for k in itertools.count() if f"_once{k}" not in names)
+    arrays = {a.arg for a in tree.args.args if isinstance(_annotation(a, namespace), NdarrayType)}
     once = ast.For(ast.Name(counter, ast.Store()), ast.Call(ast.Name("range", ast.Load()), [ast.Constant(1)], []),
-                   [stmt for stmt in body if not configures(stmt, namespace)], [])
+                   [_as_ranges(stmt, arrays, namespace) for stmt in body if not configures(stmt, namespace)], [])
     wrapped = copy.copy(tree)
     wrapped.body = [once, *last]
     return ast.fix_missing_locations(copy.deepcopy(wrapped))
+
+
+def _annotation(arg: ast.arg, namespace: dict[str, Any]) -> Any:
+    """What a kernel parameter's annotation stands for (``ti.types.ndarray(dtype=ti.f64, ndim=1)`` evaluated)."""
+    if arg.annotation is None:
+        return MISSING
+    found = resolve(arg.annotation, namespace)
+    return static_call(arg.annotation, namespace, ()) if found is MISSING else found
+
+
+def _as_ranges(stmt: ast.stmt, arrays: set[str], namespace: dict[str, Any]) -> ast.stmt:
+    """A loop over an ndarray's indices (``for i, j in x``) or over ``ti.ndrange(n, m)``, which a loop inside
+    another cannot be in Taichi, as nested loops over ranges (NOTE: [Serialized kernels as one iteration]); any
+    other statement as it is."""
+    if not (isinstance(stmt, ast.For) and not stmt.orelse):
+        return stmt
+    counters = stmt.target.elts if isinstance(stmt.target, ast.Tuple) else [stmt.target]
+    if not all(isinstance(c, ast.Name) for c in counters):
+        return stmt
+    over = stmt.iter
+    if isinstance(over, ast.Name) and over.id in arrays:
+        extents: list[list[ast.expr]] = [[ast.Subscript(ast.Attribute(ast.Name(over.id, ast.Load()), "shape",
+                                                                      ast.Load()), ast.Constant(k), ast.Load())]
+                                         for k in range(len(counters))]
+    elif isinstance(over, ast.Call) and not over.keywords and resolve(over.func, namespace) is ti.ndrange \
+            and len(over.args) == len(counters) and not any(isinstance(a, ast.Starred) for a in over.args):
+        extents = [list(a.elts) if isinstance(a, ast.Tuple) else [a] for a in over.args]
+    else:
+        return stmt
+    body = stmt.body
+    for counter, bounds in reversed(list(zip(counters, extents, strict=True))):
+        body = [ast.For(counter, ast.Call(ast.Name("range", ast.Load()), bounds, []), body, [])]
+    return ast.copy_location(body[0], stmt)
 
 
 def _field_made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
