@@ -19,9 +19,10 @@ written once before it is read, so its adjoint, after the kernel so written
 has run, reads what each loop read: exact, without a check (NOTE: [Reverse
 of an ndarray kernel]), and no forward pushes. Forward mode takes the kernel
 as written. Not so written (checked as before): an output touched outside
-loops, by a func it is given to, or inside a loop nested in a loop that also
-writes it (iterations of a runtime loop read what earlier ones wrote) but as
-below; atomic
+loops, by a func it is given to, or read inside a loop nested in a loop that
+also writes it (iterations of a runtime loop read what earlier ones wrote) but
+as below (a loop only writing it there, an embedding bag summing rows in an
+inner loop, reads nothing an earlier pass wrote: taken); atomic
 max / min into it; ``ti.loop_config``. An update ``y[i] /= e`` (any but
 ``+=`` and ``-=``, whose adjoints need no old value) is written ``y[i] = y[i] /
 e`` first: its read is of the current version, its write of the next (one
@@ -157,7 +158,8 @@ def _loop(loop: ast.For, arrays: dict[str, _Array], namespace: dict[str, Any], n
                 _rename(node, state.versions[-1])
             state.read |= bool(mine)
             continue
-        if any(nested for _, _, nested in mine) and not _owned_entry(loop, mine):
+        if any(nested for _, _, nested in mine) and not _owned_entry(loop, mine) \
+                and any(kind == "load" for kind, _, _ in mine):  # stores alone read nothing an earlier pass wrote
             if not _by_inner_loop(loop, a, state, namespace, namer):
                 return None
             continue
