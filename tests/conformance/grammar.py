@@ -152,6 +152,13 @@ class Program:
         return reaches_rules(self.main, self.helpers)
 
     @property
+    def writes_at_runtime_indices(self):
+        """Whether a function writes an entry of a local at the counter of a loop Taichi runs at run time
+        (``t1[i2] *= e`` in ``for i2 in range(n)``): Taichi 1.7.4's reverse mode fails an assertion in its scalarize
+        pass there and ends the process (long runs, seeds 60001 and 80002: a chunk's programs lost with it)."""
+        return any(_writes_at_counters(f.body, ()) for f in self.funcs)
+
+    @property
     def features(self):
         """Names of what the program uses: ops, statement kinds, library functions (for reports, known.py)."""
         names = set()
@@ -161,6 +168,19 @@ class Program:
             else:
                 names.add(type(n).__name__ if not isinstance(n, Loop) else "loop:" + n.kind)
         return names
+
+
+def _writes_at_counters(block, counters):
+    for stmt in block:
+        if isinstance(stmt, EntryWrite) and stmt.index in counters:
+            return True
+        if isinstance(stmt, Loop) and _writes_at_counters(
+                stmt.body, counters + ((stmt.var,) if stmt.kind != "static" else ())):
+            return True
+        if isinstance(stmt, If) and (_writes_at_counters(stmt.body, counters)
+                                     or _writes_at_counters(stmt.orelse, counters)):
+            return True
+    return False
 
 
 def _calls(func):

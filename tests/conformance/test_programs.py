@@ -352,9 +352,11 @@ def field_program(case: Case, variant: str, passes: str):
 
 
 def taichi_reverses(case: Case) -> bool:
-    """Whether Taichi's reverse mode has a rule for everything the element function uses."""
+    """Whether Taichi's reverse mode has a rule for everything the element function uses, and does not end the
+    process on it (``Program.writes_at_runtime_indices``)."""
     features = case.program.features
-    return not any(gap in features or f"loop:{gap}" in features for gap in known.FIELD_REVERSE_GAPS)
+    return not any(gap in features or f"loop:{gap}" in features for gap in known.FIELD_REVERSE_GAPS) \
+        and not case.program.writes_at_runtime_indices
 
 
 def taichi_alone(case: Case, what: str, run):
