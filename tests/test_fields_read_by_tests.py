@@ -120,15 +120,17 @@ def bounce_torch(p, v):
     return ((p[:, 0] + 2.0 * p[:, 1]) ** 2 + (v[:, 0] - 3.0 * v[:, 1]) ** 2).sum()
 
 
-def test_a_particle_bouncing_off_the_ground_is_right():
-    """Written by components: the test reads a component of an entry the iteration summed into (checked, right;
-    it was silently wrong)."""
+def test_a_particle_bouncing_off_the_ground_is_exact():
+    """Written by components: a component updated (``vel[i][1] -= g``), then the whole entry read, and a component
+    tested of an entry summed into. It was silently wrong; the component update is now a store of the whole
+    entry for the adjoint (NOTE: [Sums into an owned entry, then read])."""
     f = td.function(lambda: (bounce(), measured()), inputs=[pos, vel], outputs=[energy])
     p0 = np.array([[0.2, 0.01], [0.3, 0.9], [0.5, 0.02]])
     v0 = np.array([[0.2, -0.3], [0.1, 0.4], [-0.5, -0.25]])
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", td.TaichiReverseWarning)
+        warnings.simplefilter("error", td.TaichiReverseWarning)
         gp, gv = td.grad(f, argnums=(0, 1))(p0, v0)
+    assert f.memo.peek("reverse verdict") is None
     want = torch.autograd.functional.jacobian(bounce_torch, (torch.tensor(p0), torch.tensor(v0)))
     np.testing.assert_allclose(gp, want[0].numpy(), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(gv, want[1].numpy(), rtol=1e-12, atol=1e-14)

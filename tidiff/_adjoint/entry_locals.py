@@ -51,7 +51,10 @@ parallel counter by itself) and a later statement of the block reads it,
 the sum is written ``x[i] = x[i] + d[i]``: the same value (no other
 iteration adds there), now known to the reads after it; the read of what
 the entry held is one a field program keeps (NOTE: [Overwritten values
-kept]).
+kept]). An update of a component read later (``vel[i][1] -= g``, then
+``pos[i] += dt * vel[i]``) is written ``v = vel[i]; v[1] -= g; vel[i] =
+v``: the entry stored whole, which the reads after it see (a bouncing
+particle written by components was checked and pushed forward).
 
 NOTE: [Entries read first from zeroed outputs] An ndarray kernel's outputs
 hold zeros whenever it starts: tidiff allocates them so, for every launch
@@ -137,6 +140,8 @@ class _Rewriter:
         for k, stmt in enumerate(stmts):
             if isinstance(stmt, (ast.For, ast.While)) and not self.static(stmt):
                 out += self.loop(stmt, list(out), stmts[k + 1:])
+            elif isinstance(stmt, ast.AugAssign) and (entry := self.component_updated(stmt, stmts[k + 1:])):
+                out += self.whole_update(stmt, *entry)  # NOTE: [Sums into an owned entry, then read]
             elif isinstance(stmt, ast.AugAssign) and self.summed_then_read(stmt, stmts[k + 1:]):
                 target = stmt.target
                 assert isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
@@ -289,6 +294,39 @@ class _Rewriter:
                 p.id for p in parts if isinstance(p, ast.Name)}:
             return False
         return _read_in(later, target.value.id, index)
+
+    def component_updated(self, stmt: ast.AugAssign, later: list[ast.stmt]) -> tuple[str, ast.expr] | None:
+        """``(root, index)`` where ``stmt`` updates a component of an entry the iteration owns (``v[i][1] -= g``,
+        ``v[i].y *= e``) that a later statement of the block reads; else None."""
+        target = stmt.target
+        entry = target.value if isinstance(target, (ast.Subscript, ast.Attribute)) else None
+        if not (isinstance(stmt.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)) and isinstance(entry, ast.Subscript)
+                and isinstance(entry.value, ast.Name) and entry.value.id not in self.bound):
+            return None
+        if isinstance(target, ast.Attribute) and target.attr not in ("x", "y", "z", "w") or isinstance(
+                target, ast.Subscript) and not all(isinstance(n, (ast.Constant, ast.Tuple, ast.Load))
+                                                   for n in ast.walk(target.slice)):
+            return None  # a component at a constant place only
+        index = entry.slice
+        parts = index.elts if isinstance(index, ast.Tuple) else [index]
+        if any(isinstance(n, ast.Call) for n in ast.walk(index)) or not set(self.counters) <= {
+                p.id for p in parts if isinstance(p, ast.Name)}:
+            return None
+        return (entry.value.id, index) if _read_in(later, entry.value.id, index) else None
+
+    def whole_update(self, stmt: ast.AugAssign, root: str, index: ast.expr) -> list[ast.stmt]:
+        """``v[i][1] -= g`` as ``v_entry = v[i]; v_entry[1] -= g; v[i] = v_entry``: the entry stored whole, so the
+        reads after it see it (NOTE: [Sums into an owned entry, then read])."""
+        local = self.namer.fresh(f"{root}_entry")
+        read = ast.Subscript(ast.Name(root, ast.Load()), copy.deepcopy(index), ast.Load())
+        target = copy.deepcopy(stmt.target)
+        assert isinstance(target, (ast.Subscript, ast.Attribute))  # component_updated found a component
+        target.value = ast.Name(local, ast.Load())
+        self.changed = True
+        return [ast.copy_location(ast.Assign([ast.Name(local, ast.Store())], read), stmt),
+                ast.copy_location(ast.AugAssign(target, stmt.op, stmt.value), stmt),
+                ast.copy_location(ast.Assign([ast.Subscript(ast.Name(root, ast.Load()), copy.deepcopy(index),
+                                                            ast.Store())], ast.Name(local, ast.Load())), stmt)]
 
     def read_first(self, stmt: ast.stmt, root: str, index: ast.expr) -> bool:
         """Whether the read of ``root[index]`` before ``stmt`` is the kernel's first access of that entry, in an
