@@ -110,6 +110,11 @@ APPLY = {
     "summed into where set, then read": "v = f(x[i], w[i])\n        y[i] = 0.25 * w[i]\n"
                                         "        for k in range(2):\n            y[i] += 0.5 * v + 0.0625 * k\n"
                                         "        y[i] -= 0.0625 * v\n        y[i] = ti.tanh(y[i])",
+    # a struct made by a func and given to one (NOTE: [Structs through funcs]): y = v (1/2 + w/4)
+    "a struct through funcs": "p = weighing(f(x[i], w[i]), 0.5 + 0.25 * w[i])\n        y[i] = weighted(p)",
+    # a vector built from parts and a swizzle (NOTE: [Constructors from parts]): h = (w, v, 1/2)
+    "a vector built from parts": "h = ti.math.vec3(ti.math.vec2(f(x[i], w[i]), w[i]).yx, 0.5)\n"
+                                 "        y[i] = 0.25 * h.dot(h) + h.z * h.y",
     # y[i] set, updated in a branch, then read and overwritten (NOTE: [Entries set, then updated in a branch]);
     # Taichi's own reverse mode is silently wrong there
     "updated in a branch, then read": "y[i] = f(x[i], w[i])\n        if y[i] > 0.25:\n            y[i] = y[i] * y[i]\n"
@@ -174,6 +179,10 @@ def y_twin(variant: str, f_values, w):
         return v
     if variant == "summed into where set, then read":
         return torch.tanh(0.25 * w + 0.9375 * f_values + 0.0625)
+    if variant == "a struct through funcs":
+        return f_values * (0.5 + 0.25 * w)
+    if variant == "a vector built from parts":
+        return 0.25 * (w * w + f_values * f_values + 0.25) + 0.5 * f_values
     if variant == "updated in a branch, then read":
         u = torch.where(f_values > 0.25, f_values * f_values, f_values - 0.5 * w)
         return torch.tanh(u) + 0.125 * u
@@ -189,6 +198,19 @@ def y_twin(variant: str, f_values, w):
     return f_values
 
 FIELD_KERNELS = """
+Weighted = ti.types.struct(v=ti.f64, m=ti.f64)
+
+
+@ti.func
+def weighing(v, m):
+    return Weighted(v=v, m=m)
+
+
+@ti.func
+def weighted(p):
+    return p.m * p.v
+
+
 @ti.func
 def put(out: ti.template(), i, v):
     out[i] = v
