@@ -127,6 +127,8 @@ def test_a_field_also_written_otherwise_is_refused_in_both_modes():
     G = td.function(max_and_add, inputs=[xs], outputs=[peak])
     with pytest.raises(td.TransformError, match="ti.atomic_max"):
         td.grad(G)(np.ones(N))  # Taichi's kernel.grad would give every iteration the whole gradient
+    with pytest.raises(td.TransformError, match=r"does not take `max_and_add` \(.*besides ti.atomic_max"):
+        td.vjp(G, np.ones(N))[1](np.array(1.0))  # reverse mode says why tidiff's transform does not take it
     with pytest.raises(td.TransformError, match=r"the field `peak`, read or written besides ti.atomic_max"):
         td.jvp(G, (np.ones(N),), (np.ones(N),))
 

@@ -126,3 +126,25 @@ def test_reverse_mode_of_a_kernel_using_an_atomic_s_result_is_refused_by_name():
         td.vjp(f, x)[1]((np.zeros((), np.int32), np.ones(6)))
     with pytest.raises(td.TransformError, match="ti.atomic_add"):  # forward mode has no rule for the result
         td.jvp(f, (x,), (np.ones(6),))
+
+
+@ti.kernel
+def log_sum_exp(x: ti.types.ndarray(dtype=ti.f64, ndim=1), out: ti.types.ndarray(dtype=ti.f64, ndim=0)):
+    m = -1e30
+    for i in range(x.shape[0]):
+        ti.atomic_max(m, x[i])  # into a local of the kernel's top level
+    s = 0.0
+    for i in range(x.shape[0]):
+        s += ti.exp(x[i] - m)
+    out[None] = m + ti.log(s)
+
+
+def test_an_atomic_max_into_a_top_level_local_is_refused_saying_why():
+    """The survey's log-sum-exp: the refusal blamed Taichi's reverse mode alone and sent the user to forward mode,
+    which refuses the kernel too; it now says what tidiff's transform does not take."""
+    f = td.function(log_sum_exp, inputs=["x"], outputs={"out": lambda x: ()})
+    x = np.array([0.3, -1.2, 2.0])
+    np.testing.assert_allclose(f(x), np.log(np.exp(x).sum()), rtol=1e-12)
+    with pytest.raises(td.TransformError, match=r"does not take `log_sum_exp` \(the parallel loop assigning `m`"):
+        td.vjp(f, x)[1](np.array(1.0))  # reverse mode (td.grad of few inputs takes forward mode, which names the
+        # atomic: NOTE: [Mode choice])

@@ -134,15 +134,18 @@ def _listed(rules: list[tuple[str, str]]) -> str:
     return "; ".join(f"{rule} (called in `{caller}`)" for rule, caller in rules)
 
 
-def refuse_hidden_rules(rules: list[tuple[str, str]], what: str) -> None:
-    """Raise ``td.TransformError`` for reverse mode of ``what`` (a program or kernel) when it reaches rules."""
+def refuse_hidden_rules(rules: list[tuple[str, str]], what: str, refused: list[str] | None = None) -> None:
+    """Raise ``td.TransformError`` for reverse mode of ``what`` (a program or kernel) when it reaches rules through
+    kernels tidiff's reverse transform does not take (``refused``: each such kernel, and why)."""
     if not rules:
         return
     refuse_recomputed(rules, what)
+    why = f"tidiff's reverse transform does not take {'; '.join(refused)}, and " if refused else ""
     raise TransformError(
-        f"{what} in reverse mode: it reaches {_listed(rules)}. Reverse mode of field programs and ndarray kernels is "
-        "Taichi's own, which differentiates the code as written and cannot apply these rules",
-        hint="use forward mode (td.jvp, td.jacfwd), which applies td.stop_gradient and jvp rules (a td.custom_vjp "
-             "function needs one too, defjvp), or call a transform of the @ti.func inside the kernel "
-             "(td.grad(f)(...) in the kernel body), which is tidiff's own reverse mode and applies them all",
+        f"{what} in reverse mode: it reaches {_listed(rules)}; {why}Taichi's own reverse mode (kernel.grad), "
+        "which would run instead, differentiates the code as written and cannot apply these rules",
+        hint="write the kernel in a form tidiff's transform takes (docs/limits.md says what it does not take yet), "
+             "use forward mode (td.jvp, td.jacfwd) where it takes the code, which applies td.stop_gradient and jvp "
+             "rules (a td.custom_vjp function needs one too, defjvp), or call a transform of the @ti.func inside "
+             "the kernel (td.grad(f)(...) in the kernel body), tidiff's own reverse mode",
     )

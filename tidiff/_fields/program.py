@@ -147,7 +147,11 @@ class FieldProgram:
         """Raise ``td.TransformError`` when reverse mode would ignore a rule (see :meth:`hidden_rules`) or a struct
         field (:meth:`refuse_struct_fields`)."""
         self.refuse_struct_fields()
-        refuse_hidden_rules(self.hidden_rules(), f"the field program `{self.name}`")
+        rules = self.hidden_rules()
+        if rules:  # each kernel Taichi's reverse mode would run, and why tidiff's transform does not take it
+            refused = {f"`{k.__name__}` ({reason})" for k in self._kernels for owner in self._owners.get(id(k), [None])
+                       if not isinstance(reason := vjp_kernel(k, owner), KernelAdjoint)}
+            refuse_hidden_rules(rules, f"the field program `{self.name}`", sorted(refused))
 
     def refuse_struct_fields(self) -> None:
         """NOTE: [Struct fields refused] A struct field (``ti.types.struct(pos=vec2, m=f64).field()``) is not

@@ -201,15 +201,24 @@ class NdarrayFunction(Function):
         None where the transform does not take the kernel (Taichi's ``kernel.grad`` then runs, checked)."""
         return self._adjoint([s.dtype for s in specs], [s.dtype for s in self.signature(specs)[0]])
 
+    def refusal(self, specs: Sequence[ArgSpec]) -> list[str]:
+        """Why tidiff's reverse transform does not take the kernel for inputs of these specs (none where it does)."""
+        found = self._adjoint_or_why([s.dtype for s in specs], [s.dtype for s in self.signature(specs)[0]])
+        return [f"`{self.name}` ({found})"] if isinstance(found, NotReversible) else []
+
     def _adjoint(self, in_dtypes: Sequence[np.dtype], out_dtypes: Sequence[np.dtype]) -> KernelAdjoint | None:
+        adjoint = self._adjoint_or_why(in_dtypes, out_dtypes)
+        return None if isinstance(adjoint, NotReversible) else adjoint
+
+    def _adjoint_or_why(self, in_dtypes: Sequence[np.dtype], out_dtypes: Sequence[np.dtype]
+                        ) -> KernelAdjoint | NotReversible:
         def element(dtype: np.dtype, differentiable: bool) -> Any:
             return (ti.f32 if dtype == np.float32 else ti.f64) if differentiable and dtype.kind == "f" else None
 
         arrays = {n: element(d, not f) for n, d, f in zip(self.inputs, in_dtypes, self.frozen, strict=True)}
         arrays.update({n: element(d, True) for n, d in zip(self.outputs, out_dtypes, strict=True)})
         arrays.update({s.param: None for s in self.scratch})  # read as the kernel left them
-        adjoint = vjp_ndarray_kernel(self.kernel, arrays, self.outputs)  # allocated zeroed at every launch
-        return None if isinstance(adjoint, NotReversible) else adjoint
+        return vjp_ndarray_kernel(self.kernel, arrays, self.outputs)  # outputs allocated zeroed at every launch
 
     def exact(self, adjoint: KernelAdjoint) -> bool:
         """Whether ``adjoint`` gives the kernel's derivative without a check: the kernel writes no input, and
@@ -492,7 +501,7 @@ class NdarrayFunction(Function):
             return versions[0].unchecked_vjp(batch, [*cotangents, *[None] * versions[1]])
         own = self.adjoint_for(batch.specs) if outputs is None else self.read_back_for(batch.specs)
         if own is None:
-            refuse_hidden_rules(self.hidden_rules(), f"the ndarray kernel `{self.name}`")
+            refuse_hidden_rules(self.hidden_rules(), f"the ndarray kernel `{self.name}`", self.refusal(batch.specs))
         ins, out_specs, device, as_numpy = self._inputs(batch)
         tensors: dict[str, Any] = {}
         grads: list[Any] = []
