@@ -1,8 +1,8 @@
 """Derivative rules Taichi's own reverse mode cannot see: refuse them by name instead of ignoring them.
 
-NOTE: [Rules Taichi's reverse mode cannot see] Reverse mode of field
-programs and ndarray kernels is Taichi's (``kernel.grad``): it differentiates
-the code as written. ``td.stop_gradient`` is the identity there, and a
+NOTE: [Rules Taichi's reverse mode cannot see] A kernel tidiff's reverse
+transform does not take (docs/limits.md) is reversed by Taichi's
+``kernel.grad``, which differentiates the code as written. ``td.stop_gradient`` is the identity there, and a
 ``td.custom_jvp`` / ``td.custom_vjp`` function is its own body, so Taichi
 would differentiate through the one and past the rule of the other: a wrong
 gradient without an error (``10 * clip_gradient(x)`` would give 10, not 1;
@@ -16,7 +16,8 @@ them, and so does a transform of the ``@ti.func`` called inside the kernel
 ``ti.atomic_max`` and ``ti.atomic_min`` are refused the same way: Taichi's
 reverse mode gives every entry the gradient that belongs to the winner
 (tidiff's adjoint kernels give it to the winner: NOTE: [Atomic extremes in
-reverse]; so only kernels Taichi reverses are refused).
+reverse]; so only kernels Taichi reverses are refused). The error says why
+tidiff's transform does not take each such kernel: that is what to rewrite.
 
 An object carries the rule it stands for in ``RULE_ATTRIBUTE`` (a short
 description: ``"td.stop_gradient"``, ``"the td.custom_vjp function `clip`"``);
