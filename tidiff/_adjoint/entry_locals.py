@@ -96,7 +96,7 @@ from taichi.types.ndarray_type import NdarrayType
 
 from .._lang.callees import is_taichi_func
 from .._lang.naming import Namer, names_in
-from .._lang.parse import MISSING, Parsed, resolve, static_call
+from .._lang.parse import Parsed, annotation_value, resolve
 
 _ALLOWED_BUILTINS = {range, min, max, abs, int, float, len}
 
@@ -397,9 +397,7 @@ def _scalar_arrays(tree: ast.FunctionDef, namespace: dict[str, Any], zeroed: dic
     for arg in tree.args.args:
         if arg.arg not in zeroed or zeroed[arg.arg] is None:
             continue
-        kind = MISSING if arg.annotation is None else resolve(arg.annotation, namespace)
-        if kind is MISSING and arg.annotation is not None:  # ti.types.ndarray(dtype=ti.f64, ndim=1)
-            kind = static_call(arg.annotation, namespace, ())
+        kind = annotation_value(arg.annotation, namespace)  # ti.types.ndarray(dtype=ti.f64, ndim=1)
         if kind is ti.types.ndarray or isinstance(kind, NdarrayType) and not isinstance(kind.dtype, MatrixType):
             found[arg.arg] = zeroed[arg.arg]
     return found

@@ -273,7 +273,7 @@ from .._lang.launch import NumberLaunch
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
 from .._lang.nodes import entry_root, name, zero_of
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
-from .._lang.parse import MISSING, Parsed, hashable, parse, resolve, static_call, without_docstring
+from .._lang.parse import MISSING, Parsed, annotation_value, hashable, parse, resolve, without_docstring
 from .._lang.scratch import Scratch, holds_scalars
 from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
@@ -421,20 +421,12 @@ def in_one_iteration(tree: ast.FunctionDef, namespace: dict[str, Any]) -> ast.Fu
         return None
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     counter = next(f"_once{k}" for k in itertools.count() if f"_once{k}" not in names)
-    arrays = {a.arg for a in tree.args.args if isinstance(_annotation(a, namespace), NdarrayType)}
+    arrays = {a.arg for a in tree.args.args if isinstance(annotation_value(a.annotation, namespace), NdarrayType)}
     once = ast.For(ast.Name(counter, ast.Store()), ast.Call(ast.Name("range", ast.Load()), [ast.Constant(1)], []),
                    [_as_ranges(stmt, arrays, namespace) for stmt in body if not configures(stmt, namespace)], [])
     wrapped = copy.copy(tree)
     wrapped.body = [once, *last]
     return ast.fix_missing_locations(copy.deepcopy(wrapped))
-
-
-def _annotation(arg: ast.arg, namespace: dict[str, Any]) -> Any:
-    """What a kernel parameter's annotation stands for (``ti.types.ndarray(dtype=ti.f64, ndim=1)`` evaluated)."""
-    if arg.annotation is None:
-        return MISSING
-    found = resolve(arg.annotation, namespace)
-    return static_call(arg.annotation, namespace, ()) if found is MISSING else found
 
 
 def _as_ranges(stmt: ast.stmt, arrays: set[str], namespace: dict[str, Any]) -> ast.stmt:

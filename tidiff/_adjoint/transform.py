@@ -40,7 +40,7 @@ from .._lang.naming import RULE_HELPERS, TAICHI, Namer, helper_name, names_in, s
 from .._lang.nodes import assign as _assign
 from .._lang.nodes import call, taichi, zero_of
 from .._lang.nodes import name as _name
-from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, static_call, without_docstring
+from .._lang.parse import MISSING, Parsed, annotation_value, hashable, positional, resolve, without_docstring
 from .._lang.rebinding import rebound_call
 from .._lang.sym import Sym, helpers
 from .._rules.calls import CUSTOM_JVPS, CUSTOM_VJPS, Callee, Sort, callable_rule, classify
@@ -1147,9 +1147,7 @@ def _summed_to(contribution: Sym | None, arg: ast.expr, shape: Shape, arg_shape:
 
 def _annotated_shape(annotation: ast.expr | None, namespace: dict[str, Any]) -> Shape | None:
     """The shape a parameter's annotation gives (``ti.f64``: ``()``, ``ti.math.vec3``: ``(3,)``), or None."""
-    value = MISSING if annotation is None else resolve(annotation, namespace)
-    if value is MISSING and annotation is not None:  # ti.types.vector(3, ti.f64)
-        value = static_call(annotation, namespace, ())
+    value = annotation_value(annotation, namespace)  # ti.math.vec3, ti.types.vector(3, ti.f64)
     if isinstance(value, MatrixType):
         return (value.n,) if value.ndim == 1 else (value.n, value.m)
     return () if value in (float, int) or isinstance(value, type(ti.f64)) else None

@@ -171,6 +171,15 @@ def static_call(node: ast.AST, namespace: dict[str, Any], local_names: Container
         return MISSING
 
 
+def annotation_value(annotation: ast.expr | None, namespace: dict[str, Any]) -> Any:
+    """What a parameter's annotation stands for: a name's value, or a call of module-level names evaluated
+    (``ti.types.ndarray(dtype=ti.f64, ndim=1)``, ``ti.types.vector(3, ti.f64)``); MISSING where unknown."""
+    if annotation is None:
+        return MISSING
+    value = resolve(annotation, namespace)
+    return static_call(annotation, namespace, ()) if value is MISSING else value
+
+
 def hashable(obj: object) -> bool:
     """Whether ``obj`` can be looked up in a rule table."""
     try:
