@@ -7,6 +7,7 @@ other side), and the read was recorded nowhere, so no check ran. Now the test re
 import warnings
 
 import numpy as np
+import pytest
 import taichi as ti
 import torch
 from exact_vjp import assert_exact_vjp
@@ -120,22 +121,6 @@ def bounce_torch(p, v):
     return ((p[:, 0] + 2.0 * p[:, 1]) ** 2 + (v[:, 0] - 3.0 * v[:, 1]) ** 2).sum()
 
 
-def test_a_particle_bouncing_off_the_ground_is_exact():
-    """Written by components: a component updated (``vel[i][1] -= g``), then the whole entry read, and a component
-    tested of an entry summed into. It was silently wrong; the component update is now a store of the whole
-    entry for the adjoint (NOTE: [Sums into an owned entry, then read])."""
-    f = td.function(lambda: (bounce(), measured()), inputs=[pos, vel], outputs=[energy])
-    p0 = np.array([[0.2, 0.01], [0.3, 0.9], [0.5, 0.02]])
-    v0 = np.array([[0.2, -0.3], [0.1, 0.4], [-0.5, -0.25]])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", td.TaichiReverseWarning)
-        gp, gv = td.grad(f, argnums=(0, 1))(p0, v0)
-    assert f.memo.peek("reverse verdict") is None
-    want = torch.autograd.functional.jacobian(bounce_torch, (torch.tensor(p0), torch.tensor(v0)))
-    np.testing.assert_allclose(gp, want[0].numpy(), rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(gv, want[1].numpy(), rtol=1e-12, atol=1e-14)
-
-
 @ti.kernel
 def settle():
     for i in pos:
@@ -156,14 +141,19 @@ def settle_torch(p, v):
     return ((p[:, 0] + 2.0 * p[:, 1]) ** 2).sum()
 
 
-def test_a_component_tested_after_the_entry_was_summed_into_is_exact():
-    f = td.function(lambda: (settle(), height_energy()), inputs=[pos, vel], outputs=[energy])
+@pytest.mark.parametrize("step, measure, twin", [(bounce, measured, bounce_torch),
+                                                 (settle, height_energy, settle_torch)])
+def test_particles_written_by_components_are_exact(step, measure, twin):
+    """A component updated (``vel[i][1] -= g``), then the whole entry read; a component tested of an entry summed
+    into. The bounce was silently wrong; each is now exact, never checked (NOTE: [Sums into an owned entry, then
+    read], NOTE: [Fields read by tests])."""
+    f = td.function(lambda: (step(), measure()), inputs=[pos, vel], outputs=[energy])
     p0 = np.array([[0.2, 0.01], [0.3, 0.9], [0.5, 0.02]])
     v0 = np.array([[0.2, -0.3], [0.1, 0.4], [-0.5, -0.25]])
     with warnings.catch_warnings():
         warnings.simplefilter("error", td.TaichiReverseWarning)
         gp, gv = td.grad(f, argnums=(0, 1))(p0, v0)
     assert f.memo.peek("reverse verdict") is None
-    want = torch.autograd.functional.jacobian(settle_torch, (torch.tensor(p0), torch.tensor(v0)))
+    want = torch.autograd.functional.jacobian(twin, (torch.tensor(p0), torch.tensor(v0)))
     np.testing.assert_allclose(gp, want[0].numpy(), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(gv, want[1].numpy(), rtol=1e-12, atol=1e-14)
