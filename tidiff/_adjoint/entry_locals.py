@@ -95,7 +95,8 @@ from taichi.lang.matrix import MatrixType
 from taichi.types.ndarray_type import NdarrayType
 
 from .._lang.callees import is_taichi_func
-from .._lang.naming import Namer, names_in
+from .._lang.naming import Namer, bound, names_in
+from .._lang.nodes import holds_counters, own_index
 from .._lang.parse import Parsed, annotation_value, resolve
 
 _ALLOWED_BUILTINS = {range, min, max, abs, int, float, len}
@@ -202,15 +203,12 @@ class _Rewriter:
                        and n.value.id == root]
             shapes = [n for n in ast.walk(loop) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                       and n.value.id == root and n.attr == "shape"]
-            if len(uses) != len(entries) + len(shapes) or len({ast.dump(e.slice) for e in entries}) != 1:
-                continue  # the field reached otherwise, or at two indices
+            if len(uses) != len(entries) + len(shapes):
+                continue  # the field reached otherwise
             index = entries[0].slice
-            if any(isinstance(n, ast.Call) for n in ast.walk(index)) or assigned & {
-                    n.id for n in ast.walk(index) if isinstance(n, ast.Name)}:
-                continue  # an index the loop's passes may change
-            parts = index.elts if isinstance(index, ast.Tuple) else [index]
-            if not set(self.counters) <= {p.id for p in parts if isinstance(p, ast.Name)}:
-                continue  # an entry other iterations may reach too (a sum into loss[None])
+            if any(isinstance(n, ast.Call) for n in ast.walk(index)) or not own_index(entries, self.counters, assigned):
+                continue  # at two indices, at one the loop's passes may change, or one other iterations may reach
+                # too (a sum into loss[None])
             updates = {id(n.target) for n in ast.walk(loop) if isinstance(n, ast.AugAssign)
                        and not isinstance(n.op, (ast.Add, ast.Sub))}  # ``h[i] *= e`` reads the entry too
             if isinstance(loop, ast.If):  # NOTE: [Entries set, then updated in a branch]
@@ -288,12 +286,7 @@ class _Rewriter:
         if not (isinstance(stmt.op, (ast.Add, ast.Sub)) and isinstance(target, ast.Subscript)
                 and isinstance(target.value, ast.Name) and target.value.id not in self.bound):
             return False
-        index = target.slice
-        parts = index.elts if isinstance(index, ast.Tuple) else [index]
-        if any(isinstance(n, ast.Call) for n in ast.walk(index)) or not set(self.counters) <= {
-                p.id for p in parts if isinstance(p, ast.Name)}:
-            return False
-        return _read_in(later, target.value.id, index)
+        return self.owned(target.slice) and _read_in(later, target.value.id, target.slice)
 
     def component_updated(self, stmt: ast.AugAssign, later: list[ast.stmt]) -> tuple[str, ast.expr] | None:
         """``(root, index)`` where ``stmt`` updates a component of an entry the iteration owns (``v[i][1] -= g``,
@@ -308,11 +301,11 @@ class _Rewriter:
                                                    for n in ast.walk(target.slice)):
             return None  # a component at a constant place only
         index = entry.slice
-        parts = index.elts if isinstance(index, ast.Tuple) else [index]
-        if any(isinstance(n, ast.Call) for n in ast.walk(index)) or not set(self.counters) <= {
-                p.id for p in parts if isinstance(p, ast.Name)}:
-            return None
-        return (entry.value.id, index) if _read_in(later, entry.value.id, index) else None
+        return (entry.value.id, index) if self.owned(index) and _read_in(later, entry.value.id, index) else None
+
+    def owned(self, index: ast.expr) -> bool:
+        """Whether the iteration owns the entry at ``index``: no call in it, each parallel counter by itself."""
+        return not any(isinstance(n, ast.Call) for n in ast.walk(index)) and holds_counters(index, self.counters)
 
     def whole_update(self, stmt: ast.AugAssign, root: str, index: ast.expr) -> list[ast.stmt]:
         """``v[i][1] -= g`` as ``v_entry = v[i]; v_entry[1] -= g; v[i] = v_entry``: the entry stored whole, so the
@@ -334,23 +327,16 @@ class _Rewriter:
         loops = [loop for loop in self.enclosing if isinstance(loop, ast.For)]
         if root not in self.zeroed or len(loops) < len(self.enclosing):
             return False  # a while loop around: its passes are told by no counter
-        parts = {p.id for p in (index.elts if isinstance(index, ast.Tuple) else [index]) if isinstance(p, ast.Name)}
         counters = {n.id for loop in loops for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
-        if not counters <= parts:
+        if not holds_counters(index, counters):
             return False  # an entry an earlier pass of a loop around may have reached
         place = self.order.get(id(stmt))
         return place is not None and not any(at < place for at in self.names_at.get(root, ()))
 
     def zero(self, root: str) -> ast.expr:
         """``ti.cast(0, dtype)`` of the array's element type, its names bound in the namespace."""
-        names = []
-        for value, hint in ((ti.cast, "cast"), (self.zeroed[root], "dtype")):
-            name = f"_tidiff_zero_{hint}"
-            while name in self.namespace and self.namespace[name] is not value:
-                name += "_"
-            self.namespace[name] = value
-            names.append(name)
-        return ast.Call(ast.Name(names[0], ast.Load()), [ast.Constant(0), ast.Name(names[1], ast.Load())], [])
+        return ast.Call(bound(self.namespace, ti.cast, "_tidiff_zero_cast"),
+                        [ast.Constant(0), bound(self.namespace, self.zeroed[root], "_tidiff_zero_dtype")], [])
 
     def stored(self, loop: ast.AST) -> set[str]:
         """Names not bound in the kernel (fields, arrays) whose entries the loop writes (or a component of)."""

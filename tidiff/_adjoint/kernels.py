@@ -271,7 +271,7 @@ from .._lang.generate import generate, owned_cache
 from .._lang.inline import DEEPEST, Renamed, inlined
 from .._lang.launch import NumberLaunch
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
-from .._lang.nodes import entry_root, name, zero_of
+from .._lang.nodes import entry_root, for_range, name, zero_of
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, annotation_value, hashable, parse, resolve, without_docstring
 from .._lang.scratch import Scratch, holds_scalars
@@ -450,7 +450,8 @@ def _as_ranges(stmt: ast.stmt, arrays: set[str], namespace: dict[str, Any]) -> a
         return stmt
     body = stmt.body
     for counter, bounds in reversed(list(zip(counters, extents, strict=True))):
-        body = [ast.For(counter, ast.Call(ast.Name("range", ast.Load()), bounds, []), body, [])]
+        assert isinstance(counter, ast.Name)
+        body = [for_range(counter.id, bounds, body)]
     return ast.copy_location(body[0], stmt)
 
 

@@ -61,7 +61,7 @@ import taichi as ti
 
 from .._lang.compile import kernel_like
 from .._lang.naming import Namer, names_in, taichi_name
-from .._lang.nodes import assign, name
+from .._lang.nodes import assign, name, own_index
 from .._lang.parse import parse, resolve, without_docstring
 from .._lang.sym import Sym
 
@@ -228,7 +228,7 @@ def _owned_entry(loop: ast.For, events: list[Event]) -> bool:
     counters = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
     assigned = {n.id for stmt in loop.body for n in ast.walk(stmt) if isinstance(n, ast.Name)
                 and isinstance(n.ctx, ast.Store)}
-    return _own_index(entries, counters, assigned)
+    return own_index(entries, counters, assigned)
 
 
 def _one_entry_each(unit: ast.For, entries: list[ast.Subscript], counters: set[str]) -> bool:
@@ -243,18 +243,7 @@ def _one_entry_each(unit: ast.For, entries: list[ast.Subscript], counters: set[s
     if any(id(e) in deeper for e in entries[:first]):  # a read in a loop inside, before the first write: a later
         return False  # pass reads what the pass before wrote, which the version before does not hold
     assigned = {n.id for n in ast.walk(unit) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    return _own_index(entries, {unit.target.id} | counters, assigned - {unit.target.id})
-
-
-def _own_index(entries: list[ast.Subscript], counters: set[str], assigned: set[str]) -> bool:
-    """Whether every entry is at one index holding each of ``counters`` as a name of its own and made of no name
-    in ``assigned``: each iteration of the loop those counters run reaches an entry of its own."""
-    if len({ast.dump(e.slice) for e in entries}) != 1:
-        return False
-    index = entries[0].slice
-    parts = index.elts if isinstance(index, ast.Tuple) else [index]
-    return counters <= {p.id for p in parts if isinstance(p, ast.Name)} and not assigned & {
-        n.id for n in ast.walk(index) if isinstance(n, ast.Name)}
+    return own_index(entries, {unit.target.id} | counters, assigned - {unit.target.id})
 
 
 class _UpdatesAsReads(ast.NodeTransformer):

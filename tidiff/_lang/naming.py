@@ -75,3 +75,12 @@ def spell_taichi(tree: ASTNode, name: str) -> ASTNode:
         if isinstance(node, ast.Name) and node.id == TAICHI:
             node.id = name
     return tree
+
+
+def bound(namespace: dict[str, Any], value: object, name: str) -> ast.Name:
+    """A name of ``value`` in ``namespace`` for generated code: ``name``, bound there, or a variant of it where
+    ``name`` stands for something else."""
+    while name in namespace and namespace[name] is not value:
+        name += "_"
+    namespace[name] = value
+    return ast.Name(name, ast.Load())

@@ -100,3 +100,19 @@ def entry_root(node: ast.expr) -> tuple[ast.expr, bool]:
         subscripted = subscripted or isinstance(node, ast.Subscript)
         node = node.value
     return node, subscripted
+
+
+def holds_counters(index: ast.expr, counters: Iterable[str]) -> bool:
+    """Whether the index ``index`` (of ``x[index]``) holds each of ``counters`` as a name of its own."""
+    parts = index.elts if isinstance(index, ast.Tuple) else [index]
+    return set(counters) <= {p.id for p in parts if isinstance(p, ast.Name)}
+
+
+def own_index(entries: Sequence[ast.Subscript], counters: Iterable[str], assigned: set[str]) -> bool:
+    """Whether every entry is at one index holding each of ``counters`` as a name of its own and made of no name
+    in ``assigned``: each iteration of the loop those counters run reaches an entry of its own."""
+    if len({ast.dump(e.slice) for e in entries}) != 1:
+        return False
+    index = entries[0].slice
+    return holds_counters(index, counters) and not assigned & {n.id for n in ast.walk(index)
+                                                               if isinstance(n, ast.Name)}

@@ -22,6 +22,8 @@ import taichi as ti
 from taichi.lang.matrix import MatrixType
 from taichi.lang.struct import StructType
 
+from .naming import bound
+
 
 def scalarized_structs(tree: ast.FunctionDef, resolve: Callable[[ast.AST], Any], namespace: dict[str, Any]) -> None:
     """Write out, in place, each local struct of ``tree`` as one local per member (see the NOTE); member types are
@@ -151,9 +153,5 @@ class _Scalarize(ast.NodeTransformer):
         return ast.Call(self._bind(ti.cast, "cast"), [given, self._bind(dtype, member + "_dtype")], [])
 
     def _bind(self, value: object, hint: str) -> ast.Name:
-        name = f"_tidiff_struct_{hint}"
-        while name in self.namespace and self.namespace[name] is not value:
-            name += "_"
-        self.namespace[name] = value
-        return ast.Name(name, ast.Load())
+        return bound(self.namespace, value, f"_tidiff_struct_{hint}")
 
