@@ -4,6 +4,7 @@ Every op-table row inside a kernel, against torch; kernels Taichi's reverse mode
 loops carrying a local, ``while``, ``ti.tan``, statements beside loops) against central differences and
 tidiff's forward mode; kernels it can take against ``ti.ad.Tape`` to 1e-12.
 """
+import inspect
 import warnings
 
 import numpy as np
@@ -345,16 +346,25 @@ def seed_loss():
 
 def test_a_loop_chaining_its_iterations_through_one_entry_is_not_taken_and_stays_right():
     """The adjoint reads ``la`` as the kernel left it, not what each iteration read: the transform does not
-    take the kernel, and the gradient is still the product's (never a silent wrong answer)."""
+    take the kernel, and the gradient is still the product's (never a silent wrong answer). Reverse mode is
+    refused, naming the kernel, the construct and its line, where Taichi's kernel.grad ran, checked, found
+    wrong and replaced by forward pushes (NOTE: [Taichi's reverse mode not run]); td.grad and the Jacobians
+    choose forward mode, with no check and no warning."""
     reason = vjp_kernel(chained_product)
     assert not isinstance(reason, KernelAdjoint) and "the same in every iteration" in str(reason)
+    source, first = inspect.getsourcelines(chained_product.__wrapped__)
+    line = first + next(k for k, text in enumerate(source) if "for i in xa" in text)  # the loop
     fn = td.function(run_chained_product, inputs=[xa], outputs=[la])
     x = np.linspace(0.2, 1.2, N)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        grad = td.grad(fn)(x)
     product = 2.0 * np.prod(1.0 + 0.1 * x)
-    np.testing.assert_allclose(grad, product * 0.1 / (1.0 + 0.1 * x), rtol=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(td.grad(fn)(x), product * 0.1 / (1.0 + 0.1 * x), rtol=1e-12)
+        np.testing.assert_allclose(td.jacrev(fn)(x), product * 0.1 / (1.0 + 0.1 * x), rtol=1e-12)
+    with pytest.raises(td.TransformError, match=r"does not take `chained_product` \(a parallel loop reading a "
+                       rf"field .*, line {line} of .*test_kernel_adjoints.py\).*kernel.grad\) does not run"):
+        td.vjp(fn, x)[1](np.array(1.0))
+    assert fn.memo.peek("reverse verdict") is None
 
 
 @ti.func

@@ -64,7 +64,14 @@ from .linearize import linearized, pushed
 
 
 class NotReversible(Exception):
-    """The function uses a construct the reverse transform does not handle (the message says which)."""
+    """The function uses a construct the reverse transform does not handle (the message says which; ``where``,
+    set by the statement it stands in, says where: ``(file, line)``)."""
+
+    where: tuple[str, int] | None = None
+
+    def described(self) -> str:
+        """The construct, and where it stands when known."""
+        return str(self) if self.where is None else f"{self}, line {self.where[1]} of {self.where[0]}"
 
 
 Path = tuple[int, ...]
@@ -160,9 +167,14 @@ class Reverser(ControlFlow):
     # --- statements: the forward sweep -----------------------------------------
     def statement(self, node: ast.stmt) -> None:
         handler = getattr(self, "stmt_" + type(node).__name__, None)
-        if handler is None:
-            raise NotReversible(f"a `{type(node).__name__}` statement")
-        handler(node)
+        try:
+            if handler is None:
+                raise NotReversible(f"a `{type(node).__name__}` statement")
+            handler(node)
+        except NotReversible as reason:
+            if reason.where is None:  # the innermost statement says where
+                reason.where = (self.parsed.filename, self.parsed.lineno(node))
+            raise
 
     def stmt_Assign(self, node: ast.Assign) -> None:
         if len(node.targets) != 1:

@@ -187,6 +187,7 @@ class CodeGraph:
         self.struct_fields: dict[int, str] = {}  # struct fields the code names (``P.field()``) -> a name
         self._used: set[str] = set()  # every name the walked code uses
         self._unused_members: list[tuple[object, str, Any]] = []
+        self._roots = [id(root) for root in roots if not is_field(root)]
         for root in roots:
             if is_field(root):
                 self.fields.setdefault(id(root), root)
@@ -198,6 +199,17 @@ class CodeGraph:
     def kernels(self) -> list[Any]:
         """Every reachable kernel (module kernels and class kernels)."""
         return [obj for obj in self.nodes.values() if is_kernel(obj)]
+
+    def reversed_kernels(self) -> list[Any]:
+        """The kernels reverse mode reverses: those reachable other than through a ``ti.ad.grad_replaced`` /
+        ``no_grad`` function, whose primal's launches are not recorded and whose gradient is the user's."""
+        seen, pending = set(self._roots), list(self._roots)
+        while pending:
+            for slot, value in self.edges.get(pending.pop(), []):
+                if slot[0] != "replaced" and id(value) in self.nodes and id(value) not in seen:
+                    seen.add(id(value))
+                    pending.append(id(value))
+        return [obj for key, obj in self.nodes.items() if key in seen and is_kernel(obj)]
 
     def kernels_with_owners(self) -> list[tuple[Any, Any]]:
         """``(kernel, owner)`` for each reachable kernel: a class kernel once per object it is bound to."""

@@ -1,29 +1,35 @@
-"""Derivative rules Taichi's own reverse mode cannot see: refuse them by name instead of ignoring them.
+"""Reverse mode of code holding a kernel tidiff's transform does not take: refused, naming the kernel and why.
 
-NOTE: [Rules Taichi's reverse mode cannot see] A kernel tidiff's reverse
-transform does not take (docs/limits.md) is reversed by Taichi's
-``kernel.grad``, which differentiates the code as written. ``td.stop_gradient`` is the identity there, and a
-``td.custom_jvp`` / ``td.custom_vjp`` function is its own body, so Taichi
-would differentiate through the one and past the rule of the other: a wrong
-gradient without an error (``10 * clip_gradient(x)`` would give 10, not 1;
-``x * stop_gradient(x)`` 2x, not x). Taichi has no local stop-gradient op to
-lower them to (``ti.stop_grad`` takes a field), and a rule nonlinear in its
-cotangent cannot be expressed to a linear reverse pass at all. So reverse
-mode of a program or kernel that reaches one is refused, naming the rule and
-the function calling it; forward mode (tidiff's own tangent transform) takes
-them, and so does a transform of the ``@ti.func`` called inside the kernel
-(``td.grad(f)(...)`` in the kernel body), which is tidiff's own reverse mode.
-``ti.atomic_max`` and ``ti.atomic_min`` are refused the same way: Taichi's
-reverse mode gives every entry the gradient that belongs to the winner
-(tidiff's adjoint kernels give it to the winner: NOTE: [Atomic extremes in
-reverse]; so only kernels Taichi reverses are refused). The error says why
-tidiff's transform does not take each such kernel: that is what to rewrite.
+NOTE: [Taichi's reverse mode not run] tidiff reverses every kernel of a
+field program or ndarray function by its own transform (NOTE: [Reverse of a
+kernel]). A kernel the transform does not take (docs/limits.md) was once
+reversed by Taichi's ``kernel.grad`` and checked against forward mode on its
+first call. Taichi's reverse mode is wrong without a word for constructs its
+users write (tests/test_taichi_pitfalls.py), has no rule for others and
+depends on an autodiff stack size, and a check at two points finds a
+miscompile but not a value wrong only elsewhere. So it is no longer run:
+reverse mode of such code (``td.grad``, ``td.vjp``, a torch backward) is a
+``td.TransformError`` naming each kernel, the construct and its line, before
+any adjoint runs; ``reverse_refused`` says so, so that ``td.jacobian`` and
+``td.hessian`` choose forward mode, tidiff's own tangent transform, which
+takes such kernels (``td.jvp``, ``td.jacfwd``). A second-order product whose
+tangent program holds a kernel the transform does not take pushes that
+program forward, one tangent run per input component. Taichi's reverse mode
+stays a cross-check in tests, where it is right (tests/test_tape_parity.py,
+the conformance net). Where such kernels reach a rule, the error names it:
+Taichi's reverse mode differentiates code as written, so ``td.stop_gradient``
+would be the identity there, a ``td.custom_jvp`` / ``td.custom_vjp`` function
+its own body (``10 * clip_gradient(x)`` would give 10, not 1), and
+``ti.atomic_max`` would give every entry the winner's gradient (NOTE: [Atomic
+extremes in reverse]). At the change, in the whole test suite one kernel
+reached ``kernel.grad`` for a number (a parallel loop chaining its
+iterations through one entry: a race, which Taichi got wrong and forward
+pushes replaced); in the conformance net's kernel programs, none.
 
 An object carries the rule it stands for in ``RULE_ATTRIBUTE`` (a short
 description: ``"td.stop_gradient"``, ``"the td.custom_vjp function `clip`"``);
 a transform of a ``@ti.func`` called in a kernel (``td.grad(E)``) is followed
-to that func through its ``parent`` chain, since Taichi's reverse mode over
-the generated derivative code would differentiate through its rules too.
+to that func through its ``parent`` chain.
 """
 from __future__ import annotations
 
@@ -124,29 +130,28 @@ def _transformed_func(value: Any) -> Any:
     return None
 
 
-def describe(rules: list[tuple[str, str]]) -> str | None:
-    """Why Taichi's reverse mode is refused for code reaching ``rules`` (None for none)."""
-    if not rules:
+def describe(refused: list[str]) -> str | None:
+    """Why reverse mode is refused for code holding the kernels ``refused`` names (None for none)."""
+    if not refused:
         return None
-    return f"Taichi's reverse mode cannot apply {_listed(rules)} (NOTE: [Rules Taichi's reverse mode cannot see])"
+    return (f"tidiff's reverse transform does not take {'; '.join(refused)} (NOTE: [Taichi's reverse mode not "
+            "run])")
+
+
+def reverse_refused_error(what: str, refused: list[str], rules: list[tuple[str, str]]) -> TransformError:
+    """The ``td.TransformError`` of reverse mode of ``what`` (a program or kernel) holding kernels tidiff's transform
+    does not take (``refused``: each, and why), naming the rules they reach (NOTE: [Taichi's reverse mode not
+    run]); raised at once where they draw random numbers or use an atomic's result (:func:`refuse_recomputed`)."""
+    refuse_recomputed(rules, what)
+    reached = f"; they reach {_listed(rules)}, which Taichi's reverse mode could not apply" if rules else ""
+    return TransformError(
+        f"{what} in reverse mode: tidiff's reverse transform does not take {'; '.join(refused)}{reached}, and "
+        "Taichi's own reverse mode (kernel.grad) does not run in its place (NOTE: [Taichi's reverse mode not run])",
+        hint="write the kernel in a form tidiff's transform takes (docs/limits.md says what it does not take yet), "
+             "use forward mode (td.jvp, td.jacfwd; td.jacobian and td.hessian choose it), or call a transform of "
+             "the @ti.func inside the kernel (td.grad(f)(...) in the kernel body)",
+    )
 
 
 def _listed(rules: list[tuple[str, str]]) -> str:
     return "; ".join(f"{rule} (called in `{caller}`)" for rule, caller in rules)
-
-
-def refuse_hidden_rules(rules: list[tuple[str, str]], what: str, refused: list[str] | None = None) -> None:
-    """Raise ``td.TransformError`` for reverse mode of ``what`` (a program or kernel) when it reaches rules through
-    kernels tidiff's reverse transform does not take (``refused``: each such kernel, and why)."""
-    if not rules:
-        return
-    refuse_recomputed(rules, what)
-    why = f"tidiff's reverse transform does not take {'; '.join(refused)}, and " if refused else ""
-    raise TransformError(
-        f"{what} in reverse mode: it reaches {_listed(rules)}; {why}Taichi's own reverse mode (kernel.grad), "
-        "which would run instead, differentiates the code as written and cannot apply these rules",
-        hint="write the kernel in a form tidiff's transform takes (docs/limits.md says what it does not take yet), "
-             "use forward mode (td.jvp, td.jacfwd) where it takes the code, which applies td.stop_gradient and jvp "
-             "rules (a td.custom_vjp function needs one too, defjvp), or call a transform of the @ti.func inside "
-             "the kernel (td.grad(f)(...) in the kernel body), tidiff's own reverse mode",
-    )

@@ -15,7 +15,7 @@ from .._cache import kernel_compiles
 from .._errors import TransformError
 from . import checks
 from .graph import CodeGraph
-from .hidden_rules import refuse_hidden_rules, rules_reached
+from .hidden_rules import reverse_refused_error, rules_reached
 from .parts import Part
 from .rebind import Rebinder
 from .tangent import TangentFields, tangent_program
@@ -91,6 +91,8 @@ class FieldProgram:
         rebinder = Rebinder(graph, self._twins.as_mapping())
         self._run = rebinder.rebuild(program)
         self._kernels = [rebinder.rebuild(k) for k in graph.kernels()]
+        self._reversed = [rebinder.rebuild(k) for k in graph.reversed_kernels()]  # NOTE: [Taichi's reverse mode
+        # not run]: the others are ti.ad.grad_replaced functions' primals and gradients
         self._owners = rebinder.owners
         self._guard = LaunchGuard(self._kernels, self.call)
         self._names = graph.names
@@ -105,6 +107,7 @@ class FieldProgram:
         self._source, self._graph = program, graph
         self._tangent: tuple[FieldProgram, TangentFields] | Exception | None = None
         self._hidden_rules: list[tuple[str, str]] | None = None
+        self._refused: list[str] | None = None
         self._generation = 0  # how many times the twins were loaded: a pullback checks it is still its run
         self.replay_exact = False  # whether the last replay needed no check (NOTE: [Launches that keep the
         # access rules])
@@ -133,25 +136,31 @@ class FieldProgram:
             self._run()
         return self._read_outputs()
 
+    def refused(self) -> list[str]:
+        """Each kernel of the program tidiff's reverse transform does not take, and why (NOTE: [Taichi's reverse mode
+        not run]): found once."""
+        if self._refused is None:
+            self._refused = sorted({f"`{k.__name__}` ({reason.described()})" for k in self._reversed
+                                    for owner in self._owners.get(id(k), [None])
+                                    if not isinstance(reason := vjp_kernel(k, owner), KernelAdjoint)})
+        return self._refused
+
     def hidden_rules(self) -> list[tuple[str, str]]:
-        """The derivative rules the program reaches through kernels Taichi's reverse mode differentiates (NOTE:
-        [Rules Taichi's reverse mode cannot see]), which cannot apply them; tidiff's adjoints of kernels (NOTE:
-        [Reverse of a kernel]) do. Found once; the tangent program has its primal program's."""
+        """The derivative rules the program reaches through the kernels :meth:`refused` names, which Taichi's reverse
+        mode could not apply either (named in the refusal; a random number or an atomic's result refuses forward
+        pushes too). Found once; the tangent program has its primal program's."""
         if self._hidden_rules is None:  # walked once: the kernels tidiff reverses apply every rule themselves
-            taichis = [k for k in self._kernels if not all(isinstance(vjp_kernel(k, owner), KernelAdjoint)
+            taichis = [k for k in self._reversed if not all(isinstance(vjp_kernel(k, owner), KernelAdjoint)
                                                           for owner in self._owners.get(id(k), [None]))]
             self._hidden_rules = rules_reached(CodeGraph(*taichis)) if taichis else []
         return self._hidden_rules
 
     def check_reverse(self) -> None:
-        """Raise ``td.TransformError`` when reverse mode would ignore a rule (see :meth:`hidden_rules`) or a struct
-        field (:meth:`refuse_struct_fields`)."""
+        """Raise ``td.TransformError`` when a kernel of the program is one tidiff's reverse transform does not take
+        (:meth:`refused`) or it reaches a struct field (:meth:`refuse_struct_fields`)."""
         self.refuse_struct_fields()
-        rules = self.hidden_rules()
-        if rules:  # each kernel Taichi's reverse mode would run, and why tidiff's transform does not take it
-            refused = {f"`{k.__name__}` ({reason})" for k in self._kernels for owner in self._owners.get(id(k), [None])
-                       if not isinstance(reason := vjp_kernel(k, owner), KernelAdjoint)}
-            refuse_hidden_rules(rules, f"the field program `{self.name}`", sorted(refused))
+        if self.refused():
+            raise reverse_refused_error(f"the field program `{self.name}`", self.refused(), self.hidden_rules())
 
     def refuse_struct_fields(self) -> None:
         """NOTE: [Struct fields refused] A struct field (``ti.types.struct(pos=vec2, m=f64).field()``) is not

@@ -7,12 +7,11 @@ A :class:`Recorder` stands in ``runtime.target_tape`` while the program
 runs, so Taichi hands it every launch, before the launch; it refuses a
 kernel tidiff did not rebuild (it would run on the user's own fields).
 
-Replaying ``kernel.grad(*args)`` in reverse is exact under Taichi's global
-data access rules: the adjoint of an overwrite zeroes the overwritten
-field's gradient (so 1.7.4 zeroes an output's ``.grad`` after a pass that
-stores to it: cotangents are set again before every replay). Where a launch
-overwrites what an earlier one read, the recorder keeps the old entries
-(NOTE: [Overwritten values kept]).
+Replaying each launch's adjoint in reverse (tidiff's: NOTE: [Reverse of a
+kernel]) is exact under Taichi's global data access rules: the adjoint of an
+overwrite zeroes the overwritten field's gradient (cotangents are set again
+before every replay). Where a launch overwrites what an earlier one read, the
+recorder keeps the old entries (NOTE: [Overwritten values kept]).
 """
 import contextlib
 from collections.abc import Iterable, Iterator
@@ -25,7 +24,7 @@ from taichi.lang.kernel_impl import Kernel
 
 from .._adjoint.accesses import AccessLog, Write
 from .._adjoint.kernels import KernelAdjoint, vjp_kernel
-from .._errors import taichi_cannot_reverse
+from .._errors import TransformError, taichi_cannot_reverse
 from .._tangent import FieldTangents
 from .harmless_warnings import quiet_first_reverse
 from .kept import Copy, Stores, swapped
@@ -211,7 +210,19 @@ class Recorder:
 
     def replay_adjoints(self) -> None:
         """Run the adjoint of every recorded launch, last first, swapping back what each launch overwrote after
-        its adjoint (and forward first, where a replay swapped them back before)."""
+        its adjoint (and forward first, where a replay swapped them back before). Taichi's ``kernel.grad`` runs
+        for its own helpers and for ``ti.ad.grad_replaced`` functions (the user's gradient) alone (NOTE:
+        [Taichi's reverse mode not run])."""
+        for (kernel, _), own in zip(self.calls, self._own, strict=True):
+            if own is None and not getattr(kernel, "_tidiff_replaced", False) \
+                    and not (isinstance(kernel, Kernel) and is_taichi_helper(kernel)):
+                name = kernel.func.__name__ if isinstance(kernel, Kernel) else getattr(kernel, "__name__", "?")
+                raise TransformError(
+                    f"the kernel `{name}` in reverse mode: tidiff's adjoint of it takes float fields with gradients "
+                    "(and numbers) at the ti.template() parameters it reads so, and a launch gave it others, and "
+                    "Taichi's own reverse mode (kernel.grad) does not run in its place (NOTE: [Taichi's reverse "
+                    "mode not run])", hint="pass a float field at such a parameter, or use forward mode (td.jvp, "
+                    "td.jacfwd)")
         if self._unwound:
             for first, later in self._kept:
                 swapped(first + later)

@@ -91,7 +91,7 @@ class FieldFunction(Function):
     def reverse_refused(self) -> str | None:
         refuse_recomputed(self.program.hidden_rules(), f"the field program `{self.program.name}`")  # forward pushes
         # would draw anew
-        return describe(self.program.hidden_rules()) or wrong_reverse(self)
+        return describe(self.program.refused()) or wrong_reverse(self)
 
     def program_outputs(self) -> list[int | None]:
         """Per output, the program output holding it (None: zeros, not computed)."""
@@ -155,17 +155,16 @@ class FieldTangent(FieldFunction):
         return outs[:m] + [next(tangents) if s.is_float else zeros(s.shape, s.dtype, device) for s in self._primal_out]
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        """Reverse mode over the tangent program (second order); where a kernel of it is Taichi's and the
-        program reaches a rule Taichi cannot apply, pushed forward (the rules applied) instead of refused:
-        the primal's own reverse mode, tidiff's, chose this way (NOTE: [Rules Taichi's reverse mode cannot
-        see])."""
-        refused = describe(self.program.hidden_rules())
+        """Reverse mode over the tangent program (second order); where tidiff's reverse transform does not take a
+        kernel of it, pushed forward instead of refused: the primal's own reverse mode, tidiff's, chose this way
+        (NOTE: [Taichi's reverse mode not run])."""
+        refused = describe(self.program.refused())
         if refused is not None:
             return pushed_vjp(self, batch, cotangents, refused)
         return super().vjp(batch, cotangents)
 
     def linearize(self, batch: Batch) -> tuple[list[Any], Any]:
-        refused = describe(self.program.hidden_rules())
+        refused = describe(self.program.refused())
         if refused is not None:
             return self.evaluate(batch), lambda cotangents: pushed_vjp(self, batch, cotangents, refused)
         return super().linearize(batch)

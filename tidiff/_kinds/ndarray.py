@@ -16,15 +16,16 @@ a copy, and Taichi compiles the kernel once per dtype and ndim, never per shape.
 - ``evaluate``: outputs are allocated (zeroed, so ``+=`` accumulates from 0)
   and the kernel launched once;
 - ``vjp``: tidiff's adjoint of the kernel on the tensors (NOTE: [Reverse of an
-  ndarray kernel] in ``_adjoint/kernels.py``; NOTE: [Gradient aliases]), or
-  Taichi's ``kernel.grad`` where the transform does not take the kernel;
+  ndarray kernel] in ``_adjoint/kernels.py``; NOTE: [Gradient aliases]); a
+  ``td.TransformError`` where the transform does not take the kernel (NOTE:
+  [Taichi's reverse mode not run] in ``_fields/hidden_rules.py``);
 - ``tangent()``: the kernel's tangent transform (``_tangent/kernels.py``), an
   ndarray kernel again (:class:`NdarrayTangent`): its vjp is the adjoint of
   the tangent kernel, which is second order, and its own tangent is the
   tangent kernel of the tangent kernel.
 
-NOTE: [Gradient aliases] An adjoint kernel (tidiff's, or Taichi's
-``kernel.grad``) reads ``y.grad`` and accumulates into
+NOTE: [Gradient aliases] An adjoint kernel (tidiff's, as Taichi's
+``kernel.grad`` would) reads ``y.grad`` and accumulates into
 ``x.grad`` of the very tensor objects it is given, and allocates ``.grad``
 for any ``requires_grad`` tensor it sees, even under ``torch.no_grad``
 (taichi #8340). The engines therefore never hand the caller's tensors to
@@ -59,9 +60,9 @@ from .._adjoint.versions import versioned
 from .._arrays import Batch, is_tensor, numpy_dtype, to_numpy, torch_dtype
 from .._cache import uses
 from .._derived import TangentArguments
-from .._errors import taichi_cannot_reverse
+from .._errors import TransformError
 from .._fields.graph import CodeGraph
-from .._fields.hidden_rules import describe, refuse_hidden_rules, refuse_recomputed, rules_reached
+from .._fields.hidden_rules import describe, refuse_recomputed, reverse_refused_error, rules_reached
 from .._fields.values import check_unchanged
 from .._lang.activity import root_names, stores
 from .._lang.compile import info
@@ -70,7 +71,7 @@ from .._lang.parse import kernel_function
 from .._lang.scratch import Scratch
 from .._lang.source import source_tree
 from .._protocol import Function, register_kind
-from .._reverse_check import checked_vjp, settled_right, wrong_reverse
+from .._reverse_check import checked_vjp, wrong_reverse
 from .._signature import ArgSpec
 from .._tangent import jvp_ndarray_kernel
 from .._tree import Tree, flat_tree
@@ -191,20 +192,21 @@ class NdarrayFunction(Function):
     def reverse_refused(self) -> str | None:
         floats = [d for d in self.in_dtypes if d is not None and d.kind == "f"]
         default = floats[0] if floats else np.dtype(np.float64)  # the annotations' types; float64 where they say none
-        if self._adjoint([d or default for d in self.in_dtypes], [d or default for d in self.out_dtypes]) is not None:
+        found = self._adjoint_or_why([d or default for d in self.in_dtypes], [d or default for d in self.out_dtypes])
+        if not isinstance(found, NotReversible):
             return wrong_reverse(self)  # tidiff's adjoint applies every rule
         refuse_recomputed(self.hidden_rules(), f"the ndarray kernel `{self.name}`")  # forward pushes would draw anew
-        return describe(self.hidden_rules()) or wrong_reverse(self)
+        return describe([f"`{self.name}` ({found.described()})"])
 
     def adjoint_for(self, specs: Sequence[ArgSpec]) -> KernelAdjoint | None:
         """tidiff's adjoint of the kernel for inputs of these specs (NOTE: [Reverse of an ndarray kernel]), or
-        None where the transform does not take the kernel (Taichi's ``kernel.grad`` then runs, checked)."""
+        None where the transform does not take the kernel (reverse mode is then refused)."""
         return self._adjoint([s.dtype for s in specs], [s.dtype for s in self.signature(specs)[0]])
 
     def refusal(self, specs: Sequence[ArgSpec]) -> list[str]:
         """Why tidiff's reverse transform does not take the kernel for inputs of these specs (none where it does)."""
         found = self._adjoint_or_why([s.dtype for s in specs], [s.dtype for s in self.signature(specs)[0]])
-        return [f"`{self.name}` ({found})"] if isinstance(found, NotReversible) else []
+        return [f"`{self.name}` ({found.described()})"] if isinstance(found, NotReversible) else []
 
     def _adjoint(self, in_dtypes: Sequence[np.dtype], out_dtypes: Sequence[np.dtype]) -> KernelAdjoint | None:
         adjoint = self._adjoint_or_why(in_dtypes, out_dtypes)
@@ -390,16 +392,14 @@ class NdarrayFunction(Function):
         """:meth:`unchecked_vjp` of tensors like ``batch``'s (primals, then one cotangent per output; with
         ``read_back``, primals, the outputs the kernel left, then the cotangents: :meth:`vjp_from_outputs`), as a
         plan (NOTE: [Launch plans] in ``_torch``) returning the float inputs' cotangents. Only where that reverse
-        mode needs no check (tidiff's exact adjoint, or Taichi's settled right and reaching no rule), and not for
-        kernels reading global fields."""
+        mode needs no check (tidiff's exact adjoint), and not for kernels reading global fields."""
         if self.by_version() is not None:  # its vjp takes cotangents of the versions too
             return None
         n = len(self.inputs)
         specs = list(batch.specs[:n])
         own = self.read_back_for(specs) if read_back else self.adjoint_for(specs)
         exact = own is not None and self.exact(own)
-        if not (exact or own is None and settled_right(self) and not self.hidden_rules() and not read_back) \
-                or self.global_fields() or self.scratch \
+        if own is None or not exact or self.global_fields() or self.scratch \
                 or not all(is_tensor(a) for a in batch.arrays) or not all(a.is_contiguous() for a in batch.arrays[:n]):
             return None  # cotangents may be expanded (a sum's): the plan copies them
         torch = _torch()
@@ -409,10 +409,9 @@ class NdarrayFunction(Function):
         floats = [(k, s.shape, torch_dtype(s.dtype)) for k, s in enumerate(specs) if s.is_float]
         outputs = [(s.shape, torch_dtype(s.dtype)) for s in out_specs]
         m = len(outputs)
-        adjoint = DirectLaunch(own.kernel if own is not None else self.kernel.grad)
-        chunked = None if own is None or own.chunked is None else DirectLaunch(own.chunked.kernel)  # NOTE:
-        # [Accumulations by chunk]
-        primal = DirectLaunch(self.kernel) if own is not None and self.reads_outputs(own) else None  # what the
+        adjoint = DirectLaunch(own.kernel)
+        chunked = None if own.chunked is None else DirectLaunch(own.chunked.kernel)  # NOTE: [Accumulations by chunk]
+        primal = DirectLaunch(self.kernel) if self.reads_outputs(own) else None  # what the
         # adjoint reads of the outputs (what an atomic max / min left)
         allocate = torch.zeros if primal is not None else torch.empty
 
@@ -481,27 +480,33 @@ class NdarrayFunction(Function):
         return found
 
     def vjp(self, batch: Batch, cotangents: Sequence[Any]) -> list[Any]:
-        """Input cotangents by tidiff's adjoint of the kernel, or where the transform does not take it by
-        Taichi's ``kernel.grad`` (NOTE: [Gradient aliases]); checked against forward mode where the adjoint is not
-        exact (NOTE: [Checking Taichi's reverse mode])."""
+        """Input cotangents by tidiff's adjoint of the kernel (NOTE: [Gradient aliases]), checked against forward
+        mode where it is not exact (NOTE: [Checking Taichi's reverse mode]); a ``td.TransformError`` where the
+        transform does not take the kernel (NOTE: [Taichi's reverse mode not run])."""
         if (versions := self.by_version()) is not None:  # NOTE: [Arrays kept by version]
             return versions[0].vjp(batch, [*cotangents, *[None] * versions[1]])
         own = self.adjoint_for(batch.specs)
-        exact = None if own is None else (lambda: self.exact(own))
+        if own is None:
+            raise self.refused_error(batch.specs)
         return checked_vjp(self, batch, cotangents, lambda: self.unchecked_vjp(batch, cotangents),
-                           f"the ndarray kernel `{self.name}`", exact)
+                           f"the ndarray kernel `{self.name}`", lambda: self.exact(own))
+
+    def refused_error(self, specs: Sequence[ArgSpec]) -> TransformError:
+        """The error of reverse mode where tidiff's transform does not take the kernel for inputs of these specs."""
+        return reverse_refused_error(f"the ndarray kernel `{self.name}`", self.refusal(specs) or [f"`{self.name}`"],
+                                     self.hidden_rules())
 
     def unchecked_vjp(self, batch: Batch, cotangents: Sequence[Any], outputs: Sequence[Any] | None = None) \
             -> list[Any]:
-        """The vjp by reverse mode alone, unchecked: tidiff's adjoint of the kernel where the transform takes it
-        (run after the kernel itself where the kernel reads its outputs), else Taichi's ``kernel.grad``. Given
+        """The vjp by reverse mode alone, unchecked: tidiff's adjoint of the kernel (run after the kernel itself
+        where the kernel reads its outputs; a ``td.TransformError`` where the transform does not take it). Given
         ``outputs`` (those a launch on ``batch`` left), the adjoint reading them back (NOTE: [Outputs read
         back]; :meth:`vjp_from_outputs`)."""
         if (versions := self.by_version()) is not None:  # NOTE: [Arrays kept by version]
             return versions[0].unchecked_vjp(batch, [*cotangents, *[None] * versions[1]])
         own = self.adjoint_for(batch.specs) if outputs is None else self.read_back_for(batch.specs)
         if own is None:
-            refuse_hidden_rules(self.hidden_rules(), f"the ndarray kernel `{self.name}`", self.refusal(batch.specs))
+            raise self.refused_error(batch.specs)
         ins, out_specs, device, as_numpy = self._inputs(batch)
         tensors: dict[str, Any] = {}
         grads: list[Any] = []
@@ -521,18 +526,14 @@ class NdarrayFunction(Function):
                 out.grad = zeros(spec, device) if ct is None else fresh(ct, spec, device)
             tensors[name] = out
         self._with_scratch(tensors, device)  # one set, for the kernel and its adjoint
-        if own is not None and self.reads_outputs(own):  # the outputs as the kernel left them, to be read again,
+        if self.reads_outputs(own):  # the outputs as the kernel left them, to be read again,
             for name in self.outputs:  # from zeros, as every launch starts (NOTE: [Entries read first from zeroed
                 tensors[name].detach().zero_()  # outputs]): a copy of what the forward gave
             self._launch(self.kernel, {n: t.detach() for n, t in tensors.items()})
         arrays = {**self.constants, **tensors}
-        if own is not None:
-            own = own.for_launch(arrays)  # NOTE: [Accumulations by chunk]
-        extra = [] if own is None else scratch_arrays(own, arrays, device)
-        try:
-            self._launch(self.kernel.grad if own is None else own.kernel, tensors, counted=self.kernel, extra=extra)
-        except RuntimeError as e:
-            raise taichi_cannot_reverse(self.name, e) or e from None
+        own = own.for_launch(arrays)  # NOTE: [Accumulations by chunk]
+        extra = scratch_arrays(own, arrays, device)
+        self._launch(own.kernel, tensors, counted=self.kernel, extra=extra)
         return [self._result(g.grad, as_numpy) if g is not None else
                 (self._result(zeros(s, device), as_numpy) if s.is_float else None)
                 for g, s in zip(grads, batch.specs, strict=True)]
