@@ -1,6 +1,6 @@
 """Derivative rules in kernels: applied by tidiff's adjoints, refused where Taichi's autodiff would ignore them.
 
-NOTE: [Rules Taichi's reverse mode cannot see] in tidiff/_fields/hidden_rules.py.
+NOTE: [Taichi's reverse mode not run] in tidiff/_fields/hidden_rules.py.
 Before: td.grad of a field program and td.vjp of an ndarray kernel calling
 ``x * td.stop_gradient(x)`` or ``10 * clip_gradient(x)`` differentiated
 through both (2x and 10 where JAX gives x and 1), without an error. Kernels

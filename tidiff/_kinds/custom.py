@@ -168,8 +168,8 @@ class CustomFunction(Pointwise):
 
     @property
     def _tidiff_derivative_rule(self) -> str:
-        """The rule this function stands for (``RULE_ATTRIBUTE``: NOTE: [Rules Taichi's reverse mode cannot
-        see] in ``_fields/hidden_rules``)."""
+        """The rule this function stands for (``RULE_ATTRIBUTE``: NOTE: [Taichi's reverse mode not run]
+        in ``_fields/hidden_rules``)."""
         return f"the {'td.custom_vjp' if self.bwd is not None else 'td.custom_jvp'} function `{self.name}`"
 
 

@@ -34,8 +34,8 @@ def stop_gradient(x):
 
 
 RULE_ATTRIBUTE = "_tidiff_derivative_rule"
-"""The attribute naming the derivative rule an object stands for (NOTE: [Rules Taichi's reverse mode cannot
-see] in ``_fields/hidden_rules``): reverse mode by Taichi's ``kernel.grad`` refuses code reaching one."""
+"""The attribute naming the derivative rule an object stands for (NOTE: [Taichi's reverse mode not run] in
+``_fields/hidden_rules``): a refusal of reverse mode names the rules the kernels it refuses reach."""
 setattr(stop_gradient, RULE_ATTRIBUTE, "td.stop_gradient")
 
 
