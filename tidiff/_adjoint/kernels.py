@@ -359,20 +359,23 @@ class ParallelLoop:
         # values in parallel loops])
 
 
-def vjp_kernel(kernel: Any, owner: object = None) -> KernelAdjoint | NotReversible:
+def vjp_kernel(kernel: Any, owner: object = None, constants: frozenset[str] = frozenset()
+               ) -> KernelAdjoint | NotReversible:
     """The adjoint of a ``@ti.kernel`` over fields (NOTE: [Reverse of a kernel]), or the NotReversible
     saying why the transform does not take it. Made once per kernel (and object, for a kernel of a
-    ``@ti.data_oriented`` class: ``owner``, the object it is launched on).
+    ``@ti.data_oriented`` class: ``owner``, the object it is launched on) and set of ``constants``: the
+    ``ti.template()`` parameters a launch gives integer fields, or fields without gradients, which the
+    adjoint takes as it takes integer fields (``clear(count)`` beside ``clear(y)``).
 
     The adjoint takes the kernel's parameters (without ``self``); it reads
     the fields and the gradients of the float fields the kernel reaches
     (``field.grad``, which must exist) and writes only gradients.
     """
     cache = owned_cache(kernel, ADJOINT)
-    key = id(owner)
+    key = (id(owner), constants) if constants else id(owner)
     if key not in cache:
         try:
-            cache[key] = _generate(kernel, owner)
+            cache[key] = _generate(kernel, owner, constants=constants)
         except NotReversible as reason:
             cache[key] = reason
     return cache[key]
@@ -473,7 +476,7 @@ def _field_made(f: Any, active: Sequence[bool], n_outputs: int) -> Any:
 
 
 def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None,
-              zeroed: dict[str, Any] | None = None) -> KernelAdjoint:
+              zeroed: dict[str, Any] | None = None, constants: frozenset[str] = frozenset()) -> KernelAdjoint:
     bound = getattr(kernel, "_is_classkernel", False)
     if bound and owner is None:
         raise NotReversible("a kernel of a @ti.data_oriented class, without the object it runs on")
@@ -488,7 +491,7 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None,
     parsed = entries_as_locals(parsed, _touches_fields, zeroed)  # NOTE: [Entries updated in a loop, as locals]
     pristine = copy.deepcopy(parsed.tree)
     try:
-        reverser = KernelReverser(parsed, kernel, bound, arrays)
+        reverser = KernelReverser(parsed, kernel, bound, arrays, constants)
         tree = reverser.run()
     except NotReversible as reason:  # NOTE: [Serialized kernels as one iteration]
         once = in_one_iteration(pristine, parsed.namespace)
@@ -496,7 +499,7 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None,
             raise
         try:
             in_order = entries_as_locals(dataclasses.replace(parsed, tree=once), _touches_fields, zeroed)
-            reverser = KernelReverser(in_order, kernel, bound, arrays)
+            reverser = KernelReverser(in_order, kernel, bound, arrays, constants)
             tree = reverser.run()
         except NotReversible:
             raise reason from None
@@ -1105,10 +1108,12 @@ class KernelReverser(FieldReverser):
 
     stores = True
 
-    def __init__(self, parsed: Parsed, kernel: Any, bound: bool = False, arrays: dict[str, Any] | None = None) -> None:
+    def __init__(self, parsed: Parsed, kernel: Any, bound: bool = False, arrays: dict[str, Any] | None = None,
+                 constants: frozenset[str] = frozenset()) -> None:
         self.kernel, self.bound = kernel, bound  # bound: a class kernel, its ``self`` bound by ``objects.bind``
         self.arrays = arrays
-        self.array_params = frozenset(arrays or ())
+        self.constant_templates = constants  # ti.template() parameters given integer fields (see vjp_kernel)
+        self.array_params = frozenset(arrays or ()) | constants  # (taken as constant arrays are)
         super().__init__(parsed, (False,) * len(parsed.tree.args.args), 0)
         self.depth = 0  # how deep in loops the statement being transformed stands (0: the kernel's top level)
         self.accumulators: dict[str, str] = {}  # top-level local -> its cotangent's sum over a parallel loop
@@ -1169,7 +1174,9 @@ class KernelReverser(FieldReverser):
         body = without_docstring(self.tree.body)
         body = self.without_return(body)
         self.refuse_external_writes()
-        read = sorted({n.value.id for n in ast.walk(self.tree) if isinstance(n, ast.Subscript)
+        updated = {id(n.target) for n in ast.walk(self.tree) if isinstance(n, ast.AugAssign)}
+        read = sorted({n.value.id for n in ast.walk(self.tree) if isinstance(n, ast.Subscript)  # a store alone
+                       and (isinstance(n.ctx, ast.Load) or id(n) in updated)  # (``count[i] = i``) reads nothing
                        and isinstance(n.value, ast.Name) and n.value.id in self.constant_fields - self.external})
         own = [f for f in read if extremes.is_own(self.field_key(f))]  # NOTE: [Counts read after the kernel]
         self.accesses += [Access("load", self.field_key(f), None, (), anywhere=True) for f in read if f not in own]
@@ -1229,7 +1236,9 @@ class KernelReverser(FieldReverser):
                 used = any(isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == p.name
                            or isinstance(n, ast.For) and isinstance(n.iter, ast.Name) and n.iter.id == p.name
                            for n in ast.walk(self.tree))
-                if used:
+                if used and p.name in self.constant_templates:
+                    self.constant_fields.add(p.name)
+                elif used:
                     found.append(p.name)
                 elif any(isinstance(n, ast.Call) and any(isinstance(a, ast.Name) and a.id == p.name for a in n.args)
                          or isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == p.name

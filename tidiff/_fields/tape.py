@@ -25,6 +25,7 @@ from taichi.lang.kernel_impl import Kernel
 from .._adjoint.accesses import AccessLog, Write
 from .._adjoint.kernels import KernelAdjoint, vjp_kernel
 from .._errors import TransformError, taichi_cannot_reverse
+from .._lang.objects import is_float_field
 from .._tangent import FieldTangents
 from .harmless_warnings import quiet_first_reverse
 from .kept import Copy, Stores, swapped
@@ -80,7 +81,12 @@ class LaunchGuard:
         owned = self.owned(kernel)
         if owned is None:
             return None
-        found = vjp_kernel(owned, args[0] if getattr(owned, "_is_classkernel", False) and args else None)
+        owner = args[0] if getattr(owned, "_is_classkernel", False) and args else None
+        found = vjp_kernel(owned, owner)
+        if isinstance(found, KernelAdjoint) and not found.takes(args):  # integer fields at template parameters
+            given = found.arguments(args)
+            found = vjp_kernel(owned, owner, frozenset(found.params[k] for k in found.fields_at
+                                                       if not (is_float_field(given[k]) and given[k].grad is not None)))
         return found if isinstance(found, KernelAdjoint) and found.takes(args) else None
 
     def overwrite_tangent(self, kernel: Any, args: tuple[Any, ...]) -> None:
