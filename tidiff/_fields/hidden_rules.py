@@ -8,14 +8,18 @@ first call. Taichi's reverse mode is wrong without a word for constructs its
 users write (tests/test_taichi_pitfalls.py), has no rule for others and
 depends on an autodiff stack size, and a check at two points finds a
 miscompile but not a value wrong only elsewhere. So it is no longer run:
-reverse mode of such code (``td.grad``, ``td.vjp``, a torch backward) is a
+reverse mode of such code (``td.vjp``, a torch backward) is a
 ``td.TransformError`` naming each kernel, the construct and its line, before
-any adjoint runs; ``reverse_refused`` says so, so that ``td.jacobian`` and
-``td.hessian`` choose forward mode, tidiff's own tangent transform, which
-takes such kernels (``td.jvp``, ``td.jacfwd``). A second-order product whose
+any adjoint runs; ``reverse_refused`` says so, so that ``td.grad`` and the
+Jacobians choose forward mode, tidiff's own tangent transform, which takes
+such kernels (``td.jvp``, ``td.jacfwd``). A second-order product whose
 tangent program holds a kernel the transform does not take pushes that
-program forward, one tangent run per input component. Taichi's reverse mode
-stays a cross-check in tests, where it is right (tests/test_tape_parity.py,
+program forward, one tangent run per input component. A kernel generic over
+``ti.template()`` fields launched on integer fields too (``clear(count)``
+beside ``clear(y)``) gets an adjoint of tidiff's per pattern, those
+parameters taken as integer fields are (``vjp_kernel``'s ``constants``):
+Taichi reversed such launches before. Taichi's reverse mode
+stays a cross-check in tests, where it is right (tests/taped.py,
 the conformance net). Where such kernels reach a rule, the error names it:
 Taichi's reverse mode differentiates code as written, so ``td.stop_gradient``
 would be the identity there, a ``td.custom_jvp`` / ``td.custom_vjp`` function
