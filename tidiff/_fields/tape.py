@@ -62,6 +62,8 @@ class LaunchGuard:
         # repeating it is not logged again
         self.stores = Stores()  # the copies of overwritten entries (NOTE: [Overwritten values kept])
         self.tangents: FieldTangents | None = None  # a tangent program's pairs of twins
+        self._adjoints: dict[tuple[Any, ...], KernelAdjoint] = {}  # by kernel, object and fields given (other
+        # arguments by type): every launch asks
 
     def owned(self, kernel: Any) -> Any:
         """The rebuilt ``@ti.kernel`` whose launch reached the tape as ``kernel``, or None: a loop of one run loop
@@ -77,17 +79,25 @@ class LaunchGuard:
 
     def adjoint(self, kernel: Any, args: tuple[Any, ...]) -> KernelAdjoint | None:
         """tidiff's adjoint of a launch (NOTE: [Reverse of a kernel]), or None where the transform does not
-        take the kernel or these arguments (Taichi's ``kernel.grad`` is replayed instead)."""
+        take the kernel or these arguments (reverse mode is then refused: NOTE: [Taichi's reverse mode not run])."""
         owned = self.owned(kernel)
         if owned is None:
             return None
         owner = args[0] if getattr(owned, "_is_classkernel", False) and args else None
+        key = (id(kernel), id(owner), *(id(a) if isinstance(a, Field) else type(a) for a in args))
+        if (known := self._adjoints.get(key)) is not None:
+            return known
         found = vjp_kernel(owned, owner)
         if isinstance(found, KernelAdjoint) and not found.takes(args):  # integer fields at template parameters
             given = found.arguments(args)
             found = vjp_kernel(owned, owner, frozenset(found.params[k] for k in found.fields_at
                                                        if not (is_float_field(given[k]) and given[k].grad is not None)))
-        return found if isinstance(found, KernelAdjoint) and found.takes(args) else None
+            if isinstance(found, KernelAdjoint) and not found.takes(args):
+                return None
+        if not isinstance(found, KernelAdjoint):
+            return None
+        self._adjoints[key] = found
+        return found
 
     def overwrite_tangent(self, kernel: Any, args: tuple[Any, ...]) -> None:
         """In a tangent program, one of Taichi's helpers overwriting a field (``fill``, ``from_numpy``) zeroes
