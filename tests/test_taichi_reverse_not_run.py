@@ -102,3 +102,14 @@ def test_reverse_mode_of_a_kernel_not_taken_names_kernel_construct_and_line_and_
         grad = td.grad(F)(values)
     product = 2.0 * np.prod(1.0 + 0.1 * values)
     np.testing.assert_allclose(grad, product * 0.1 / (1.0 + 0.1 * values), rtol=1e-12)
+
+
+def test_a_torch_backward_through_a_kernel_not_taken_is_refused_by_name():
+    F = td.function(chained, inputs=[x], outputs=[loss])
+    op = td.torch.function(F)
+    values = torch.linspace(0.2, 1.2, N, dtype=torch.float64, requires_grad=True)
+    out = op(values)  # the value runs
+    np.testing.assert_allclose(out.detach().numpy(), 2.0 * np.prod(1.0 + 0.1 * values.detach().numpy()), rtol=1e-12)
+    with pytest.raises(td.TransformError, match=r"does not take `racy_product`.*kernel.grad\) does not run"):
+        out.backward()
+    assert values.grad is None  # nothing written
