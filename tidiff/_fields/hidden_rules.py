@@ -43,6 +43,7 @@ from typing import Any
 
 import taichi as ti
 
+from .._adjoint.transform import NotReversible
 from .._errors import TransformError
 from .._lang.atomic_results import used_atomic_result
 from .._lang.parse import parse, resolve
@@ -132,6 +133,11 @@ def _transformed_func(value: Any) -> Any:
             return value.tifunc
         value = getattr(value, "parent", None)
     return None
+
+
+def refusal_of(kernel: str, reason: NotReversible) -> str:
+    """One entry of a refusal: the kernel's name and why the transform does not take it, and where."""
+    return f"`{kernel}` ({reason.described()})"
 
 
 def describe(refused: list[str]) -> str | None:

@@ -10,12 +10,13 @@ from taichi.lang import impl
 from taichi.lang.field import Field
 
 from .._adjoint.kernels import KernelAdjoint, vjp_kernel
+from .._adjoint.transform import NotReversible
 from .._arrays import owned_copy, tensor_device, zeros
 from .._cache import kernel_compiles
 from .._errors import TransformError
 from . import checks
 from .graph import CodeGraph
-from .hidden_rules import reverse_refused_error, rules_reached
+from .hidden_rules import refusal_of, reverse_refused_error, rules_reached
 from .parts import Part
 from .rebind import Rebinder
 from .tangent import TangentFields, tangent_program
@@ -107,7 +108,7 @@ class FieldProgram:
         self._source, self._graph = program, graph
         self._tangent: tuple[FieldProgram, TangentFields] | Exception | None = None
         self._hidden_rules: list[tuple[str, str]] | None = None
-        self._refused: list[str] | None = None
+        self._not_taken: list[tuple[Any, NotReversible]] | None = None
         self._generation = 0  # how many times the twins were loaded: a pullback checks it is still its run
         self.replay_exact = False  # whether the last replay needed no check (NOTE: [Launches that keep the
         # access rules])
@@ -136,22 +137,24 @@ class FieldProgram:
             self._run()
         return self._read_outputs()
 
+    def not_taken(self) -> list[tuple[Any, NotReversible]]:
+        """``(kernel, why)`` for each kernel of the program (and object it runs on) tidiff's reverse transform does
+        not take (NOTE: [Taichi's reverse mode not run]): found once."""
+        if self._not_taken is None:
+            self._not_taken = [(k, reason) for k in self._reversed for owner in self._owners.get(id(k), [None])
+                               if isinstance(reason := vjp_kernel(k, owner), NotReversible)]
+        return self._not_taken
+
     def refused(self) -> list[str]:
-        """Each kernel of the program tidiff's reverse transform does not take, and why (NOTE: [Taichi's reverse mode
-        not run]): found once."""
-        if self._refused is None:
-            self._refused = sorted({f"`{k.__name__}` ({reason.described()})" for k in self._reversed
-                                    for owner in self._owners.get(id(k), [None])
-                                    if not isinstance(reason := vjp_kernel(k, owner), KernelAdjoint)})
-        return self._refused
+        """Each kernel :meth:`not_taken` names, and why."""
+        return sorted({refusal_of(k.__name__, reason) for k, reason in self.not_taken()})
 
     def hidden_rules(self) -> list[tuple[str, str]]:
         """The derivative rules the program reaches through the kernels :meth:`refused` names, which Taichi's reverse
         mode could not apply either (named in the refusal; a random number or an atomic's result refuses forward
         pushes too). Found once; the tangent program has its primal program's."""
         if self._hidden_rules is None:  # walked once: the kernels tidiff reverses apply every rule themselves
-            taichis = [k for k in self._reversed if not all(isinstance(vjp_kernel(k, owner), KernelAdjoint)
-                                                          for owner in self._owners.get(id(k), [None]))]
+            taichis = list({id(k): k for k, _ in self.not_taken()}.values())
             self._hidden_rules = rules_reached(CodeGraph(*taichis)) if taichis else []
         return self._hidden_rules
 

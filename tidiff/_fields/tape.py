@@ -92,9 +92,7 @@ class LaunchGuard:
             given = found.arguments(args)
             found = vjp_kernel(owned, owner, frozenset(found.params[k] for k in found.fields_at
                                                        if not (is_float_field(given[k]) and given[k].grad is not None)))
-            if isinstance(found, KernelAdjoint) and not found.takes(args):
-                return None
-        if not isinstance(found, KernelAdjoint):
+        if not (isinstance(found, KernelAdjoint) and found.takes(args)):
             return None
         self._adjoints[key] = found
         return found

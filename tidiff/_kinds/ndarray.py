@@ -62,7 +62,7 @@ from .._cache import uses
 from .._derived import TangentArguments
 from .._errors import TransformError
 from .._fields.graph import CodeGraph
-from .._fields.hidden_rules import describe, refuse_recomputed, reverse_refused_error, rules_reached
+from .._fields.hidden_rules import describe, refusal_of, refuse_recomputed, reverse_refused_error, rules_reached
 from .._fields.values import check_unchanged
 from .._lang.activity import root_names, stores
 from .._lang.compile import info
@@ -196,7 +196,7 @@ class NdarrayFunction(Function):
         if not isinstance(found, NotReversible):
             return wrong_reverse(self)  # tidiff's adjoint applies every rule
         refuse_recomputed(self.hidden_rules(), f"the ndarray kernel `{self.name}`")  # forward pushes would draw anew
-        return describe([f"`{self.name}` ({found.described()})"])
+        return describe([refusal_of(self.name, found)])
 
     def adjoint_for(self, specs: Sequence[ArgSpec]) -> KernelAdjoint | None:
         """tidiff's adjoint of the kernel for inputs of these specs (NOTE: [Reverse of an ndarray kernel]), or
@@ -206,7 +206,7 @@ class NdarrayFunction(Function):
     def refusal(self, specs: Sequence[ArgSpec]) -> list[str]:
         """Why tidiff's reverse transform does not take the kernel for inputs of these specs (none where it does)."""
         found = self._adjoint_or_why([s.dtype for s in specs], [s.dtype for s in self.signature(specs)[0]])
-        return [f"`{self.name}` ({found.described()})"] if isinstance(found, NotReversible) else []
+        return [refusal_of(self.name, found)] if isinstance(found, NotReversible) else []
 
     def _adjoint(self, in_dtypes: Sequence[np.dtype], out_dtypes: Sequence[np.dtype]) -> KernelAdjoint | None:
         adjoint = self._adjoint_or_why(in_dtypes, out_dtypes)
@@ -398,8 +398,7 @@ class NdarrayFunction(Function):
         n = len(self.inputs)
         specs = list(batch.specs[:n])
         own = self.read_back_for(specs) if read_back else self.adjoint_for(specs)
-        exact = own is not None and self.exact(own)
-        if own is None or not exact or self.global_fields() or self.scratch \
+        if own is None or not self.exact(own) or self.global_fields() or self.scratch \
                 or not all(is_tensor(a) for a in batch.arrays) or not all(a.is_contiguous() for a in batch.arrays[:n]):
             return None  # cotangents may be expanded (a sum's): the plan copies them
         torch = _torch()
