@@ -251,7 +251,7 @@ import dataclasses
 import inspect
 import itertools
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import taichi as ti
@@ -269,15 +269,15 @@ from .._lang.compile import compile_source, mark
 from .._lang.dead_branches import without_dead_branches
 from .._lang.generate import generate, owned_cache
 from .._lang.inline import DEEPEST, Renamed, inlined
-from .._lang.launch import NumberLaunch
 from .._lang.naming import RULE_HELPERS, TAICHI, spell_taichi
 from .._lang.nodes import entry_root, for_range, name, zero_of
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, annotation_value, hashable, parse, resolve, without_docstring
 from .._lang.scratch import Scratch, holds_scalars
+from .._lang.serial import FasterForm, launches, serial_form
 from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
-from . import _made, chunks, read_back
+from . import _made, chunks, owned, read_back
 from .accesses import Access, KernelAccesses
 from .control import Block, Branch, Loop, Op, Store, has_effects, uses, value_reads
 from .entry_locals import entries_as_locals
@@ -310,14 +310,17 @@ class KernelAdjoint:
     """
 
     def __init__(self, kernel: Any, fields_at: list[int], accesses: list[Access], params: list[str],
-                 bound: bool = False, scratch: Sequence[Scratch] = (), numbers_at: Sequence[int] = ()) -> None:
+                 bound: bool = False, scratch: Sequence[Scratch] = (), numbers_at: Sequence[int] = (),
+                 serial: Any = None) -> None:
         self.kernel, self.fields_at, self.params = kernel, fields_at, params
         self.numbers_at = list(numbers_at)  # ti.template() parameters the kernel uses as numbers
         self.scratch = list(scratch)  # an ndarray kernel's adjoint's arrays after its parameters: NOTE: [Scratch
         # arrays]
         self.accesses = KernelAccesses(accesses, params)
         self.bound = bound  # a class kernel's: Taichi launches it with the object first
-        self.launch = NumberLaunch(kernel)  # NOTE: [Number launches]: a replay launches it with numbers only
+        self.serial = serial  # the same kernel, its loops serialized (NOTE: [Small loops run serially])
+        # NOTE: [Number launches]: a replay launches it with numbers only
+        self.launch: Callable[..., Any] = launches(kernel, serial)
         self.chunked: KernelAdjoint | None = None  # the same adjoint, its loops by chunk (NOTE: [Accumulations by
         # chunk]), and how a launch splits them
         self.chunkings: list[chunks.Chunking] = []
@@ -343,7 +346,8 @@ class KernelAdjoint:
             and all(isinstance(args[k], numbers.Number) for k in self.numbers_at)
 
     def compiles(self) -> int:
-        return len(self.kernel._primal.compiled_kernels)
+        return len(self.kernel._primal.compiled_kernels) + \
+            (len(self.serial._primal.compiled_kernels) if isinstance(self.launch, FasterForm) else 0)
 
 
 class ParallelLoop:
@@ -514,8 +518,10 @@ def _generate(kernel: Any, owner: object, arrays: dict[str, Any] | None = None,
         p) for p in reverser.number_templates]
 
     def made(tree: ast.FunctionDef, chunked: ast.FunctionDef | None) -> KernelAdjoint:
+        serial = serial_form(tree, reverser.taichi_name, scope) if arrays is None else None  # NOTE: [Small loops run
+        # serially]
         adjoint = KernelAdjoint(_compiled(tree, scope, reverser), fields_at, accesses, params, bound, reverser.scratch,
-                                numbers_at)
+                                numbers_at, None if serial is None else _compiled(serial, scope, reverser))
         if chunked is not None:  # NOTE: [Accumulations by chunk]
             adjoint.chunked = KernelAdjoint(_compiled(chunked, scope, reverser), fields_at, accesses, params, bound,
                                             reverser.chunked_scratch(), numbers_at)
@@ -1449,6 +1455,8 @@ class KernelReverser(FieldReverser):
         sums, self.accumulators = self.accumulators, {}
         header = copy.deepcopy(loop.node)
         header.body = body or [ast.Pass()]
+        if self.arrays is None:  # NOTE: [Owned gradient entries]
+            owned.plain_adds(header, self.gradient_fields(), self.reached_by_calls(header))
         config = [copy.deepcopy(loop.config)] if loop.config is not None else []
         if not loop.ties:
             self.backward += config + [header]
@@ -1458,6 +1466,17 @@ class KernelReverser(FieldReverser):
             self.reverse_extremes(loop, config, header)
         for variable, total in sums.items():
             self.add(variable, Sym(name(total)))
+
+    def gradient_fields(self) -> dict[str, int]:
+        """The names the adjoint gives gradient fields of its own -> the fields (by id)."""
+        return {g.id: id(self.helpers[g.id]) for g in self.gradients.values() if isinstance(g, ast.Name)}
+
+    def reached_by_calls(self, loop: ast.For) -> set[int]:
+        """The fields (by id) the funcs the adjoint loop ``loop`` calls reach (a reverse function's gradients
+        among them)."""
+        scope = {**self.parsed.namespace, **self.helpers}
+        callees = [resolve(n.func, scope) for n in ast.walk(loop) if isinstance(n, ast.Call)]
+        return {id(f) for callee in callees if callee is not MISSING for f in _fields_reached(callee)}
 
     def chunk(self, header: ast.For) -> None:
         """The chunked form of an ndarray kernel's adjoint loop, where it has one (NOTE: [Accumulations by

@@ -64,7 +64,7 @@ class DirectLaunch:
 
     def _prepare(self) -> None:
         """Whether launches may set the arguments (NOTE: [Tensor launches]), and what they need for it."""
-        kinds, arch = _kinds(self.kernel), impl.current_cfg().arch
+        kinds, arch = kinds_of(self.kernel), impl.current_cfg().arch
         annotations = [a.annotation for a in self.kernel.arguments]
         if kinds is None or arch not in (ti.x64, ti.arm64, ti.cuda) or any(
                 k == "array" and a.layout == Layout.SOA for k, a in zip(kinds, annotations, strict=True)):
@@ -146,7 +146,7 @@ class NumberLaunch:
         return None
 
     def _prepare(self, args: tuple[Any, ...]) -> None:
-        kinds = _kinds(self.kernel)
+        kinds = kinds_of(self.kernel)
         if kinds is None or any(k == "array" and (getattr(a, "grad", None) is not None or not hasattr(a, "arr"))
                                 for k, a in zip(kinds, args, strict=True)):  # a NumPy array or tensor: Taichi's call
             return
@@ -156,7 +156,7 @@ class NumberLaunch:
         self.direct = True
 
 
-def _kinds(kernel: Any) -> list[str] | None:
+def kinds_of(kernel: Any) -> list[str] | None:
     """How a launch past Taichi's call sets each parameter (:func:`_kind`); None for a kernel only Taichi's call
     launches (one printing or returning a value, or a parameter of another kind)."""
     kinds = [_kind(a.annotation) for a in kernel.arguments]

@@ -130,8 +130,9 @@ class AxisStepper(FieldStepper):
         own = vjp_kernel(lifted)
         if not isinstance(own, KernelAdjoint) and isinstance(vjp_kernel(owned, owner), KernelAdjoint):
             raise NotLifted(f"tidiff reverses `{owned.__name__}` but not its rewrite over buffers: {own}")
-        adjoint = own.kernel if isinstance(own, KernelAdjoint) else lifted.grad
-        launch = (NumberLaunch(lifted), tuple(numbers), NumberLaunch(adjoint))  # NOTE: [Number launches]
+        # NOTE: [Number launches]; tidiff's adjoint by its faster form (NOTE: [Small loops run serially])
+        adjoint = own.launch if isinstance(own, KernelAdjoint) else NumberLaunch(lifted.grad)
+        launch = (NumberLaunch(lifted), tuple(numbers), adjoint)
         return launch, isinstance(own, KernelAdjoint)
 
     def _check_one_step(self) -> None:
