@@ -33,13 +33,17 @@ _current: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("tidif
 #: Where a kernel keeps what tidiff made of its adjoint (``_adjoint/kernels.py``, one per object a class kernel
 #: runs on): the adjoints' ``compiles()`` count (a kernel the transform refused has none).
 ADJOINT = "_tidiff_adjoint"
+#: Where a program's copy of a kernel keeps the serial twins it launches (``_fields/launches.py``).
+SERIAL = "_tidiff_serial"
 
 
 def kernel_compiles(kernel: Any) -> int:
     """Compiled instances of a ``@ti.kernel`` (primal and adjoint variants, Taichi's adjoint or tidiff's)."""
     own = kernel.__dict__.get(ADJOINT, {}).values()
+    serial = kernel.__dict__.get(SERIAL, [])  # (NOTE: [Program kernels by their faster form])
     return len(kernel._primal.compiled_kernels) + len(kernel._adjoint.compiled_kernels) + \
-        sum(adjoint.compiles() for adjoint in own if hasattr(adjoint, "compiles"))
+        sum(adjoint.compiles() for adjoint in own if hasattr(adjoint, "compiles")) + \
+        sum(len(twin._primal.compiled_kernels) for twin in serial)
 
 
 class Counter:

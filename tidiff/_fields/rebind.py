@@ -52,6 +52,7 @@ from .graph import (
     python_function,
     replaced_parts,
 )
+from .launches import FasterLaunch
 from .split import loop_parts
 
 _T = TypeVar("_T")
@@ -181,20 +182,22 @@ def _kernel_like(obj: Any, new: types.FunctionType) -> Any:
             raise TaichiSyntaxError(f"the class kernel {new.__name__} was called without its object")
     else:
         looked: list[list[Any] | None] = []  # the kernel's loops run one by one (NOTE: [Kernels run loop by loop])
+        launches: list[FasterLaunch] = []  # the whole kernel's launch, or its loops' 
 
         @functools.wraps(new)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             if not looked:
                 looked.append(loop_parts(wrapped))
                 with_attributes(wrapped, _tidiff_loops=looked[0])  # the launch guard owns them too
-            parts = looked[0]
-            if parts is None or kwargs:
+                launches.extend([FasterLaunch(primal, wrapped, wrapped)] if looked[0] is None else
+                                [FasterLaunch(part, part, wrapped) for part in looked[0]])
+            if kwargs:
                 return primal(*args, **kwargs)
-            for part in parts:
-                part(*args)
+            for launch in launches:  # NOTE: [Program kernels by their faster form]
+                launch(*args)
             return None
 
-        with_attributes(wrapped, grad=adjoint)
+        with_attributes(wrapped, grad=adjoint, _tidiff_launches=launches)
     return with_attributes(wrapped, _is_wrapped_kernel=True, _is_classkernel=classkernel, _primal=primal,
                            _adjoint=adjoint)
 

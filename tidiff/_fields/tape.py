@@ -135,6 +135,8 @@ class Recorder:
     ``keep=False``)."""
 
     grad_checker = None  # read by Taichi's Python-scope field writes
+    told_by_tidiff = True  # a program's kernels tell it of their launches themselves (NOTE: [Program kernels by
+    # their faster form])
 
     def __init__(self, guard: LaunchGuard, keep: bool = True) -> None:
         self._guard = guard

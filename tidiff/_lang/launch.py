@@ -115,11 +115,13 @@ class NumberLaunch:
     itself. After the first call, a kernel taking only numbers needs only a launch context with the numbers
     set (integers and floats as its annotations say) and the compiled kernel Taichi handed back: about a third
     of that. A kernel that prints or returns a value, a parameter of another type, or a launch Taichi must see
-    (a tape or a forward-mode manager recording) goes through Taichi's call.
+    (a tape or a forward-mode manager recording) goes through Taichi's call, but for a launch whose caller tells
+    the tape itself (``told=True``: NOTE: [Small loops run serially]), which never does.
     """
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Any, told: bool = False) -> None:
         self.kernel = getattr(kernel, "_primal", kernel)
+        self.told = told  # whether the caller tells a recording tape of each launch
         self.kinds: list[str] = []  # per parameter: "float", "int" or "array"
         self.looked = False  # whether the first call looked at the kernel
         self.direct = False
@@ -128,8 +130,10 @@ class NumberLaunch:
 
     def __call__(self, *args: Any) -> Any:
         runtime = impl.get_runtime()
-        if not self.direct or runtime.target_tape is not None or runtime.fwd_mode_manager is not None:
-            result = self.kernel(*args)
+        if not self.direct or not self.told and (runtime.target_tape is not None
+                                                 or runtime.fwd_mode_manager is not None):
+            result = self.kernel.launch_kernel(self.kernel.compiled_kernels[self.kernel.ensure_compiled(*args)],
+                                               *args) if self.told else self.kernel(*args)
             if not self.looked:
                 self.looked = True
                 self._prepare(args)

@@ -38,8 +38,10 @@ from taichi._lib.core.taichi_python import SNodeType
 from taichi.lang import impl
 from taichi.lang.field import Field
 
+from .compile import kernel_like
 from .launch import NumberLaunch, kinds_of
-from .parse import resolve
+from .naming import Namer, names_in, taichi_name
+from .parse import parse, resolve
 
 SAMPLES = 3  # launches timed per form, after the one that compiles it
 
@@ -72,6 +74,21 @@ def serial_form(tree: ast.FunctionDef, taichi: str, namespace: dict[str, Any]) -
     form = copy.deepcopy(tree)
     form.name, form.body = f"{tree.name}_serial", body
     return form
+
+
+def serial_twin(kernel: Any) -> Any | None:
+    """The serial form of ``kernel`` (a program's copy of a user's ``@ti.kernel``) compiled beside it, over the
+    same names; None where it has none, or tidiff cannot read it (it then runs as Taichi runs it)."""
+    try:
+        parsed = parse(kernel)
+    except Exception:  # noqa: BLE001 -- (as loop_parts: such a kernel runs whole, in its own form)
+        return None
+    namer = Namer(names_in(parsed.tree) | set(parsed.namespace))
+    namespace = dict(parsed.namespace)
+    taichi = taichi_name(namer, namespace)
+    namespace[taichi] = ti
+    form = serial_form(parsed.tree, taichi, namespace)
+    return None if form is None else kernel_like(form, form.name, form.body, namespace, taichi, "serial")
 
 
 def _over_indices(over: ast.expr, taichi: str, namespace: dict[str, Any]) -> ast.expr | None:
@@ -127,8 +144,8 @@ class FasterForm:
     """Launches of a kernel that keep the faster of its parallel and serial forms (NOTE: [Small loops run
     serially]); both are ``@ti.kernel`` s of the same parameters, numbers only."""
 
-    def __init__(self, parallel: Any, serial: Any) -> None:
-        self.forms = (NumberLaunch(serial), NumberLaunch(parallel))
+    def __init__(self, parallel: Any, serial: Any, told: bool = False) -> None:
+        self.forms = (NumberLaunch(serial, told), NumberLaunch(parallel, told))  # told: the caller tells a tape
         self.times: tuple[list[float], list[float]] = ([], [])  # per form, each launch's seconds
         self.chosen: Callable[..., Any] | None = None
 
@@ -184,7 +201,7 @@ def dispatch_time() -> float:
 
         # (set here: this module's annotations are strings, which Taichi does not read)
         one_iteration.__annotations__ = {"a": ti.types.ndarray(dtype=ti.i32, ndim=1)}
-        launch = NumberLaunch(ti.kernel(one_iteration))
+        launch = NumberLaunch(ti.kernel(one_iteration), told=True)  # (no tape records it)
         launch(cell)  # compiles it
         times = []
         for _ in range(5):

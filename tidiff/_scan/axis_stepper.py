@@ -43,6 +43,7 @@ from .._cache import uses
 from .._fields.tape import is_taichi_helper
 from .._fields.twins import full_shape, is_real, load, numpy_dtype, read, zero
 from .._lang.launch import NumberLaunch
+from .._lang.serial import launches, serial_twin
 from .fields import FieldStepper, _clear, _copy_slot, _restore_and_move, _save, _tree, _trees, move
 from .schedule import Schedule
 from .time_axis import Axis, NotLifted, with_time_axis
@@ -130,9 +131,10 @@ class AxisStepper(FieldStepper):
         own = vjp_kernel(lifted)
         if not isinstance(own, KernelAdjoint) and isinstance(vjp_kernel(owned, owner), KernelAdjoint):
             raise NotLifted(f"tidiff reverses `{owned.__name__}` but not its rewrite over buffers: {own}")
-        # NOTE: [Number launches]; tidiff's adjoint by its faster form (NOTE: [Small loops run serially])
+        # NOTE: [Number launches]; the kernel and tidiff's adjoint by their faster forms (NOTE: [Small loops run
+        # serially])
         adjoint = own.launch if isinstance(own, KernelAdjoint) else NumberLaunch(lifted.grad)
-        launch = (NumberLaunch(lifted), tuple(numbers), adjoint)
+        launch = (launches(lifted, serial_twin(lifted)), tuple(numbers), adjoint)
         return launch, isinstance(own, KernelAdjoint)
 
     def _check_one_step(self) -> None:

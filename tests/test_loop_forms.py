@@ -1,5 +1,6 @@
-"""How adjoint loops run: adds into gradient entries an iteration owns written without atomics (NOTE: [Owned
-gradient entries]), and small adjoints launched in their serial form (NOTE: [Small loops run serially])."""
+"""How a program's loops run: adds into gradient entries an iteration owns written without atomics (NOTE: [Owned
+gradient entries]), and kernels and adjoints taking numbers only launched by the faster of their serial and
+parallel forms (NOTE: [Small loops run serially], NOTE: [Program kernels by their faster form])."""
 import numpy as np
 import pytest
 import taichi as ti
@@ -123,14 +124,20 @@ def test_choice_keeps_serial_below_one_dispatch_and_else_the_faster_form():
 
 
 def _forms(form):
-    """Make the adjoints of the program's kernels launch ``form`` (0 serial, 1 parallel, None: choose)."""
-    adjoints = [vjp_kernel(kernel) for kernel in FUNCTION.program._reversed]  # (the program's copies of them)
-    assert len(adjoints) == 2
+    """Make the program's kernels and their adjoints launch ``form`` (0 serial, 1 parallel, None: choose)."""
+    FUNCTION.program.primal([np.zeros(N), np.full(N, 0.1)])  # (its kernels find their forms at a first launch)
+    kernels = FUNCTION.program._reversed  # the program's copies of smooth and total
+    adjoints = [vjp_kernel(kernel) for kernel in kernels]
+    launches = [launch for kernel in kernels for launch in kernel._tidiff_launches]
+    assert len(adjoints) == 2 and len(launches) == 2 and all(launch.faster for launch in launches)
     for adjoint in adjoints:
         adjoint.launch = FasterForm(adjoint.kernel, adjoint.serial)
-        if form is not None:
-            adjoint.launch.chosen = adjoint.launch.forms[form]
-    return [adjoint.launch for adjoint in adjoints]
+    for launch in launches:
+        launch.faster = FasterForm(launch.primal, launch.faster.forms[0].kernel, told=True)
+    forms = [adjoint.launch for adjoint in adjoints] + [launch.faster for launch in launches]
+    for faster in forms:
+        faster.chosen = None if form is None else faster.forms[form]
+    return forms
 
 
 @pytest.mark.parametrize("form", [0, 1, None], ids=["serial", "parallel", "chosen"])
