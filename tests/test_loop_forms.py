@@ -95,14 +95,15 @@ def test_serial_form_configures_every_top_level_loop_without_a_config():
     cells = ti.Vector.field(2, ti.f64, (3, 4), offset=(1, -2))
     tree = ast.parse("def k():\n    for i in a: pass\n    ti.loop_config(block_dim=8)\n    for j in b: pass\n"
                      "    x = 1\n    for i, j in cells: pass\n    for I in ti.grouped(cells): pass\n"
-                     "    for i in sparse: pass\n").body[0]
+                     "    for i in sparse: pass\n    for c in ti.static(range(2)): pass\n").body[0]
     form = serial_form(tree, "ti", {"ti": ti, "cells": cells, "sparse": sparse})
     assert ast.unparse(form).splitlines() == [
         "def k_serial():", "    ti.loop_config(serialize=True)", "    for i in a:", "        pass",
         "    ti.loop_config(block_dim=8)", "    for j in b:", "        pass", "    x = 1",
         "    ti.loop_config(serialize=True)", "    for i, j in ti.ndrange((1, 4), (-2, 2)):", "        pass",
         "    ti.loop_config(serialize=True)", "    for I in ti.grouped(ti.ndrange((1, 4), (-2, 2))):", "        pass",
-        "    for i in sparse:", "        pass"]  # a struct-for runs in parallel, however configured
+        "    for i in sparse:", "        pass",  # a struct-for runs in parallel, however configured
+        "    for c in ti.static(range(2)):", "        pass"]  # unrolled: its loops are the kernel's
     assert serial_form(ast.parse("def k():\n    x = 1\n").body[0], "ti", {}) is None
 
 
@@ -165,3 +166,26 @@ def test_the_launches_choose_a_form_and_keep_it():
         count = sum(map(len, launch.times))
         PROGRAM(np.linspace(-1, 1, N), np.full(N, 0.2))
         assert sum(map(len, launch.times)) == count  # no more timing once chosen
+
+
+flag = ti.field(ti.i32, ())
+
+
+@ti.kernel
+def set_flag(v: ti.i32):
+    for _ in range(1):
+        flag[None] = v
+
+
+@ti.kernel
+def broken_flag(v: ti.i32):
+    for _ in range(1):
+        flag[None] = undefined_name  # noqa: F821 -- Taichi fails to compile it
+
+
+def test_a_serial_form_taichi_does_not_compile_leaves_the_parallel_one():
+    launch = FasterForm(set_flag, broken_flag)
+    launch(7)
+    assert flag[None] == 7 and launch.chosen is launch.forms[1]
+    launch(8)
+    assert flag[None] == 8

@@ -31,6 +31,8 @@ def plain_adds(loop: ast.For, gradients: Mapping[str, int], shared: set[int]) ->
         return
     changed = {n.id for n in ast.walk(ast.Module(loop.body, [])) if isinstance(n, ast.Name)
                and not isinstance(n.ctx, ast.Load)}
+    if changed & set(counters):
+        return
     patterns: dict[str, set[tuple[str | None, ...] | None]] = {}
     parents = {id(child): node for node in ast.walk(loop) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(loop):

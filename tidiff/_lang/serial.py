@@ -17,7 +17,8 @@ launches (:class:`FasterForm`) choose by what they measure:
   alone, measured once per Taichi program: :func:`dispatch_time`), serial for good: the parallel form
   cannot be faster;
 - else the parallel form is compiled and timed on the next launches, and the form with the faster fastest
-  launch is kept.
+  launch is kept;
+- where Taichi does not compile the serial form (at its first launch), the parallel one, for good.
 
 Only kernels taking numbers alone (a step's ``t``, as DiffTaichi's do) choose: their launches and the probe's
 skip Taichi's own call, which for a kernel taking fields costs about as much as the dispatch itself. Others
@@ -59,8 +60,8 @@ def serial_form(tree: ast.FunctionDef, taichi: str, namespace: dict[str, Any]) -
         if isinstance(stmt, ast.For) and not (body and _configures(body[-1])):
             loop = copy.deepcopy(stmt)
             over = _over_indices(loop.iter, taichi, namespace)
-            if over is None and _field_of(loop.iter, namespace) is not None:
-                body.append(loop)  # (a struct-for over sparse cells stays one)
+            if over is None and _field_of(loop.iter, namespace) is not None or _is_static(loop.iter, namespace):
+                body.append(loop)  # (a struct-for over sparse cells stays one; a static loop is unrolled)
                 continue
             loop.iter = loop.iter if over is None else over
             body.append(ast.Expr(ast.Call(ast.Attribute(ast.Name(taichi, ast.Load()), "loop_config", ast.Load()), [],
@@ -105,6 +106,10 @@ def _over_indices(over: ast.expr, taichi: str, namespace: dict[str, Any]) -> ast
     if not grouped:
         return indices
     return ast.Call(ast.Attribute(ast.Name(taichi, ast.Load()), "grouped", ast.Load()), [indices], [])
+
+
+def _is_static(over: ast.expr, namespace: dict[str, Any]) -> bool:
+    return isinstance(over, ast.Call) and resolve(over.func, namespace) is ti.static
 
 
 def _field_of(node: ast.expr, namespace: dict[str, Any]) -> Field | None:
@@ -161,7 +166,14 @@ class FasterForm:
         form = self.forms[k]
         compiled = len(form.kernel.compiled_kernels)
         start = time.perf_counter()
-        form(*args)
+        try:
+            form(*args)
+        except Exception:
+            if k == 1 or form.looked:
+                raise
+            self.chosen = self.forms[1]  # a serial form Taichi does not compile: the kernel's own form, as before
+            self.chosen(*args)
+            return
         elapsed = time.perf_counter() - start
         if len(form.kernel.compiled_kernels) == compiled:  # (a launch that compiled is not timed)
             self.times[k].append(elapsed)
