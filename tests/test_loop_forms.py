@@ -90,13 +90,11 @@ def test_given_field_may_be_the_field_it_reads():
 def test_serial_form_configures_every_top_level_loop_without_a_config():
     import ast
 
-    sparse = ti.field(ti.f64)
-    ti.root.pointer(ti.i, 2).dense(ti.i, 2).place(sparse)
     cells = ti.Vector.field(2, ti.f64, (3, 4), offset=(1, -2))
     tree = ast.parse("def k():\n    for i in a: pass\n    ti.loop_config(block_dim=8)\n    for j in b: pass\n"
                      "    x = 1\n    for i, j in cells: pass\n    for I in ti.grouped(cells): pass\n"
                      "    for i in sparse: pass\n    for c in ti.static(range(2)): pass\n").body[0]
-    form = serial_form(tree, "ti", {"ti": ti, "cells": cells, "sparse": sparse})
+    form = serial_form(tree, "ti", {"ti": ti, "cells": cells, "sparse": sparse_out})
     assert ast.unparse(form).splitlines() == [
         "def k_serial():", "    ti.loop_config(serialize=True)", "    for i in a:", "        pass",
         "    ti.loop_config(block_dim=8)", "    for j in b:", "        pass", "    x = 1",
@@ -189,3 +187,52 @@ def test_a_serial_form_taichi_does_not_compile_leaves_the_parallel_one():
     assert flag[None] == 7 and launch.chosen is launch.forms[1]
     launch(8)
     assert flag[None] == 8
+
+
+shifted = ti.field(ti.f64, (N,), offset=(-2,))
+shifted_out = ti.field(ti.f64, (N,), offset=(-2,))
+sparse_out = ti.field(ti.f64)
+_sparse_tree = ti.FieldsBuilder()  # (a pointer node placed under ti.root after another tree was finalized
+_sparse_tree.pointer(ti.i, 2).dense(ti.i, N // 2).place(sparse_out)  # crashes Taichi 1.7.4 when read)
+_sparse_tree.finalize()
+shifted_loss = ti.field(ti.f64, ())
+
+
+@ti.kernel
+def square_shifted(scale: ti.f64):
+    for i in shifted:  # a struct-for over cells -2 .. N - 3: its serial form loops over them by index
+        shifted_out[i] = scale * shifted[i] ** 2 + i
+
+
+@ti.kernel
+def activate_and_sum():
+    for i in shifted_out:
+        sparse_out[i + 2] = shifted_out[i] * (i + 3)
+    for i in sparse_out:  # a struct-for over the cells a pointer node activated: it stays one
+        shifted_loss[None] += ti.sin(sparse_out[i])
+
+
+def run_shifted():
+    square_shifted(0.5)
+    activate_and_sum()
+
+
+SHIFTED = td.function(run_shifted, inputs=[shifted], outputs=[shifted_loss])
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["serial", "parallel"])
+def test_struct_fors_over_offset_and_sparse_fields_in_each_form(form):
+    x = np.linspace(-1.0, 1.2, N)
+    SHIFTED.program.primal([x])
+    kernels = SHIFTED.program._reversed
+    for launch in (launch for kernel in kernels for launch in kernel._tidiff_launches):
+        launch.faster = FasterForm(launch.primal, launch.faster.forms[0].kernel, told=True)
+        launch.faster.chosen = launch.faster.forms[form]
+    for adjoint in map(vjp_kernel, kernels):
+        adjoint.launch = FasterForm(adjoint.kernel, adjoint.serial)
+        adjoint.launch.chosen = adjoint.launch.forms[form]
+    value, grad = td.value_and_grad(SHIFTED)(x)
+    i = np.arange(-2, N - 2)
+    inner = (0.5 * x**2 + i) * (i + 3)
+    np.testing.assert_allclose(value, np.sin(inner).sum(), rtol=1e-13)
+    np.testing.assert_allclose(grad, np.cos(inner) * (i + 3) * x, rtol=1e-12, atol=1e-14)
