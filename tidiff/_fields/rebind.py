@@ -182,7 +182,7 @@ def _kernel_like(obj: Any, new: types.FunctionType) -> Any:
             raise TaichiSyntaxError(f"the class kernel {new.__name__} was called without its object")
     else:
         looked: list[list[Any] | None] = []  # the kernel's loops run one by one (NOTE: [Kernels run loop by loop])
-        launches: list[FasterLaunch] = []  # the whole kernel's launch, or its loops' 
+        launches: list[FasterLaunch] = []  # the whole kernel's launch, or its loops'
 
         @functools.wraps(new)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
