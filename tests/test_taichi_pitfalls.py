@@ -500,3 +500,59 @@ def test_a_parallel_loop_calling_this_function_does_not_compile_with_fast_math()
         assert "ckd->check() == CompiledKernelData::Err::kNoError" in str(e), e
     else:
         np.testing.assert_allclose(out, [0.29151941812910476, 0.2870755043488469], rtol=1e-12)  # as NumPy
+
+
+@ti.func
+def entry_updates_around_a_runtime_loop(x):
+    t0 = x * 0.5 + 0.5
+    t1 = ti.Vector([x, x * 0.5])
+    for _ in ti.static(range(2)):
+        for _ in ti.static(range(2)):
+            t1[1] += (2.3 - t1).cross(t1)
+        t1 = ti.select(t0 * x > 0.0, t0 - t1 * t1, t1 * 3.0)
+        t0, t1 = x * 0.7, t1 * 0.4
+    for _ in range(3):
+        t1[1] -= x
+    return t1
+
+
+def _entry_updates_in_numpy(x):
+    t0, t1 = x * 0.5 + 0.5, np.array([x, 0.5 * x])
+    for _ in range(2):
+        for _ in range(2):
+            a = 2.3 - t1
+            t1[1] += a[0] * t1[1] - a[1] * t1[0]
+        t1 = t0 - t1 * t1 if t0 * x > 0 else t1 * 3.0
+        t0, t1 = 0.7 * x, t1 * 0.4
+    for _ in range(3):
+        t1[1] -= x
+    return t1
+
+
+entry_updates_out = ti.Vector.field(2, ti.f64, 2)
+
+
+@ti.kernel
+def entry_updates_at_top_level(x: ti.f64):
+    entry_updates_out[0] = entry_updates_around_a_runtime_loop(x)
+
+
+@ti.kernel
+def entry_updates_in_a_parallel_loop(x: ti.f64):
+    for _ in range(1):
+        entry_updates_out[1] = entry_updates_around_a_runtime_loop(x)
+
+
+def test_entry_updates_of_a_vector_before_a_runtime_loop_at_a_kernels_top_level_are_miscompiled():
+    """Found by the long run (seed 93014): tidiff's tangent and reverse code of a generated field program's
+    element function were wrong, central differences and torch agreeing, and right with
+    ti.init(advanced_optimization=False); reduced from the function alone, which Taichi's optimizer
+    miscompiles with no tidiff code. A 2-vector updated entry by entry in unrolled loops, rewritten whole,
+    then updated in a runtime loop, evaluated in a kernel's serial top-level code, loses the unrolled
+    updates; the same call in a parallel loop is right."""
+    for x in (0.3, 0.7, -0.4):
+        entry_updates_at_top_level(x)
+        entry_updates_in_a_parallel_loop(x)
+        top, looped = entry_updates_out.to_numpy()
+        np.testing.assert_allclose(looped, _entry_updates_in_numpy(x), rtol=1e-12)
+        assert abs(top[1] - looped[1]) > 1.0, (x, top, looped)  # Taichi's wrong number
