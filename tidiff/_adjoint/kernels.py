@@ -274,7 +274,7 @@ from .._lang.nodes import entry_root, for_range, name, zero_of
 from .._lang.objects import Unbound, bind, fields_of, is_float_field, is_method_func, method_parts, parsed_for
 from .._lang.parse import MISSING, Parsed, annotation_value, hashable, parse, resolve, without_docstring
 from .._lang.scratch import Scratch, holds_scalars
-from .._lang.serial import FasterForm, launches, serial_form
+from .._lang.serial import FasterForm, configures, launches, serial_form, serializes
 from .._lang.sym import Sym
 from .._rules import helpers as rule_helpers
 from . import _made, chunks, owned, read_back
@@ -346,8 +346,9 @@ class KernelAdjoint:
             and all(isinstance(args[k], numbers.Number) for k in self.numbers_at)
 
     def compiles(self) -> int:
-        return len(self.kernel._primal.compiled_kernels) + \
-            (len(self.serial._primal.compiled_kernels) if isinstance(self.launch, FasterForm) else 0)
+        if isinstance(self.launch, FasterForm):  # both forms (NOTE: [Small loops run serially])
+            return self.launch.compiled()
+        return len(self.kernel._primal.compiled_kernels)
 
 
 class ParallelLoop:
@@ -400,20 +401,6 @@ def vjp_ndarray_kernel(kernel: Any, arrays: dict[str, Any],
         except NotReversible as reason:
             cache[key] = reason
     return cache[key]
-
-
-def serializes(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
-    """Whether the statement is ``ti.loop_config(serialize=True)``."""
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
-        and resolve(stmt.value.func, namespace) is ti.loop_config and any(
-            k.arg == "serialize" and isinstance(k.value, ast.Constant) and k.value.value is True
-            for k in stmt.value.keywords)
-
-
-def configures(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
-    """Whether the statement is ``ti.loop_config(...)``."""
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
-        and resolve(stmt.value.func, namespace) is ti.loop_config
 
 
 def in_one_iteration(tree: ast.FunctionDef, namespace: dict[str, Any]) -> ast.FunctionDef | None:

@@ -18,8 +18,7 @@ from typing import Any
 from taichi.lang import impl
 
 from .._cache import SERIAL
-from .._lang.launch import kinds_of
-from .._lang.serial import FasterForm, serial_twin
+from .._lang.serial import FasterForm, numbers_only, serial_twin
 
 
 class FasterLaunch:
@@ -38,8 +37,7 @@ class FasterLaunch:
         runtime = impl.get_runtime()
         if not self.looked:
             self.looked = True
-            kinds = kinds_of(self.primal)
-            twin = None if kinds is None or any(k not in ("float", "int") for k in kinds) else serial_twin(self.source)
+            twin = serial_twin(self.source) if numbers_only(self.primal) else None
             if twin is not None:
                 self.faster = FasterForm(self.primal, twin, told=True)
                 setattr(self.owner, SERIAL, [*getattr(self.owner, SERIAL, []), twin])

@@ -43,7 +43,6 @@ from taichi.lang import impl
 from taichi.lang.field import Field
 from taichi.lang.kernel_impl import Kernel
 
-from .._adjoint.kernels import configures, serializes
 from .._lang.activity import written_names
 from .._lang.callees import is_taichi_func
 from .._lang.compile import kernel_like
@@ -51,6 +50,7 @@ from .._lang.inline import inlined
 from .._lang.naming import Namer, names_in, taichi_name
 from .._lang.objects import bind
 from .._lang.parse import MISSING, parse, resolve, without_docstring
+from .._lang.serial import configures, serializes
 from .twins import fields_builder
 
 

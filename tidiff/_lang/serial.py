@@ -57,7 +57,7 @@ def serial_form(tree: ast.FunctionDef, taichi: str, namespace: dict[str, Any]) -
     body: list[ast.stmt] = []
     changed = False
     for stmt in tree.body:
-        if isinstance(stmt, ast.For) and not (body and _configures(body[-1])):
+        if isinstance(stmt, ast.For) and not (body and configures(body[-1], namespace)):
             loop = copy.deepcopy(stmt)
             over = _over_indices(loop.iter, taichi, namespace)
             if over is None and _field_of(loop.iter, namespace) is not None or _is_static(loop.iter, namespace):
@@ -129,9 +129,18 @@ def _dense_extent(field: Field) -> list[tuple[int, int]] | None:
     return [(o, o + n) for o, n in zip(offset, field.shape, strict=True)]
 
 
-def _configures(stmt: ast.stmt) -> bool:
+def serializes(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
+    """Whether the statement is ``ti.loop_config(serialize=True)``."""
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
-        and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "loop_config"
+        and resolve(stmt.value.func, namespace) is ti.loop_config and any(
+            k.arg == "serialize" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in stmt.value.keywords)
+
+
+def configures(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
+    """Whether the statement is ``ti.loop_config(...)``."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+        and resolve(stmt.value.func, namespace) is ti.loop_config
 
 
 def launches(parallel: Any, serial: Any | None) -> Callable[..., Any]:
@@ -139,10 +148,16 @@ def launches(parallel: Any, serial: Any | None) -> Callable[..., Any]:
     where it has none): by the faster one where the kernel takes numbers only, so that every launch and the
     dispatch probe go through the same direct launch (:class:`~.launch.NumberLaunch`); else, as a kernel
     taking fields or arrays is launched through Taichi's own call, its parallel form."""
-    kinds = kinds_of(getattr(parallel, "_primal", parallel))
-    if serial is None or kinds is None or any(k not in ("float", "int") for k in kinds):
+    if serial is None or not numbers_only(parallel):
         return NumberLaunch(parallel)
     return FasterForm(parallel, serial)
+
+
+def numbers_only(kernel: Any) -> bool:
+    """Whether a ``@ti.kernel`` (or its Kernel) takes numbers alone, so that a launch past Taichi's call
+    (:class:`~.launch.NumberLaunch`) sets every argument."""
+    kinds = kinds_of(getattr(kernel, "_primal", kernel))
+    return kinds is not None and all(k in ("float", "int") for k in kinds)
 
 
 class FasterForm:
