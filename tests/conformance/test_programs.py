@@ -27,6 +27,7 @@ mode is tidiff's tangent program, checked always.
 """
 import hypothesis.strategies as st
 import numpy as np
+import pytest
 import taichi as ti
 import torch
 from hypothesis import event, given, reject
@@ -45,6 +46,9 @@ from .crashes import TAICHI_ALONE, known_error
 
 N = 4
 RTOL, ATOL = 1e-8, 1e-10
+# A TaichiReverseWarning fails the example: tidiff's adjoint of a program or of its tangent was checked, found wrong
+# and pushed forward (issue 34: never a per-input forward fallback); right numbers by a fallback are not a pass.
+NEVER_PUSHED_FORWARD = pytest.mark.filterwarnings("error::tidiff.TaichiReverseWarning")
 
 # How the kernel applying the element function reaches its fields: by name, or through @ti.funcs given them as
 # ti.template() arguments (NOTE: funcs given fields are reversed by Taichi's kernel.grad, and their tangents
@@ -499,6 +503,7 @@ def close(got, want):
     assert_values_close(g, w, "result", rtol=RTOL, atol=ATOL)
 
 
+@NEVER_PUSHED_FORWARD
 @budget.examples(ci=2, share=0.05)
 @given(st.data())
 def test_field_programs(data):
@@ -543,6 +548,7 @@ def test_field_programs(data):
         close(hv[1], want_hv[1])
 
 
+@NEVER_PUSHED_FORWARD
 @budget.examples(ci=2, share=0.05)
 @given(st.data())
 def test_ndarray_kernels(data):

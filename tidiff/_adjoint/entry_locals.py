@@ -272,8 +272,8 @@ class _Rewriter:
             reads = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             if (reads & assigned) - seen:
                 return False  # read before the iteration assigned it: carried from another pass
-            if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
-                seen |= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+            if isinstance(stmt, ast.Assign) and all(_names_only(t) for t in stmt.targets):
+                seen |= {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
             elif any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id in assigned
                      for n in ast.walk(stmt)):
                 return False  # assigned in a branch or a loop first
@@ -356,6 +356,13 @@ class _Rewriter:
         name = getattr(fn, "__name__", "") or ""
         return module.startswith("taichi") and not name.startswith("atomic") and not is_taichi_func(fn) \
             and not getattr(fn, "_is_taichi_function", False)
+
+
+def _names_only(target: ast.expr) -> bool:
+    """An assignment target of names alone (``a``, ``a, b``): it assigns them whole."""
+    if isinstance(target, ast.Tuple):
+        return all(_names_only(e) for e in target.elts)
+    return isinstance(target, ast.Name)
 
 
 def _preorder(tree: ast.AST) -> tuple[dict[int, int], dict[str, list[int]]]:
