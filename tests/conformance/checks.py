@@ -71,7 +71,9 @@ class TaichiPitfall(Mismatch):
 # twin spells it): reported as TaichiPitfall, with a minimal program in tests/test_taichi_pitfalls.py
 # and a line in docs/limits.md once understood. Programs calling transforms (tgrad, tjvp, thvp) run tidiff's
 # code even in a plain kernel: their value is classified by tidiff's own value with Taichi's optimizer off
-# (``unoptimized.py``: right there, the optimizer is at fault). A crash inside Taichi's compiler (an
+# (``unoptimized.py``: right there, the optimizer is at fault). So are derivatives of the field programs and
+# ndarray kernels that differ from torch's (test_programs.unless_the_optimizer_is_at_fault: long run seed 93014,
+# tidiff's tangent and reverse code miscompiled). A crash inside Taichi's compiler (an
 # internal assertion, ``[verify.cpp...]``) is, when a plain kernel calling the function crashes alike,
 # transforms in it or not: an internal assertion failing on what Taichi's frontend accepted is Taichi's.
 

@@ -45,7 +45,7 @@ def test_determinant_twin_has_finite_derivatives_at_singular_matrices():
     np.testing.assert_array_equal(got, np.zeros((1, 1, 1, 1)))
 
 
-def _sine_case():
+def sine_case():
     x0 = Expr("var", (), (), (("name", "x0"),))
     program = Program((), Func("f", (("x0", ()),), (), (Expr("sin", (x0,), ()),)))
     return Case(program, [np.array([0.3, -0.4])], [False])
@@ -53,7 +53,7 @@ def _sine_case():
 
 def test_a_value_taichi_itself_gets_otherwise_is_a_taichi_pitfall():
     """NOTE: [Taichi pitfalls]: where Taichi's plain evaluation disagrees with the twin too, the net says so."""
-    case = _sine_case()
+    case = sine_case()
     check_value(case)
     case.twin = torch.cos  # Taichi (sin) now disagrees with the "twin", in a plain kernel as through tidiff
     with pytest.raises(TaichiPitfall, match="Taichi's own evaluation"):
@@ -61,7 +61,7 @@ def test_a_value_taichi_itself_gets_otherwise_is_a_taichi_pitfall():
 
 
 def test_a_value_only_tidiff_gets_wrong_is_a_tidiff_failure():
-    case = _sine_case()
+    case = sine_case()
     case.fn = lambda x: np.sin(x) + 1.0  # as if tidiff's evaluation were wrong while Taichi's is right
     with pytest.raises(Mismatch) as raised:
         check_value(case)
