@@ -43,7 +43,7 @@ from .cases import Case, assume_derivatives_defined, assume_tame, draw_case, rec
 from .checks import TaichiPitfall
 from .compare import Mismatch, as_numpy, assert_values_close
 from .crashes import TAICHI_ALONE, known_error
-from .unoptimized import passes_without_optimizer
+from .unoptimized import RecheckFailed, passes_without_optimizer
 
 N = 4
 RTOL, ATOL = 1e-8, 1e-10
@@ -570,7 +570,12 @@ def unless_the_optimizer_is_at_fault(case: Case, check, again: str, *args):
     try:
         return check()
     except Mismatch as mismatch:
-        if not passes_without_optimizer(__name__, again, case, *args):
+        try:
+            agrees = passes_without_optimizer(__name__, again, case, *args)
+        except RecheckFailed as failed:
+            mismatch.add_note(f"Not rechecked: {failed}")
+            raise mismatch from None
+        if not agrees:
             raise
         pitfall = TaichiPitfall(f"tidiff's derivatives with Taichi's optimizer off (advanced_optimization=False) "
                                 f"agree with torch's: Taichi's optimizer miscompiles the program (NOTE: [Taichi "

@@ -36,6 +36,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
+class RecheckFailed(Exception):
+    """The process with the optimizer off ended in an error of its own: it says nothing of the program's numbers
+    (not a RuntimeError, which the net may take for a Taichi error it knows)."""
+
+
 def values_without_optimizer(text: str, name: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """The leaves of ``td.function(name)(*arrays)`` for the program ``text``, compiled without Taichi's optimizer."""
     with tempfile.TemporaryDirectory() as folder:
@@ -50,7 +55,7 @@ def values_without_optimizer(text: str, name: str, arrays: list[np.ndarray]) -> 
 def passes_without_optimizer(module: str, check: str, case: Any, *args: Any) -> bool:
     """Whether ``module.check(case, *args)`` (``case`` built anew from its program and arguments) finds every
     derivative equal to torch's with Taichi's optimizer off: False where it raises a ``Mismatch``; another
-    error is the recheck's own, raised."""
+    error is the recheck's own: :class:`RecheckFailed`."""
     with tempfile.TemporaryDirectory() as folder:
         with open(os.path.join(folder, "check.pkl"), "wb") as f:
             pickle.dump((module, check, case.program, case.arrays, case.as_float, args), f)
@@ -63,8 +68,8 @@ def _run(folder: str, *name: str) -> None:
     done = subprocess.run([sys.executable, "-m", "tests.conformance.unoptimized", folder, *name], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     if done.returncode:
-        raise RuntimeError(f"with Taichi's optimizer off, in a process of its own (exit {done.returncode}):\n"
-                           f"{done.stderr[-4000:]}")
+        raise RecheckFailed(f"with Taichi's optimizer off, in a process of its own (exit {done.returncode}):\n"
+                            f"{done.stderr[-4000:]}")
 
 
 def main() -> None:
