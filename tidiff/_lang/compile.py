@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from .products import products_entry_by_entry
+
 _counter = itertools.count()
 
 
@@ -56,8 +58,10 @@ def compile_source(source: str | ast.Module | ast.stmt, name: str, namespace: di
     can read it back; the file name says which generator made it. The object's
     record (:func:`info`) holds the source (for ``td.source``).
     """
-    if not isinstance(source, str):
-        module = source if isinstance(source, ast.Module) else ast.Module([source], [])
+    module = ast.parse(source) if isinstance(source, str) else \
+        source if isinstance(source, ast.Module) else ast.Module([source], [])
+    if products_entry_by_entry(module, namespace) or not isinstance(source, str):  # NOTE: [Products entry by
+        # entry] in products.py
         source = wrap_long_lines(ast.unparse(ast.fix_missing_locations(module))) + "\n"
     filename = f"<tidiff-{tag}-{next(_counter)}:{name}>"
     lines = source.splitlines(keepends=True)

@@ -40,6 +40,7 @@ helpers are the transposes of the same linear maps.
 """
 import taichi as ti
 
+from .._lang.products import matmul
 from .cofactors import cofactors
 
 _PAIRS = [(i, j) for i in range(3) for j in range(3)]
@@ -50,7 +51,7 @@ _PAIRS = [(i, j) for i in range(3) for j in range(3)]
 @ti.func
 def svd_jvp(U, S, V, dA):
     """Tangents ``(dU, dS, dV)`` of ``U, S, V = ti.svd(A)`` along ``dA``."""
-    X = U.transpose() @ dA @ V
+    X = matmul(matmul(U.transpose(), dA), V)
     dS = ti.zero(S)
     WU = ti.zero(X)
     WV = ti.zero(X)
@@ -63,14 +64,14 @@ def svd_jvp(U, S, V, dA):
             gap = S[j, j] * S[j, j] - S[i, i] * S[i, i]
             WU[i, j] = (S[j, j] * X[i, j] + S[i, i] * X[j, i]) / gap
             WV[i, j] = (S[i, i] * X[i, j] + S[j, j] * X[j, i]) / gap
-    return U @ WU, dS, V @ WV
+    return matmul(U, WU), dS, matmul(V, WV)
 
 
 @ti.func
 def svd_vjp(U, S, V, gU, gS, gV):
     """The cotangent of ``A`` in ``U, S, V = ti.svd(A)``: the transpose of :func:`svd_jvp`."""
-    a = U.transpose() @ gU
-    b = V.transpose() @ gV
+    a = matmul(U.transpose(), gU)
+    b = matmul(V.transpose(), gV)
     M = ti.zero(a)
     for i, j in ti.static(_PAIRS):
         if ti.static(i >= a.n or j >= a.n):
@@ -80,13 +81,13 @@ def svd_vjp(U, S, V, gU, gS, gV):
         else:
             gap = S[j, j] * S[j, j] - S[i, i] * S[i, i]
             M[i, j] = (S[j, j] * (a[i, j] - a[j, i]) + S[i, i] * (b[i, j] - b[j, i])) / gap
-    return U @ M @ V.transpose()
+    return matmul(matmul(U, M), V.transpose())
 
 
 @ti.func
 def sym_eig_jvp(w, Q, dA):
     """Tangents ``(dw, dQ)`` of ``w, Q = ti.sym_eig(A)`` along the symmetric part of ``dA``."""
-    X = Q.transpose() @ (0.5 * (dA + dA.transpose())) @ Q
+    X = matmul(matmul(Q.transpose(), 0.5 * (dA + dA.transpose())), Q)
     dw = ti.zero(w)
     W = ti.zero(X)
     for i, j in ti.static(_PAIRS):
@@ -96,13 +97,13 @@ def sym_eig_jvp(w, Q, dA):
             dw[i] = X[i, i]
         else:
             W[i, j] = X[i, j] / (w[j] - w[i])
-    return dw, Q @ W
+    return dw, matmul(Q, W)
 
 
 @ti.func
 def sym_eig_vjp(w, Q, gw, gQ):
     """The cotangent of ``A`` in ``w, Q = ti.sym_eig(A)``: the transpose of :func:`sym_eig_jvp`."""
-    a = Q.transpose() @ gQ
+    a = matmul(Q.transpose(), gQ)
     M = ti.zero(a)
     for i, j in ti.static(_PAIRS):
         if ti.static(i >= a.n or j >= a.n):
@@ -111,7 +112,7 @@ def sym_eig_vjp(w, Q, gw, gQ):
             M[i, i] = gw[i]
         else:
             M[i, j] = a[i, j] / (w[j] - w[i])
-    G = Q @ M @ Q.transpose()
+    G = matmul(matmul(Q, M), Q.transpose())
     return 0.5 * (G + G.transpose())
 
 
@@ -136,21 +137,21 @@ def _spin_solve(P, K):
         W = ti.Matrix([[0.0, -theta], [theta, 0.0]])
     else:
         G = P.trace() * ti.Matrix.identity(float, 3) - P  # symmetric: G^-1 = cofactors(G) / det G
-        W = _cross_matrix(cofactors(G) @ _axial(K - K.transpose()) / G.determinant())
+        W = _cross_matrix(matmul(cofactors(G), _axial(K - K.transpose())) / G.determinant())
     return W
 
 
 @ti.func
 def polar_decompose_jvp(U, P, dA):
     """Tangents ``(dU, dP)`` of ``U, P = ti.polar_decompose(A)`` along ``dA``."""
-    M = U.transpose() @ dA
+    M = matmul(U.transpose(), dA)
     W = _spin_solve(P, M)
-    return U @ W, M - W @ P
+    return matmul(U, W), M - matmul(W, P)
 
 
 @ti.func
 def polar_decompose_vjp(U, P, gU, gP):
     """The cotangent of ``A`` in ``U, P = ti.polar_decompose(A)``: the transpose of :func:`polar_decompose_jvp`."""
-    ct_W = U.transpose() @ gU - gP @ P
+    ct_W = matmul(U.transpose(), gU) - matmul(gP, P)
     # the transposes of M -> (skew part -> solve -> W) are (W -> skew part -> solve -> M): G is symmetric
-    return U @ (gP + _spin_solve(P, ct_W))
+    return matmul(U, gP + _spin_solve(P, ct_W))

@@ -15,6 +15,9 @@ from taichi.lang.expr import Expr
 from taichi.types import primitive_types
 
 from .._errors import describe_shape
+from .._lang.products import compile_time as compile_time
+from .._lang.products import matmul as matmul
+from .._lang.products import shape_of as shape_of
 
 # rules reach every helper as _tidiff_rules.<name>: the cofactors' and decompositions' too
 from .cofactors import cofactors as cofactors
@@ -50,31 +53,6 @@ def inverse_by_cofactors(a):
 # Source-level reverse mode cannot see shapes: ``x * y`` may be a scalar times
 # a matrix. These helpers pick the right code when Taichi compiles them
 # (``ti.static`` on the operands' shapes), once per shape.
-
-
-def shape_of(value: Any) -> tuple[int, ...]:
-    """The shape of a Taichi value while a kernel compiles: ``()`` for scalars."""
-    if isinstance(value, Expr):
-        return tuple(value.get_shape()) if value.is_tensor() else ()
-    if isinstance(value, ti.Matrix):
-        return tuple(value.get_shape())
-    return ()
-
-
-def compile_time(fn):
-    """A Python function Taichi calls while it compiles, without its warning of a non-taichi function.
-
-    NOTE: [Helpers run while Taichi compiles] Taichi inlines a ``@ti.func`` by
-    parsing and transforming its source at every call: about 7 ms each, and
-    the reverse code of a function reading each of a vector's 64 entries
-    called ``sum_to`` 128 times (0.9 s of a 1.8 s first call). The helpers
-    called once per op (``sum_to``, ``broadcast_like``, ``rebound`` and kin)
-    are plain Python functions Taichi calls with its values, which decide on
-    the shapes and build the same expressions at the cost of a call.
-    """
-    fn._is_taichi_function = True
-    fn.func = type("func", (), {"has_print": False})
-    return fn
 
 
 class RuleError(TaichiCompilationError, TypeError):
@@ -224,9 +202,9 @@ def matmul_adjoint_left(ct, x, y):
     if ti.static(len(shape_of(x)) == 1 and len(shape_of(y)) == 1):
         return ct * y
     elif ti.static(len(shape_of(x)) == 1):
-        return y @ ct
+        return matmul(y, ct)
     elif ti.static(len(shape_of(y)) == 2):
-        return ct @ y.transpose()
+        return matmul(ct, y.transpose())
     else:
         return ct.outer_product(y)
 
@@ -239,7 +217,7 @@ def matmul_adjoint_right(ct, x, y):
     elif ti.static(len(shape_of(x)) == 1):
         return x.outer_product(ct)
     else:
-        return x.transpose() @ ct
+        return matmul(x.transpose(), ct)
 
 
 @ti.func
