@@ -131,16 +131,21 @@ def _dense_extent(field: Field) -> list[tuple[int, int]] | None:
 
 def serializes(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
     """Whether the statement is ``ti.loop_config(serialize=True)``."""
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
-        and resolve(stmt.value.func, namespace) is ti.loop_config and any(
-            k.arg == "serialize" and isinstance(k.value, ast.Constant) and k.value.value is True
-            for k in stmt.value.keywords)
+    call = _loop_config(stmt, namespace)
+    return call is not None and any(k.arg == "serialize" and isinstance(k.value, ast.Constant) and k.value.value is True
+                                    for k in call.keywords)
 
 
 def configures(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
     """Whether the statement is ``ti.loop_config(...)``."""
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
-        and resolve(stmt.value.func, namespace) is ti.loop_config
+    return _loop_config(stmt, namespace) is not None
+
+
+def _loop_config(stmt: ast.stmt, namespace: dict[str, Any]) -> ast.Call | None:
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+            and resolve(stmt.value.func, namespace) is ti.loop_config:
+        return stmt.value
+    return None
 
 
 def launches(parallel: Any, serial: Any | None) -> Callable[..., Any]:

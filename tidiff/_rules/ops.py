@@ -74,8 +74,8 @@ defjvp(ast.Sub, lambda g, x, y: g, lambda g, x, y: -g, jvp=_sum_rule(-1))
 defjvp(ast.Mult, lambda g, x, y: g * y, lambda g, x, y: x * g)
 # ti.raw_div is true division on floats; not x / (y * y): y * y overflows past 1e154
 defjvp2([ast.Div, ti.raw_div], lambda g, ans, x, y: g / y, lambda g, ans, x, y: -g * ans / y)
-defjvp([ast.MatMult, rule_helpers.matmul], lambda g, x, y: g @ y, lambda g, x, y: x @ g,  # the rules' own products
-       # are rule_helpers.matmul (NOTE: [Products entry by entry] in _lang/products.py)
+# the rules' own products are rule_helpers.matmul (NOTE: [Products entry by entry] in _lang/products.py)
+defjvp([ast.MatMult, rule_helpers.matmul], lambda g, x, y: g @ y, lambda g, x, y: x @ g,
        vjp=lambda g, out, x, y: [helpers.matmul_adjoint_left(g, x, y), helpers.matmul_adjoint_right(g, x, y)],
        result_shape=None)
 
