@@ -31,6 +31,7 @@ from .._codegen.batch import _Source, element_type, kernel_shape
 from .._lang.nodes import assign, call, for_range, statement, taichi
 from .._lang.nodes import name as node
 from .._lang.sym import Sym
+from .._rules.kept import forget_keeping, keep_values, stop_keeping
 from .._signature import ArgSpec
 
 NODE, EACH, SUM, BLOCKS, SKIP = "node", "each", "sum", "blocks", "skip"
@@ -139,9 +140,9 @@ class ElementKernel:
 
     def __init__(self, body: Any, k: int, in_specs: Sequence[ArgSpec], ins: Sequence[str],
                  out_specs: Sequence[ArgSpec], outs: Sequence[str], is_tuple: bool, name: str,
-                 blocks: tuple[Any, int] | None = None) -> None:
+                 blocks: tuple[Any, int] | None = None, keeps: bool = False) -> None:
         self.in_specs, self.ins, self.out_specs, self.outs = list(in_specs), list(ins), list(out_specs), list(outs)
-        self.k = k
+        self.k, self.keeps = k, keeps
         src = _Source([])
         fn = src.bind(name, body)
         m, e, c, r = (src.namer.fresh(h) for h in ("m", "e", "c", "r"))
@@ -187,15 +188,33 @@ class ElementKernel:
                 total = ast.Subscript(node(o), ast.Constant(0), ast.Store())
                 puts.append(ast.AugAssign(total, ast.Add(), value.node))
         loop = [assign(c, Sym(node(conn))[Sym(node(e))]), assign(r, call(fn, *args)), *puts]
+        if keeps:
+            params += self._keeping(src, e, loop)
         # the body is called inside the element loop: its own loops stay serial (NOTE: [The body's loops stay
         # serial] in _codegen.batch)
         self.kernel = src.compile(params, [for_range(e, [m], loop)], f"{name}__elements", "elements")
 
+    @staticmethod
+    def _keeping(src: _Source, e: str, loop: list[ast.stmt]) -> list[tuple[str, ast.expr]]:
+        """NOTE: [Kept values] A kernel that keeps values (a Hessian operator's) takes a float64 array, whether
+        the launch records, the values each element has room for, and an int32 array where a recording launch
+        puts the most values an element needed; around the body's call, its decompositions keep their results
+        there (NOTE: [Decompositions kept across products] in ``_rules/kept.py``)."""
+        store, record, width, need, count = (src.namer.fresh(h) for h in ("kept", "record", "width", "need", "count"))
+        i32 = taichi("i32").node
+        begin = call(src.bind("keep_values", keep_values), store, e, count, record, width)
+        report = ast.If(node(record), [statement(call(taichi("atomic_max"), Sym(node(need))[0], count))], [])
+        loop[1:2] = [assign(count, ast.Constant(0)), statement(begin), loop[1],
+                     statement(call(src.bind("stop_keeping", stop_keeping))), report]
+        return [(store, src.bind("K", ti.types.ndarray(dtype=ti.f64, ndim=1))), (record, i32), (width, i32),
+                (need, src.bind("N", ti.types.ndarray(dtype=ti.i32, ndim=1)))]
+
     def __call__(self, elements: np.ndarray, inputs: Sequence[Any], outputs: Sequence[Any],
-                 blocks: Sequence[Any] = ()) -> None:
+                 blocks: Sequence[Any] = (), keeping: Sequence[Any] = ()) -> None:
         """Launch over ``elements`` (``(M, k)`` int32); ``inputs`` as the kernel reads them (node arrays
         ``(N,) + node_shape``, each arrays ``(M or 1,) + shape``), ``outputs`` zeroed arrays it adds into or
-        stores to (none for ``SKIP`` results), ``blocks`` the index arrays of a ``BLOCKS`` output."""
+        stores to (none for ``SKIP`` results), ``blocks`` the index arrays of a ``BLOCKS`` output, ``keeping``
+        (a kernel that keeps values) the kept values' array, whether to record, its width and the need's array."""
         m = len(elements)
         if not m:
             return
@@ -210,17 +229,23 @@ class ElementKernel:
             args.append(o if how in (NODE, BLOCKS) else o.reshape((o.shape[0],) + kernel_shape(spec)))
             if how == BLOCKS:
                 args += list(blocks)
-        self.kernel(*args)
+        if not self.keeps:
+            self.kernel(*args)
+            return
+        try:
+            self.kernel(*args, *keeping)
+        finally:
+            forget_keeping()  # a compile that failed inside the body leaves its keeping behind
 
 
 def element_kernel(owner: Any, make_body: Callable[[], Any], k: int, in_specs: Sequence[ArgSpec], ins: Sequence[str],
                    out_specs: Sequence[ArgSpec], outs: Sequence[str], is_tuple: bool, name: str,
-                   blocks: tuple[Any, int] | None = None) -> ElementKernel:
+                   blocks: tuple[Any, int] | None = None, keeps: bool = False) -> ElementKernel:
     """The :class:`ElementKernel` of the body ``make_body()`` makes, made once per runtime and kept by ``owner``'s
     memo (the per-element Function it computes): element sums over other meshes with ``k`` nodes share it."""
-    key = ("element kernel", name, k, tuple(in_specs), tuple(ins), tuple(out_specs), tuple(outs), blocks)
+    key = ("element kernel", name, k, tuple(in_specs), tuple(ins), tuple(out_specs), tuple(outs), blocks, keeps)
     return owner.memo.get(key, lambda: ElementKernel(make_body(), k, in_specs, ins, out_specs, outs, is_tuple, name,
-                                                     blocks))
+                                                     blocks, keeps))
 
 
 def as_elements(values: np.ndarray) -> np.ndarray:

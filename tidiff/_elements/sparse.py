@@ -174,6 +174,36 @@ def _form(jacobian: tuple[int, ...], result: tuple[int, ...]) -> str:
     return "ta" if result else "aj"
 
 
+class KeptValues:
+    """What an operator's products keep of its point (NOTE: [Decompositions kept across products] in
+    ``_rules/kept.py``): launches record until one found room for every element's values, then replay them.
+    Values of more than ``LIMIT`` bytes in all (decompositions in a long runtime loop) are never kept: each
+    product decomposes again, as without keeping."""
+
+    LIMIT = 1 << 30
+
+    def __init__(self, elements: int) -> None:
+        self.elements = elements
+        self.store = np.zeros(1)
+        self.width = 0
+        self.need = np.zeros(1, np.int32)
+        self.ready = False
+
+    def arguments(self) -> list[Any]:
+        self.need[0] = 0
+        return [self.store, int(not self.ready), self.width, self.need]
+
+    def launched(self) -> None:
+        """After a launch: whether the next replays, or records into a larger array."""
+        if self.ready:
+            return
+        need = int(self.need[0])
+        if need <= self.width:
+            self.ready = True
+        elif self.elements * need < 2**31 and self.elements * need * 8 <= self.LIMIT:
+            self.store, self.width = np.zeros(self.elements * need), need
+
+
 class HessianOperator:
     """The Hessian of an element sum at a point, as a linear operator: ``H @ v`` is one launch of each element's
     Hessian-vector product, never forming ``H``.
@@ -186,6 +216,7 @@ class HessianOperator:
     def __init__(self, owner: HessianOperatorOf, inputs: list[Any], at: int, node_shape: tuple[int, ...], dtype: Any,
                  kernel: ElementKernel) -> None:
         self._owner, self._inputs, self._at, self._kernel = owner, inputs, at, kernel
+        self._kept = KeptValues(len(owner.F.mesh.elements))
         self.node_shape = node_shape
         size = int(np.prod(node_shape, dtype=np.int64))
         self.shape = (size, size)
@@ -200,7 +231,8 @@ class HessianOperator:
         out = np.zeros(self.node_shape, self.dtype)
         inputs = list(self._inputs)
         inputs[self._at] = np.ascontiguousarray(v.reshape(self.node_shape))
-        self._kernel(self._owner.F.mesh.elements, inputs, [out])
+        self._kernel(self._owner.F.mesh.elements, inputs, [out], keeping=self._kept.arguments())
+        self._kept.launched()
         return out.reshape(v.shape)
 
     def __matmul__(self, v: Any) -> np.ndarray:
@@ -230,12 +262,12 @@ class HessianOperatorOf:
         t_ways = ways + [ways[i] for i in floats]
         t_outs, _ = self.tangent_fn.signature(t_specs)  # (g, dg): the gradient, and H v
         kernel = element_kernel(self.tangent_fn, lambda: self.tangent_fn.body_for(t_specs), F.mesh.arity, t_specs,
-                                t_ways, t_outs, [SKIP, NODE], True, identifier(self.tangent_fn.name))
+                                t_ways, t_outs, [SKIP, NODE], True, identifier(self.tangent_fn.name), keeps=True)
         tangents = [np.zeros(batch.specs[i].shape if ways[i] == NODE else (1,) + specs[i].shape, specs[i].dtype)
                     for i in floats]  # the data's tangents stay zero; the node argument's is v
         x = batch.specs[self.p]
-        return HessianOperator(self, F._inputs(batch) + tangents, len(specs) + floats.index(self.p), x.shape,
-                               x.dtype, kernel)
+        point = [np.array(a) for a in F._inputs(batch)]  # copies: the operator is the Hessian where it was made
+        return HessianOperator(self, point + tangents, len(specs) + floats.index(self.p), x.shape, x.dtype, kernel)
 
 
 @taichi_callable

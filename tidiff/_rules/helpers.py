@@ -27,6 +27,9 @@ from .decompositions import svd_jvp as svd_jvp
 from .decompositions import svd_vjp as svd_vjp
 from .decompositions import sym_eig_jvp as sym_eig_jvp
 from .decompositions import sym_eig_vjp as sym_eig_vjp
+from .kept import kept_polar_decompose as kept_polar_decompose
+from .kept import kept_svd as kept_svd
+from .kept import kept_sym_eig as kept_sym_eig
 
 
 @ti.func

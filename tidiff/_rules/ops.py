@@ -439,13 +439,16 @@ def _decomposition(op: str, n_results: int, tangent_helper: str, adjoint_helper:
         dA = call.tangents[0]
         if dA is None:
             return None
-        results = getattr(T, op)(*call.args, **call.keywords)  # the primal call: bound once, shared
+        # the primal call, bound once and shared; kept across a Hessian operator's products (NOTE: [Decompositions
+        # kept across products] in kept.py)
+        results = getattr(helpers, f"kept_{op}")(*call.args, **call.keywords)
         return getattr(helpers, tangent_helper)(*[results[k] for k in range(n_results)], dA)
 
     def vjp(gs: list[Sym], outs: list[Sym], A: Sym, *dt: Sym) -> Contributions:
         return [getattr(helpers, adjoint_helper)(*outs, *gs)]
 
-    register(getattr(ti, op), Rule(jvp, vjp, n_outputs=n_results))
+    register([getattr(ti, op), getattr(rule_helpers, f"kept_{op}")], Rule(jvp, vjp, n_outputs=n_results))  # the
+    # op as the user's code calls it, and as the tangent code does
 
 
 _decomposition("svd", 3, "svd_jvp", "svd_vjp")

@@ -20,10 +20,11 @@ from .._lang.activity import active_variables, loaded_names, local_names, root_n
 from .._lang.callees import callable_positional, callee_hint, expand_partial, hint_name
 from .._lang.compile import info
 from .._lang.naming import TAICHI, Namer, helper_name, names_in, spell_taichi, taichi_name
-from .._lang.parse import MISSING, Parsed, positional, resolve, without_docstring
+from .._lang.parse import MISSING, Parsed, hashable, positional, resolve, without_docstring
 from .._lang.rebinding import rename_rebindings
 from .._lang.sym import Sym, zero_like
 from .._rules.calls import Callee, Sort, callable_rule, classify
+from .._rules.kept import KEPT
 from .._rules.table import TABLE, Call, Jvp, lookup, pairwise
 from .lanes import CALL_MARK, Lanes, lane_cost, widened_name
 
@@ -517,6 +518,7 @@ class Transformer:
         if not isinstance(p, ast.Call):
             return p, dp
         same: Callable[[ast.AST], bool]
+        kept = None  # the call a decomposition's rule makes of it (NOTE: [Decompositions kept across products])
         if self._is_local(p.func):  # a method: the rule spells it the same way
             key = ast.dump(p)
             same = lambda node: ast.dump(node) == key  # noqa: E731
@@ -525,14 +527,16 @@ class Transformer:
             callee = resolve(p.func, namespace)
             if callee is MISSING:
                 return p, dp
+            kept = KEPT.get(callee) if hashable(callee) else None
             args = ast.dump(ast.Tuple(p.args + [k.value for k in p.keywords], ast.Load()))
             same = lambda node: (  # noqa: E731
-                isinstance(node, ast.Call) and resolve(node.func, namespace) is callee
+                isinstance(node, ast.Call) and resolve(node.func, namespace) in (callee, kept or callee)
                 and ast.dump(ast.Tuple(node.args + [k.value for k in node.keywords], ast.Load())) == args)
-        if not any(same(sub) for sub in ast.walk(dp)):
+        found = next((sub for sub in ast.walk(dp) if isinstance(sub, ast.expr) and same(sub)), None)
+        if found is None:
             return p, dp
         name = self.namer.fresh(_hint(p))
-        self.emit(_assign(name, p))
+        self.emit(_assign(name, p if kept is None else copy.deepcopy(found)))
         self.shared.add(name)
         return _name(name), _Replace(same, name).visit(dp)
 

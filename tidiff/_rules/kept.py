@@ -1,0 +1,185 @@
+"""Decompositions computed once per point and kept across Hessian-vector products.
+
+NOTE: [Decompositions kept across products] ``td.hessian_operator(E)(x)``
+is applied many times at one ``x`` (conjugate gradients), and each product
+ran every element's Hessian-vector code whole, whose first statements
+decompose the element's matrix again (the implicit FEM energy: one
+``ti.polar_decompose`` per tet, about 85% of a product's time). The
+decomposition's results do not depend on the vector: they are the primal
+values the tangent code reads. So the primal call a decomposition's tangent
+rule emits is ``_tidiff_rules.kept_<op>(A)``, which Taichi calls while it
+compiles: outside a kernel that keeps values, it is the op itself; inside
+one (the operator's kernel, NOTE: [Kept values] in ``_elements/kernels.py``)
+it is the op and a store of its results when the launch records, and a load
+of them when it replays. Element ``e``'s values sit at ``e * width + count``
+in one float64 array, ``count`` the values the element has put so far, so a
+decomposition in a runtime loop or branch takes a slot per time it runs, in
+the order it runs; the order is the same in every launch because only
+primal values (the point, never the vector) decide the control flow and
+reach these calls: every call the outermost tangent transform emits
+decomposes a primal value, and so does every one inside the code it
+transforms (its primal values too). A user's own jvp rule calling ``ti.svd``
+calls Taichi's op, which is never kept. A launch that records also reports
+the most values an element needed (``need``); one that needed more than
+``width`` stored nothing beyond it, and the operator records again with a
+larger array. Recorded values are exact copies, so products are the same
+numbers as before, bit for bit.
+"""
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import taichi as ti
+from taichi.lang import impl
+from taichi.lang.matrix import make_matrix
+
+from .._lang.products import compile_time, shape_of
+
+
+@dataclass(frozen=True)
+class Keeping:
+    """The Taichi values of a kernel that keeps values: its float64 array, the element, the element's count of
+    values (a local the kept calls advance), whether the launch records, and the values each element has room for."""
+
+    store: Any
+    element: Any
+    count: Any
+    record: Any
+    width: Any
+
+
+_KEEPING: list[Keeping] = []
+
+
+@compile_time
+def keep_values(store: Any, element: Any, count: Any, record: Any, width: Any) -> None:
+    """From here on (while Taichi compiles the element's body), decompositions are kept in ``store``."""
+    _KEEPING.append(Keeping(store, element, count, record, width))
+
+
+@compile_time
+def stop_keeping() -> None:
+    _KEEPING.pop()
+
+
+def forget_keeping() -> None:
+    """After a launch that compiled a keeping kernel, whether or not its compile got to the end."""
+    _KEEPING.clear()
+
+
+def _shapes(op: str, n: int) -> list[tuple[int, ...]]:
+    shapes: dict[str, list[tuple[int, ...]]] = {"svd": [(n, n)] * 3, "polar_decompose": [(n, n)] * 2,
+                                                "sym_eig": [(n,), (n, n)]}
+    return shapes[op]
+
+
+def _kept(op: str) -> Callable[..., Any]:
+    decompose = getattr(ti, op)
+
+    @compile_time
+    def kept(A: Any, dt: Any = None) -> Any:
+        shape = shape_of(A)
+        if not _KEEPING or len(shape) != 2 or shape[0] != shape[1]:
+            return decompose(A, dt)
+        k = _KEEPING[-1]
+        dtype = impl.get_runtime().default_fp if dt is None else dt
+        return _memo(op, shape[0], dtype)(k.store, k.element, k.count, k.record, k.width, A)
+
+    kept.__name__ = kept.__qualname__ = f"kept_{op}"
+    kept.__doc__ = f"``ti.{op}(A, dt)``, its results kept across launches where a kernel keeps values (NOTE: " \
+                   "[Decompositions kept across products])."
+    return kept
+
+
+kept_svd = _kept("svd")
+kept_polar_decompose = _kept("polar_decompose")
+kept_sym_eig = _kept("sym_eig")
+
+KEPT: dict[Any, Any] = {ti.svd: kept_svd, ti.polar_decompose: kept_polar_decompose, ti.sym_eig: kept_sym_eig}
+"""Each decomposition, and the call its tangent rule makes of it (the primal statement becomes that call)."""
+
+
+@compile_time
+def _zero(shape: Sequence[int], dtype: Any) -> Any:
+    return ti.Vector.zero(dtype, shape[0]) if len(shape) == 1 else ti.Matrix.zero(dtype, *shape)
+
+
+def _entries(shape: Sequence[int]) -> list[tuple[int, ...]]:
+    return [(i,) for i in range(shape[0])] if len(shape) == 1 else \
+        [(i, j) for i in range(shape[0]) for j in range(shape[1])]
+
+
+@compile_time
+def _put(store: Any, at: Any, value: Any) -> None:
+    for j, index in enumerate(_entries(shape_of(value))):
+        impl.subscript(None, store, at + j)._assign(impl.subscript(None, value, *index))
+
+
+@compile_time
+def _get(store: Any, at: Any, shape: Sequence[int]) -> Any:
+    entries = [impl.subscript(None, store, at + j) for j in range(len(_entries(shape)))]
+    rows = entries if len(shape) == 1 else [entries[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])]
+    return impl.expr_init(make_matrix(rows))
+
+
+_MEMOS: dict[tuple[str, int, Any], Any] = {}
+
+
+def _memo(op: str, n: int, dtype: Any) -> Any:
+    """The ``@ti.func`` that decomposes and stores, or loads, ``op``'s results for ``n x n`` matrices."""
+    key = (op, n, dtype)
+    if key not in _MEMOS:
+        _MEMOS[key] = (_memo3 if op == "svd" else _memo2)(getattr(ti, op), _shapes(op, n), dtype)
+    return _MEMOS[key]
+
+
+def _memo2(decompose: Any, shapes: list[tuple[int, ...]], dtype: Any) -> Any:
+    s0, s1 = shapes
+    o1 = len(_entries(s0))
+    size = o1 + len(_entries(s1))
+
+    @ti.func
+    def kept2(store: ti.template(), e: ti.template(), count: ti.template(), record: ti.template(),  # type: ignore[valid-type]
+              width: ti.template(), A):  # type: ignore[valid-type]
+        r0 = _zero(s0, dtype)
+        r1 = _zero(s1, dtype)
+        at = e * width + count
+        if record:
+            r0, r1 = decompose(A, dtype)
+            if count + size <= width:
+                _put(store, at, r0)
+                _put(store, at + o1, r1)
+        else:
+            r0 = _get(store, at, s0)
+            r1 = _get(store, at + o1, s1)
+        count += size
+        return r0, r1
+    return kept2
+
+
+def _memo3(decompose: Any, shapes: list[tuple[int, ...]], dtype: Any) -> Any:
+    s0, s1, s2 = shapes
+    o1 = len(_entries(s0))
+    o2 = o1 + len(_entries(s1))
+    size = o2 + len(_entries(s2))
+
+    @ti.func
+    def kept3(store: ti.template(), e: ti.template(), count: ti.template(), record: ti.template(),  # type: ignore[valid-type]
+              width: ti.template(), A):  # type: ignore[valid-type]
+        r0 = _zero(s0, dtype)
+        r1 = _zero(s1, dtype)
+        r2 = _zero(s2, dtype)
+        at = e * width + count
+        if record:
+            r0, r1, r2 = decompose(A, dtype)
+            if count + size <= width:
+                _put(store, at, r0)
+                _put(store, at + o1, r1)
+                _put(store, at + o2, r2)
+        else:
+            r0 = _get(store, at, s0)
+            r1 = _get(store, at + o1, s1)
+            r2 = _get(store, at + o2, s2)
+        count += size
+        return r0, r1, r2
+    return kept3
