@@ -146,3 +146,24 @@ def test_decompositions_outside_an_operator_are_taichis_own():
     assert "_tidiff_rules.kept_polar_decompose(F)" in td.source(td.hessian(corotated))
     np.testing.assert_allclose(td.hessian_operator(E)(x, B, vol) @ v, (H @ v.ravel()).reshape(x.shape),
                                rtol=1e-12, atol=1e-12)
+
+
+@ti.func
+def corotated32(xe: ti.types.matrix(4, 3, ti.f32), B: ti.types.matrix(3, 3, ti.f32), vol: ti.f32) -> ti.f32:
+    F = ti.Matrix.cols([xe[1, :] - xe[0, :], xe[2, :] - xe[0, :], xe[3, :] - xe[0, :]]) @ B
+    R, S = ti.polar_decompose(F, ti.f32)
+    return vol * ((F - R).norm_sqr() + 0.1 * xe[2, 1])
+
+
+def test_float32_values_are_kept_as_they_were():
+    """Kept in the float64 array and read back as float32: replayed products equal recorded ones bit for bit."""
+    tets, x, B, vol = mesh()
+    H = dense_hessian(corotated_torch, tets, x, B, vol)
+    x, B, vol = (a.astype(np.float32) for a in (x, B, vol))
+    op = td.hessian_operator(td.element_sum(corotated32, tets))(x, B, vol)
+    v = np.random.default_rng(9).standard_normal(x.shape).astype(np.float32)
+    products = [op @ v for _ in range(4)]
+    assert op._kept.ready and products[0].dtype == np.float32
+    for p in products[1:]:
+        np.testing.assert_array_equal(p, products[0])
+    np.testing.assert_allclose(products[0].ravel(), H @ v.ravel(), rtol=1e-4, atol=1e-4 * np.abs(H).max())

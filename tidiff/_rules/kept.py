@@ -116,8 +116,8 @@ def _put(store: Any, at: Any, value: Any) -> None:
 
 
 @compile_time
-def _get(store: Any, at: Any, shape: Sequence[int]) -> Any:
-    entries = [impl.subscript(None, store, at + j) for j in range(len(_entries(shape)))]
+def _get(store: Any, at: Any, shape: Sequence[int], dtype: Any) -> Any:
+    entries = [ti.cast(impl.subscript(None, store, at + j), dtype) for j in range(len(_entries(shape)))]
     rows = entries if len(shape) == 1 else [entries[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])]
     return impl.expr_init(make_matrix(rows))
 
@@ -150,8 +150,8 @@ def _memo2(decompose: Any, shapes: list[tuple[int, ...]], dtype: Any) -> Any:
                 _put(store, at, r0)
                 _put(store, at + o1, r1)
         else:
-            r0 = _get(store, at, s0)
-            r1 = _get(store, at + o1, s1)
+            r0 = _get(store, at, s0, dtype)
+            r1 = _get(store, at + o1, s1, dtype)
         count += size
         return r0, r1
     return kept2
@@ -177,9 +177,9 @@ def _memo3(decompose: Any, shapes: list[tuple[int, ...]], dtype: Any) -> Any:
                 _put(store, at + o1, r1)
                 _put(store, at + o2, r2)
         else:
-            r0 = _get(store, at, s0)
-            r1 = _get(store, at + o1, s1)
-            r2 = _get(store, at + o2, s2)
+            r0 = _get(store, at, s0, dtype)
+            r1 = _get(store, at + o1, s1, dtype)
+            r2 = _get(store, at + o2, s2, dtype)
         count += size
         return r0, r1, r2
     return kept3
