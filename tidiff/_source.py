@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._lang.compile import info
+from ._lang.compile import generated_sources
 from ._protocol import as_function
 
 
@@ -49,20 +49,8 @@ def source(f: Any, *example_args: Any) -> str:
         return fn.kernel_source(specs)
     if body is None:
         raise TypeError(f"td.source({fn.name}): this function has no generated Taichi source")
-    texts: list[str] = []
-    _collect(body, texts, set())
+    texts = generated_sources(body)
     if not texts:
         raise TypeError(f"td.source({fn.name}): {fn.name} is user code, not generated; transform it first")
     return "\n".join(texts)
 
-
-def _collect(obj: Any, texts: list[str], seen: set[int]) -> None:
-    """Depth-first: the generated source of ``obj``, then of the generated functions it names."""
-    text = info(obj).source
-    if text is None or id(obj) in seen:
-        return
-    seen.add(id(obj))
-    texts.append(text)
-    namespace = getattr(getattr(obj, "__wrapped__", None), "__globals__", {})
-    for value in list(namespace.values()):
-        _collect(value, texts, seen)

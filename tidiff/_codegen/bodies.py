@@ -38,9 +38,10 @@ import taichi as ti
 from taichi.lang.util import to_taichi_type
 
 from .. import _modes
-from .._lang.compile import compile_source, mark
+from .._lang.compile import compile_source, generated_sources, mark
 from .._lang.naming import RULE_HELPERS, Namer
 from .._lang.sym import Sym, node_of
+from .._rules.kept import KEPT_CALL, keep_push, kept_count, stop_keeping_push
 from .._signature import ArgSpec
 from .._tangent.lanes import widened_name
 
@@ -146,6 +147,25 @@ class BodyWriter:
             assert isinstance(node, ast.Name), "a store target is a subscript or a name"
             stored = ast.Name(node.id, ast.Store())
         self.stmts.append(ast.Assign([stored], node_of(value)))
+
+    def do(self, value: Any) -> None:
+        """``value`` (a call) as a statement."""
+        self.stmts.append(ast.Expr(node_of(value)))
+
+    @contextlib.contextmanager
+    def pushes(self, n: int, fn: Any) -> Iterator[Sym]:
+        """``for p in range(n):`` around the pushes of ``fn`` written in the block; where ``fn``'s code decomposes
+        (a kept call), the decompositions are kept from the first push when a kernel keeps values (NOTE: [Kept
+        across pushes] in ``_rules/kept.py``)."""
+        if not any(KEPT_CALL in text for text in generated_sources(fn)):
+            with self.loop("p", n) as p:
+                yield p
+            return
+        start = self.let("kept_from", self.callee(kept_count, "kept_count")())
+        with self.loop("p", n) as p:
+            self.do(self.callee(keep_push, "keep_push")(p, start))
+            yield p
+            self.do(self.callee(stop_keeping_push, "stop_keeping_push")())
 
     @contextlib.contextmanager
     def loop(self, hint: str, n: int) -> Iterator[Sym]:
@@ -257,7 +277,7 @@ class _Pushes:
         self.looped = True
         fn = _modes.tangent_function(self.parent, self.active)
         kept = self._kept()
-        with w.loop("p", spec.size) as p:
+        with w.pushes(spec.size, fn) as p:
             e = w.let("e", zero(spec.shape, spec.dtype))
             w.store(entry(e, (spec.size,) if len(spec.shape) > 2 else spec.shape, _dynamic_index(spec.shape, p)), 1.0)
             tangents = [e if b == a else basis(self.specs[b], None) for b in order]
@@ -300,7 +320,7 @@ class _Pushes:
         offsets = dict(zip(order, itertools.accumulate([self.specs[a].size for a in order], initial=0), strict=False))
         total = sum(self.specs[a].size for a in order)
         kept = self._kept()
-        with w.loop("p", total) as p:
+        with w.pushes(total, fn) as p:
             e = w.let("e", zero((total,), self.specs[order[0]].dtype))
             w.store(_subscript(e, [p]), 1.0)
             tangents = []

@@ -103,6 +103,7 @@ class SparseHessian(_SparseDerivative):
             raise ValueError(f"{call}: project must be None or 'psd'; got {project!r}")
         self.project = project
         self.block = hessian(F.fn, argnums=argnums)
+        self._kept: dict[Any, KeptValues] = {}  # per specs: each element's decompositions, kept across its pushes
 
     def __call__(self, *args: Any) -> Any:
         batch, specs, ways, shared = self._read(args)
@@ -117,15 +118,18 @@ class SparseHessian(_SparseDerivative):
         inputs = self.F._inputs(batch)
         elements = self.F.mesh.elements
         name = identifier(self.block.name)
+        kept = self._kept.setdefault((tuple(specs), len(elements)), KeptValues(len(elements)))
         if self.project is None:
             kernel = element_kernel(self.block, lambda: self.block.body_for(specs), k, specs, ways, [h], [BLOCKS],
-                                    False, name, blocks=(_add_blocks(k, d, flat), 2))
-            kernel(elements, inputs, [data], pattern.index)
+                                    False, name, blocks=(_add_blocks(k, d, flat), 2), keeps=True)
+            kernel(elements, inputs, [data], pattern.index, keeping=kept.arguments(True))
+            kept.launched()
             return self._matrix(pattern, data)
         n = k * d
         blocks = np.zeros((len(elements),) + h.shape, x.dtype)
         element_kernel(self.block, lambda: self.block.body_for(specs), k, specs, ways, [h], [EACH], False,
-                       name)(elements, inputs, [blocks])
+                       name, keeps=True)(elements, inputs, [blocks], keeping=kept.arguments(True))
+        kept.launched()
         if len(elements):
             square = blocks.reshape(len(elements), n, n)
             project_psd(square, np.empty_like(square), np.empty((len(elements), n), x.dtype))
@@ -175,10 +179,9 @@ def _form(jacobian: tuple[int, ...], result: tuple[int, ...]) -> str:
 
 
 class KeptValues:
-    """What an operator's products keep of its point (NOTE: [Decompositions kept across products] in
-    ``_rules/kept.py``): launches record until one found room for every element's values, then replay them.
-    Values of more than ``LIMIT`` bytes in all (decompositions in a long runtime loop) are never kept: each
-    product decomposes again, as without keeping."""
+    """What a keeping kernel's launches keep per element (NOTE: [Decompositions kept across products] in
+    ``_rules/kept.py``): an array that grows after a launch that needed more room, up to ``LIMIT`` bytes in all
+    (decompositions in a long runtime loop: past it, values are decomposed again, as without keeping)."""
 
     LIMIT = 1 << 30
 
@@ -187,16 +190,14 @@ class KeptValues:
         self.store = np.zeros(1)
         self.width = 0
         self.need = np.zeros(1, np.int32)
-        self.ready = False
+        self.ready = False  # a launch recorded every element's values: the next may replay them
 
-    def arguments(self) -> list[Any]:
+    def arguments(self, record: bool) -> list[Any]:
         self.need[0] = 0
-        return [self.store, int(not self.ready), self.width, self.need]
+        return [self.store, int(record), self.width, self.need]
 
     def launched(self) -> None:
-        """After a launch: whether the next replays, or records into a larger array."""
-        if self.ready:
-            return
+        """After a launch: whether the values it recorded are all there, else room for them next time."""
         need = int(self.need[0])
         if need <= self.width:
             self.ready = True
@@ -231,7 +232,7 @@ class HessianOperator:
         out = np.zeros(self.node_shape, self.dtype)
         inputs = list(self._inputs)
         inputs[self._at] = np.ascontiguousarray(v.reshape(self.node_shape))
-        self._kernel(self._owner.F.mesh.elements, inputs, [out], keeping=self._kept.arguments())
+        self._kernel(self._owner.F.mesh.elements, inputs, [out], keeping=self._kept.arguments(not self._kept.ready))
         self._kept.launched()
         return out.reshape(v.shape)
 

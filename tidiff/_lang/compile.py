@@ -76,6 +76,25 @@ def compile_source(source: str | ast.Module | ast.stmt, name: str, namespace: di
     return obj
 
 
+def generated_sources(obj: object) -> list[str]:
+    """The generated source of ``obj``, then of every generated function it names, depth first (``td.source``);
+    empty for the user's own code."""
+    texts: list[str] = []
+    _collect(obj, texts, set())
+    return texts
+
+
+def _collect(obj: object, texts: list[str], seen: set[int]) -> None:
+    text = info(obj).source
+    if text is None or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    texts.append(text)
+    namespace = getattr(getattr(obj, "__wrapped__", None), "__globals__", {})
+    for value in list(namespace.values()):
+        _collect(value, texts, seen)
+
+
 def kernel_like(tree: ast.FunctionDef, name: str, body: list[ast.stmt], namespace: dict[str, Any], taichi: str,
                 tag: str, params: Sequence[ast.arg] = ()) -> Any:
     """A ``@ti.kernel`` named ``name`` with the parameters (then ``params``) and return type of the kernel ``tree``

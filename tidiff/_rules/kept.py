@@ -20,10 +20,18 @@ reach these calls: every call the outermost tangent transform emits
 decomposes a primal value, and so does every one inside the code it
 transforms (its primal values too). A user's own jvp rule calling ``ti.svd``
 calls Taichi's op, which is never kept. A launch that records also reports
-the most values an element needed (``need``); one that needed more than
-``width`` stored nothing beyond it, and the operator records again with a
-larger array. Recorded values are exact copies, so products are the same
-numbers as before, bit for bit.
+the most values an element needed (``need``); a value past ``width`` is
+neither stored nor ever loaded (it is decomposed again), and the operator
+records again with a larger array. Recorded values are exact copies, so
+products are the same numbers as before, bit for bit.
+
+NOTE: [Kept across pushes] A Jacobian body pushing basis tangents in a
+runtime loop (the element Hessians of ``td.sparse_hessian``: 12 pushes per
+tet) calls the same tangent function at the same primal values in every
+push, so its decompositions are the same in every push: each push starts
+counting where the loop started (``kept_count``), the first records and the
+others replay (``keep_push``), within the launch. The implicit FEM assembly
+decomposed each tet 12 times.
 """
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +41,7 @@ import taichi as ti
 from taichi.lang import impl
 from taichi.lang.matrix import make_matrix
 
+from .._lang.naming import RULE_HELPERS
 from .._lang.products import compile_time, shape_of
 
 
@@ -62,9 +71,39 @@ def stop_keeping() -> None:
     _KEEPING.pop()
 
 
+_PUSHED: list[bool] = []  # per loop of pushes being compiled: whether it keeps values
+
+
 def forget_keeping() -> None:
     """After a launch that compiled a keeping kernel, whether or not its compile got to the end."""
     _KEEPING.clear()
+    _PUSHED.clear()
+
+
+@compile_time
+def kept_count() -> Any:
+    """Where a loop of pushes starts keeping: the element's count of values so far (0 where nothing keeps)."""
+    return _KEEPING[-1].count if _KEEPING else 0
+
+
+@compile_time
+def keep_push(p: Any, start: Any) -> None:
+    """At the top of push ``p`` of a Jacobian's loop of pushes (NOTE: [Kept across pushes])."""
+    if not _KEEPING:
+        _PUSHED.append(False)
+        return
+    k = _KEEPING[-1]
+    k.count._assign(start)
+    record = impl.expr_init(ti.select(p == 0, k.record, 0))
+    _KEEPING.append(Keeping(k.store, k.element, k.count, record, k.width))
+    _PUSHED.append(True)
+
+
+@compile_time
+def stop_keeping_push() -> None:
+    """At the bottom of a push."""
+    if _PUSHED.pop():
+        _KEEPING.pop()
 
 
 def _shapes(op: str, n: int) -> list[tuple[int, ...]]:
@@ -94,6 +133,10 @@ def _kept(op: str) -> Callable[..., Any]:
 kept_svd = _kept("svd")
 kept_polar_decompose = _kept("polar_decompose")
 kept_sym_eig = _kept("sym_eig")
+
+KEPT_CALL = f"{RULE_HELPERS}.kept_"
+"""How generated code spells a kept call (a Jacobian body keeps decompositions across its pushes where its
+tangent function's code, or a generated function it calls, holds one)."""
 
 KEPT: dict[Any, Any] = {ti.svd: kept_svd, ti.polar_decompose: kept_polar_decompose, ti.sym_eig: kept_sym_eig}
 """Each decomposition, and the call its tangent rule makes of it (the primal statement becomes that call)."""
@@ -144,9 +187,9 @@ def _memo2(decompose: Any, shapes: list[tuple[int, ...]], dtype: Any) -> Any:
         r0 = _zero(s0, dtype)
         r1 = _zero(s1, dtype)
         at = e * width + count
-        if record:
+        if record or count + size > width:
             r0, r1 = decompose(A, dtype)
-            if count + size <= width:
+            if record and count + size <= width:
                 _put(store, at, r0)
                 _put(store, at + o1, r1)
         else:
@@ -170,9 +213,9 @@ def _memo3(decompose: Any, shapes: list[tuple[int, ...]], dtype: Any) -> Any:
         r1 = _zero(s1, dtype)
         r2 = _zero(s2, dtype)
         at = e * width + count
-        if record:
+        if record or count + size > width:
             r0, r1, r2 = decompose(A, dtype)
-            if count + size <= width:
+            if record and count + size <= width:
                 _put(store, at, r0)
                 _put(store, at + o1, r1)
                 _put(store, at + o2, r2)
