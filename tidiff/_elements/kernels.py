@@ -196,14 +196,17 @@ class ElementKernel:
 
     @staticmethod
     def _keeping(src: _Source, e: str, loop: list[ast.stmt]) -> list[tuple[str, ast.expr]]:
-        """NOTE: [Kept values] A kernel that keeps values (a Hessian operator's) takes a float64 array, whether
-        the launch records, the values each element has room for, and an int32 array where a recording launch
-        puts the most values an element needed; around the body's call, its decompositions keep their results
-        there (NOTE: [Decompositions kept across products] in ``_rules/kept.py``)."""
+        """NOTE: [Kept values] A kernel that keeps values (a Hessian operator's, a sparse Hessian's) takes a float64
+        array, whether the launch records, the values each element has room for, and an int32 array where a
+        recording launch puts the most values an element needed that had no room (0 where all had); around the
+        body's call, its decompositions keep their results there (NOTE: [Decompositions kept across products] in
+        ``_rules/kept.py``)."""
         store, record, width, need, count = (src.namer.fresh(h) for h in ("kept", "record", "width", "need", "count"))
         i32 = taichi("i32").node
         begin = call(src.bind("keep_values", keep_values), store, e, count, record, width)
-        report = ast.If(node(record), [statement(call(taichi("atomic_max"), Sym(node(need))[0], count))], [])
+        grow = ast.If(ast.Compare(node(count), [ast.Gt()], [node(width)]),
+                      [statement(call(taichi("atomic_max"), Sym(node(need))[0], count))], [])
+        report = ast.If(node(record), [grow], [])  # only an element that found no room reports: no atomic else
         loop[1:2] = [assign(count, ast.Constant(0)), statement(begin), loop[1],
                      statement(call(src.bind("stop_keeping", stop_keeping))), report]
         return [(store, src.bind("K", ti.types.ndarray(dtype=ti.f64, ndim=1))), (record, i32), (width, i32),
