@@ -126,6 +126,33 @@ def same(h):
     return h
 
 
+class KeptValues:
+    """What a keeping kernel's launches keep per element (NOTE: [Decompositions kept across products] in
+    ``_rules/kept.py``): an array that grows after a launch that needed more room, up to ``LIMIT`` bytes in all
+    (decompositions in a long runtime loop: past it, values are decomposed again, as without keeping)."""
+
+    LIMIT = 1 << 30
+
+    def __init__(self, elements: int) -> None:
+        self.elements = elements
+        self.store = np.zeros(1)
+        self.width = 0
+        self.need = np.zeros(1, np.int32)
+        self.ready = False  # a launch recorded every element's values: the next may replay them
+
+    def arguments(self, record: bool) -> list[Any]:
+        self.need[0] = 0
+        return [self.store, int(record), self.width, self.need]
+
+    def launched(self) -> None:
+        """After a launch: whether the values it recorded are all there, else room for them next time."""
+        need = int(self.need[0])
+        if need <= self.width:
+            self.ready = True
+        elif self.elements * need < 2**31 and self.elements * need * 8 <= self.LIMIT:
+            self.store, self.width = np.zeros(self.elements * need), need
+
+
 class ElementKernel:
     """A generated kernel over the elements (see the module docstring).
 
@@ -143,6 +170,7 @@ class ElementKernel:
                  blocks: tuple[Any, int] | None = None, keeps: bool = False) -> None:
         self.in_specs, self.ins, self.out_specs, self.outs = list(in_specs), list(ins), list(out_specs), list(outs)
         self.k, self.keeps = k, keeps
+        self._kept: dict[int, KeptValues] = {}  # per element count: what launches that record keep (recording)
         src = _Source([])
         fn = src.bind(name, body)
         m, e, c, r = (src.namer.fresh(h) for h in ("m", "e", "c", "r"))
@@ -211,6 +239,15 @@ class ElementKernel:
                      statement(call(src.bind("stop_keeping", stop_keeping))), report]
         return [(store, src.bind("K", ti.types.ndarray(dtype=ti.f64, ndim=1))), (record, i32), (width, i32),
                 (need, src.bind("N", ti.types.ndarray(dtype=ti.i32, ndim=1)))]
+
+    def recording(self, elements: np.ndarray, inputs: Sequence[Any], outputs: Sequence[Any],
+                  blocks: Sequence[Any] = ()) -> None:
+        """A launch that records what it keeps (a sparse Hessian's: each element's pushes share the decompositions
+        of its first, NOTE: [Kept across pushes]), in an array kept per element count, grown after a launch that
+        needed more room: every call of a sparse Hessian over the same elements, made anew or not, keeps."""
+        kept = self._kept.setdefault(len(elements), KeptValues(len(elements)))
+        self(elements, inputs, outputs, blocks, keeping=kept.arguments(True))
+        kept.launched()
 
     def __call__(self, elements: np.ndarray, inputs: Sequence[Any], outputs: Sequence[Any],
                  blocks: Sequence[Any] = (), keeping: Sequence[Any] = ()) -> None:

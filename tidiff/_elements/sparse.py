@@ -20,7 +20,19 @@ from .._protocol import Function, require_taichi, taichi_callable
 from .._signature import ArgSpec
 from .colouring import coloured, detected
 from .function import Elements
-from .kernels import BLOCKS, EACH, NODE, SKIP, ElementKernel, _add_blocks, _add_rows, element_kernel, fill_builder, same
+from .kernels import (
+    BLOCKS,
+    EACH,
+    NODE,
+    SKIP,
+    ElementKernel,
+    KeptValues,
+    _add_blocks,
+    _add_rows,
+    element_kernel,
+    fill_builder,
+    same,
+)
 from .pattern import Pattern
 from .psd import project_psd
 
@@ -103,7 +115,6 @@ class SparseHessian(_SparseDerivative):
             raise ValueError(f"{call}: project must be None or 'psd'; got {project!r}")
         self.project = project
         self.block = hessian(F.fn, argnums=argnums)
-        self._kept: dict[Any, KeptValues] = {}  # per specs: each element's decompositions, kept across its pushes
 
     def __call__(self, *args: Any) -> Any:
         batch, specs, ways, shared = self._read(args)
@@ -118,18 +129,15 @@ class SparseHessian(_SparseDerivative):
         inputs = self.F._inputs(batch)
         elements = self.F.mesh.elements
         name = identifier(self.block.name)
-        kept = self._kept.setdefault((tuple(specs), len(elements)), KeptValues(len(elements)))
         if self.project is None:
             kernel = element_kernel(self.block, lambda: self.block.body_for(specs), k, specs, ways, [h], [BLOCKS],
                                     False, name, blocks=(_add_blocks(k, d, flat), 2), keeps=True)
-            kernel(elements, inputs, [data], pattern.index, keeping=kept.arguments(True))
-            kept.launched()
+            kernel.recording(elements, inputs, [data], pattern.index)
             return self._matrix(pattern, data)
         n = k * d
         blocks = np.zeros((len(elements),) + h.shape, x.dtype)
         element_kernel(self.block, lambda: self.block.body_for(specs), k, specs, ways, [h], [EACH], False,
-                       name, keeps=True)(elements, inputs, [blocks], keeping=kept.arguments(True))
-        kept.launched()
+                       name, keeps=True).recording(elements, inputs, [blocks])
         if len(elements):
             square = blocks.reshape(len(elements), n, n)
             project_psd(square, np.empty_like(square), np.empty((len(elements), n), x.dtype))
@@ -176,33 +184,6 @@ def _form(jacobian: tuple[int, ...], result: tuple[int, ...]) -> str:
     if len(jacobian) == 1:
         return "a"
     return "ta" if result else "aj"
-
-
-class KeptValues:
-    """What a keeping kernel's launches keep per element (NOTE: [Decompositions kept across products] in
-    ``_rules/kept.py``): an array that grows after a launch that needed more room, up to ``LIMIT`` bytes in all
-    (decompositions in a long runtime loop: past it, values are decomposed again, as without keeping)."""
-
-    LIMIT = 1 << 30
-
-    def __init__(self, elements: int) -> None:
-        self.elements = elements
-        self.store = np.zeros(1)
-        self.width = 0
-        self.need = np.zeros(1, np.int32)
-        self.ready = False  # a launch recorded every element's values: the next may replay them
-
-    def arguments(self, record: bool) -> list[Any]:
-        self.need[0] = 0
-        return [self.store, int(record), self.width, self.need]
-
-    def launched(self) -> None:
-        """After a launch: whether the values it recorded are all there, else room for them next time."""
-        need = int(self.need[0])
-        if need <= self.width:
-            self.ready = True
-        elif self.elements * need < 2**31 and self.elements * need * 8 <= self.LIMIT:
-            self.store, self.width = np.zeros(self.elements * need), need
 
 
 class HessianOperator:
