@@ -31,7 +31,7 @@ import ast
 import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import taichi as ti
@@ -353,6 +353,20 @@ def _out(dout: Sym, o: int, single_out: bool) -> Sym:
     return dout if single_out else dout[o]
 
 
+class Sink(Protocol):
+    """Where :func:`jacobian_blocks` puts a Jacobian's entries: :class:`LocalBlocks`, :class:`OutputBlocks`, or an
+    element kernel's sparse matrix (``_elements/assembled.py``)."""
+
+    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False,
+             in_loop: bool = False) -> None: ...
+
+    def put(self, o: int, a: int, full: tuple[int, ...], index: Sequence[Any], value: Any) -> None: ...
+
+    def put_whole(self, o: int, a: int, full: tuple[int, ...], value: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class LocalBlocks:
     """Jacobian blocks held in local values of a body, which returns them (NOTE: [Flat values]).
 
@@ -440,7 +454,7 @@ class OutputBlocks:
 
 def jacobian_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], argnums: Sequence[int],
                     out_specs: Sequence[ArgSpec], single_out: bool, wanted: Sequence[int],
-                    flavour: str, sink: LocalBlocks | OutputBlocks, keep_value: bool = False) -> Sym | None:
+                    flavour: str, sink: Sink, keep_value: bool = False) -> Sym | None:
     """Write Jacobian blocks, one per (output in ``wanted``, argnum), of shape ``out.shape + arg.shape``,
     into ``sink``; returns the parent's outputs where a push or reverse call computed them (else None),
     and, with ``keep_value``, where pushes in a loop did (NOTE: [The value beside looped pushes])."""

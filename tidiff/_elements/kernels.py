@@ -33,8 +33,9 @@ from .._lang.nodes import name as node
 from .._lang.sym import Sym
 from .._rules.kept import forget_keeping, keep_values, stop_keeping
 from .._signature import ArgSpec
+from .assembled import assemble_into, forget_assembling, stop_assembling
 
-NODE, EACH, SUM, BLOCKS, SKIP = "node", "each", "sum", "blocks", "skip"
+NODE, EACH, SUM, BLOCKS, ADDED, SKIP = "node", "each", "sum", "blocks", "added", "skip"
 
 
 def node_type(node_shape: tuple[int, ...], dtype: Any) -> Any:
@@ -162,7 +163,8 @@ class ElementKernel:
         ins: per argument, ``NODE`` or ``EACH``.
         outs: per result, ``SUM``, ``EACH``, ``NODE``, ``SKIP`` (not kept) or ``BLOCKS``: a sparse
             assembler, ``blocks = (add, count)``, called ``add(data, *index, c, e, value)``
-            with its ``count`` index arrays (``_add_blocks``, ``_add_rows``).
+            with its ``count`` index arrays (``_add_blocks``, ``_add_rows``); ``ADDED``: the body adds its
+            entries into the matrix itself (``blocks = (None, 2)``, NOTE: [Blocks added from the pushes]).
     """
 
     def __init__(self, body: Any, k: int, in_specs: Sequence[ArgSpec], ins: Sequence[str],
@@ -191,18 +193,25 @@ class ElementKernel:
                 args.append(Sym(node(a))[Sym(node(e)) * Sym(node(s))].node)
         results = [Sym(node(r))[j] for j in range(len(self.outs))] if is_tuple else [Sym(node(r))]
         puts: list[ast.stmt] = []
+        before: list[ast.stmt] = []
+        after: list[ast.stmt] = []
         for j, (spec, how, value) in enumerate(zip(self.out_specs, self.outs, results, strict=True)):
             if how == SKIP:  # a result not wanted (Taichi drops the code computing only it)
                 continue
             o = src.namer.fresh(f"o{j}")
-            if how == BLOCKS:
+            if how in (BLOCKS, ADDED):
                 assert blocks is not None
                 add, count = blocks
                 index = [src.namer.fresh(f"index{t}") for t in range(count)]
                 data = ArgSpec(spec.name, (), spec.dtype).ti_type()  # the matrix's value array
                 params.append((o, src.bind(f"U{j}", ti.types.ndarray(dtype=data, ndim=1))))
                 params += [(t, src.bind("I", ti.types.ndarray())) for t in index]
-                puts.append(statement(call(src.bind("add", add), o, *index, c, e, value)))
+                if how == ADDED:
+                    before.append(statement(call(src.bind("assemble_into", assemble_into), o, *index, c, e,
+                                                 ast.Constant(k))))
+                    after.append(statement(call(src.bind("stop_assembling", stop_assembling))))
+                else:
+                    puts.append(statement(call(src.bind("add", add), o, *index, c, e, value)))
                 continue
             if how == NODE:
                 params.append((o, src.bind(f"U{j}", ti.types.ndarray(dtype=node_type(spec.shape[1:], spec.dtype),
@@ -215,15 +224,15 @@ class ElementKernel:
             else:
                 total = ast.Subscript(node(o), ast.Constant(0), ast.Store())
                 puts.append(ast.AugAssign(total, ast.Add(), value.node))
-        loop = [assign(c, Sym(node(conn))[Sym(node(e))]), assign(r, call(fn, *args)), *puts]
+        loop = [assign(c, Sym(node(conn))[Sym(node(e))]), *before, assign(r, call(fn, *args)), *after, *puts]
         if keeps:
-            params += self._keeping(src, e, loop)
+            params += self._keeping(src, e, loop, len(before) + 1)
         # the body is called inside the element loop: its own loops stay serial (NOTE: [The body's loops stay
         # serial] in _codegen.batch)
         self.kernel = src.compile(params, [for_range(e, [m], loop)], f"{name}__elements", "elements")
 
     @staticmethod
-    def _keeping(src: _Source, e: str, loop: list[ast.stmt]) -> list[tuple[str, ast.expr]]:
+    def _keeping(src: _Source, e: str, loop: list[ast.stmt], at: int) -> list[tuple[str, ast.expr]]:
         """NOTE: [Kept values] A kernel that keeps values (a Hessian operator's, a sparse Hessian's) takes a float64
         array, whether the launch records, the values each element has room for, and an int32 array where a
         recording launch puts the most values an element needed that had no room (0 where all had); around the
@@ -235,8 +244,8 @@ class ElementKernel:
         grow = ast.If(ast.Compare(node(count), [ast.Gt()], [node(width)]),
                       [statement(call(taichi("atomic_max"), Sym(node(need))[0], count))], [])
         report = ast.If(node(record), [grow], [])  # only an element that found no room reports: no atomic else
-        loop[1:2] = [assign(count, ast.Constant(0)), statement(begin), loop[1],
-                     statement(call(src.bind("stop_keeping", stop_keeping))), report]
+        loop[at:at + 1] = [assign(count, ast.Constant(0)), statement(begin), loop[at],  # around the body's call
+                           statement(call(src.bind("stop_keeping", stop_keeping))), report]
         return [(store, src.bind("K", ti.types.ndarray(dtype=ti.f64, ndim=1))), (record, i32), (width, i32),
                 (need, src.bind("N", ti.types.ndarray(dtype=ti.i32, ndim=1)))]
 
@@ -266,16 +275,14 @@ class ElementKernel:
                 args += [contiguous(a).reshape((a.shape[0],) + kernel_shape(spec)), 0 if a.shape[0] == 1 else 1]
         kept = [(spec, how) for spec, how in zip(self.out_specs, self.outs, strict=True) if how != SKIP]
         for o, (spec, how) in zip(outputs, kept, strict=True):
-            args.append(o if how in (NODE, BLOCKS) else o.reshape((o.shape[0],) + kernel_shape(spec)))
-            if how == BLOCKS:
+            args.append(o if how in (NODE, BLOCKS, ADDED) else o.reshape((o.shape[0],) + kernel_shape(spec)))
+            if how in (BLOCKS, ADDED):
                 args += list(blocks)
-        if not self.keeps:
-            self.kernel(*args)
-            return
         try:
             self.kernel(*args, *keeping)
-        finally:
-            forget_keeping()  # a compile that failed inside the body leaves its keeping behind
+        finally:  # a compile that failed inside the body leaves what it set around the call behind
+            forget_keeping()
+            forget_assembling()
 
 
 def element_kernel(owner: Any, make_body: Callable[[], Any], k: int, in_specs: Sequence[ArgSpec], ins: Sequence[str],

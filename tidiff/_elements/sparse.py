@@ -18,9 +18,11 @@ from .._api import grad, hessian, jacfwd
 from .._codegen.batch import identifier
 from .._protocol import Function, require_taichi, taichi_callable
 from .._signature import ArgSpec
+from .assembled import assembling_body
 from .colouring import coloured, detected
 from .function import Elements
 from .kernels import (
+    ADDED,
     BLOCKS,
     EACH,
     NODE,
@@ -129,9 +131,9 @@ class SparseHessian(_SparseDerivative):
         inputs = self.F._inputs(batch)
         elements = self.F.mesh.elements
         name = identifier(self.block.name)
-        if self.project is None:
-            kernel = element_kernel(self.block, lambda: self.block.body_for(specs), k, specs, ways, [h], [BLOCKS],
-                                    False, name, blocks=(_add_blocks(k, d, flat), 2), keeps=True)
+        if self.project is None:  # NOTE: [Blocks added from the pushes] in assembled.py
+            kernel = element_kernel(self.block, lambda: assembling_body(self.block, specs), k, specs, ways, [h],
+                                    [ADDED], False, name, blocks=(None, 2), keeps=True)
             kernel.recording(elements, inputs, [data], pattern.index)
             return self._matrix(pattern, data)
         n = k * d
