@@ -140,6 +140,7 @@ class KeptValues:
         self.width = 0
         self.need = np.zeros(1, np.int32)
         self.ready = False  # a launch recorded every element's values: the next may replay them
+        self.probed = False  # the room was made from the first element's need (ElementKernel.recording)
 
     def arguments(self, record: bool) -> list[Any]:
         self.need[0] = 0
@@ -150,7 +151,12 @@ class KeptValues:
         need = int(self.need[0])
         if need <= self.width:
             self.ready = True
-        elif self.elements * need < 2**31 and self.elements * need * 8 <= self.LIMIT:
+        else:
+            self.room_for(need)
+
+    def room_for(self, need: int) -> None:
+        """An array of ``need`` values per element, where it is within ``LIMIT``."""
+        if need > self.width and self.elements * need < 2**31 and self.elements * need * 8 <= self.LIMIT:
             self.store, self.width = np.zeros(self.elements * need), need
 
 
@@ -255,6 +261,11 @@ class ElementKernel:
         of its first, NOTE: [Kept across pushes]), in an array kept per element count, grown after a launch that
         needed more room: every call of a sparse Hessian over the same elements, made anew or not, keeps."""
         kept = self._kept.setdefault(len(elements), KeptValues(len(elements)))
+        if not kept.probed and len(elements) > 1:  # the first launch: the first element says how much room to make
+            probe = KeptValues(1)
+            self(elements[:1], inputs, [np.zeros_like(o) for o in outputs], blocks, keeping=probe.arguments(True))
+            kept.room_for(int(probe.need[0]))
+            kept.probed = True
         self(elements, inputs, outputs, blocks, keeping=kept.arguments(True))
         kept.launched()
 

@@ -31,7 +31,9 @@ tet) calls the same tangent function at the same primal values in every
 push, so its decompositions are the same in every push: each push starts
 counting where the loop started (``kept_count``), the first records and the
 others replay (``keep_push``), within the launch. The implicit FEM assembly
-decomposed each tet 12 times.
+decomposed each tet 12 times. A sparse Hessian's first launch makes the room
+its first element needs (a launch over that element alone), so it keeps
+from its first call.
 """
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
