@@ -447,8 +447,8 @@ def _decomposition(op: str, n_results: int, tangent_helper: str, adjoint_helper:
     def vjp(gs: list[Sym], outs: list[Sym], A: Sym, *dt: Sym) -> Contributions:
         return [getattr(helpers, adjoint_helper)(*outs, *gs)]
 
-    register([getattr(ti, op), getattr(rule_helpers, f"kept_{op}")], Rule(jvp, vjp, n_outputs=n_results))  # the
-    # op as the user's code calls it, and as the tangent code does
+    # the op as the user's code calls it, and as the tangent code does
+    register([getattr(ti, op), getattr(rule_helpers, f"kept_{op}")], Rule(jvp, vjp, n_outputs=n_results))
 
 
 _decomposition("svd", 3, "svd_jvp", "svd_vjp")
