@@ -7,6 +7,7 @@ import taichi as ti
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from tet_meshes import tet_mesh
 
 import tidiff as td
 
@@ -29,18 +30,6 @@ def neo_hookean_torch(x, tets, B, vol):
     F = Ds @ B
     log_j = torch.log(torch.linalg.det(F))
     return (vol * (0.5 * ((F * F).sum((1, 2)) - 3.0) - log_j + 2.0 * log_j**2)).sum()
-
-
-def tet_mesh(seed, nodes=14, count=12):
-    """Random tets on ``nodes`` points (rest shape X), a deformed state x, rest-shape inverses B and volumes."""
-    rng = np.random.default_rng(seed)
-    tets = np.array([rng.choice(nodes, 4, replace=False) for _ in range(count)])
-    X = rng.standard_normal((nodes, 3))
-    B = np.stack([np.linalg.inv(np.stack([X[t[1]] - X[t[0]], X[t[2]] - X[t[0]], X[t[3]] - X[t[0]]], 1))
-                  for t in tets])
-    vol = rng.uniform(0.5, 1.0, count)
-    x = X + 0.05 * rng.standard_normal((nodes, 3))
-    return tets, x, B, vol
 
 
 @ti.func

@@ -420,7 +420,26 @@ class LocalBlocks:
         self.deferred.clear()
 
 
-class OutputBlocks:
+class EntrySink:
+    """A sink putting each entry where it goes as it comes: nothing to open or close, a whole block entry by entry
+    (``put`` is the subclass's)."""
+
+    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False,
+             in_loop: bool = False) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def put(self, o: int, a: int, full: tuple[int, ...], index: Sequence[Any], value: Any) -> None:
+        raise NotImplementedError
+
+    def put_whole(self, o: int, a: int, full: tuple[int, ...], value: Any) -> None:
+        for idx in itertools.product(*[range(n) for n in full]):
+            self.put(o, a, full, idx, entry(value, full, idx))
+
+
+class OutputBlocks(EntrySink):
     """Jacobian blocks written straight into a kernel's output arrays at element ``index``.
 
     NOTE: [Blocks written to the output] A Jacobian assembled in a local value
@@ -437,19 +456,8 @@ class OutputBlocks:
     def __init__(self, w: BodyWriter, arrays: dict[tuple[int, int], Sym], index: Sym) -> None:
         self.w, self.arrays, self.index = w, arrays, index
 
-    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False,
-             in_loop: bool = False) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
     def put(self, o: int, a: int, full: tuple[int, ...], index: Sequence[Any], value: Any) -> None:
         self.w.store(_subscript(self.arrays[o, a], [self.index, *index]), value)
-
-    def put_whole(self, o: int, a: int, full: tuple[int, ...], value: Any) -> None:
-        for idx in itertools.product(*[range(n) for n in full]):
-            self.put(o, a, full, idx, entry(value, full, idx))
 
 
 def jacobian_blocks(w: BodyWriter, parent: Any, specs: Sequence[ArgSpec], argnums: Sequence[int],

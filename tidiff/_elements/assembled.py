@@ -23,7 +23,7 @@ import taichi as ti
 from taichi.lang import impl
 
 from .._codegen.batch import identifier
-from .._codegen.bodies import BodyWriter, entry, jacobian_blocks
+from .._codegen.bodies import BodyWriter, EntrySink, jacobian_blocks
 from .._lang.products import compile_time
 from .._signature import ArgSpec
 from .._transforms import FLAVOUR
@@ -73,32 +73,14 @@ def add_entry(*index_and_value: Any) -> None:
     ti.atomic_add(impl.subscript(None, s.data, start + i * stride + j), value)
 
 
-class AddedBlocks:
+class AddedBlocks(EntrySink):
     """A sink of :func:`jacobian_blocks` adding each entry into the matrix (:func:`add_entry`)."""
 
     def __init__(self, w: BodyWriter) -> None:
         self.w, self.add = w, w.callee(add_entry, "add_entry")
 
-    def open(self, o: int, a: int, full: tuple[int, ...], dtype: Any, constant_positions: bool = False,
-             in_loop: bool = False) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
     def put(self, o: int, a: int, full: tuple[int, ...], index: Sequence[Any], value: Any) -> None:
         self.w.do(self.add(*index, value))
-
-    def put_whole(self, o: int, a: int, full: tuple[int, ...], value: Any) -> None:
-        for idx in _indices(full):
-            self.put(o, a, full, idx, entry(value, full, idx))
-
-
-def _indices(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    out: list[tuple[int, ...]] = [()]
-    for n in shape:
-        out = [idx + (q,) for idx in out for q in range(n)]
-    return out
 
 
 def assembling_body(block: Any, specs: list[ArgSpec]) -> Any:

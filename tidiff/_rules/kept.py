@@ -124,7 +124,9 @@ def _kept(op: str) -> Callable[..., Any]:
             return decompose(A, dt)
         k = _KEEPING[-1]
         dtype = impl.get_runtime().default_fp if dt is None else dt
-        return _memo(op, shape[0], dtype)(k.store, k.element, k.count, k.record, k.width, A)
+        shapes = _shapes(op, shape[0])
+        flat = _memo(op, shapes, dtype)(k.store, k.element, k.count, k.record, k.width, A)
+        return _unflat(flat, shapes)
 
     kept.__name__ = kept.__qualname__ = f"kept_{op}"
     kept.__doc__ = f"``ti.{op}(A, dt)``, its results kept across launches where a kernel keeps values (NOTE: " \
@@ -144,87 +146,63 @@ KEPT: dict[Any, Any] = {ti.svd: kept_svd, ti.polar_decompose: kept_polar_decompo
 """Each decomposition, and the call its tangent rule makes of it (the primal statement becomes that call)."""
 
 
-@compile_time
-def _zero(shape: Sequence[int], dtype: Any) -> Any:
-    return ti.Vector.zero(dtype, shape[0]) if len(shape) == 1 else ti.Matrix.zero(dtype, *shape)
-
-
 def _entries(shape: Sequence[int]) -> list[tuple[int, ...]]:
     return [(i,) for i in range(shape[0])] if len(shape) == 1 else \
         [(i, j) for i in range(shape[0]) for j in range(shape[1])]
 
 
 @compile_time
-def _put(store: Any, at: Any, value: Any) -> None:
-    for j, index in enumerate(_entries(shape_of(value))):
-        impl.subscript(None, store, at + j)._assign(impl.subscript(None, value, *index))
+def _flat(results: Sequence[Any], dtype: Any) -> Any:
+    """A decomposition's results as one vector of their entries, in order."""
+    return make_matrix([ti.cast(impl.subscript(None, r, *index), dtype)
+                        for r in results for index in _entries(shape_of(r))])
+
+
+def _unflat(flat: Any, shapes: Sequence[tuple[int, ...]]) -> tuple[Any, ...]:
+    """The results again, each in a local of its own shape."""
+    out, at = [], 0
+    for shape in shapes:
+        entries = [impl.subscript(None, flat, at + j) for j in range(len(_entries(shape)))]
+        at += len(entries)
+        rows = entries if len(shape) == 1 else [entries[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])]
+        out.append(impl.expr_init(make_matrix(rows)))
+    return tuple(out)
 
 
 @compile_time
-def _get(store: Any, at: Any, shape: Sequence[int], dtype: Any) -> Any:
-    entries = [ti.cast(impl.subscript(None, store, at + j), dtype) for j in range(len(_entries(shape)))]
-    rows = entries if len(shape) == 1 else [entries[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])]
-    return impl.expr_init(make_matrix(rows))
+def _put(store: Any, at: Any, flat: Any, size: int) -> None:
+    for j in range(size):
+        impl.subscript(None, store, at + j)._assign(impl.subscript(None, flat, j))
 
 
-_MEMOS: dict[tuple[str, int, Any], Any] = {}
+@compile_time
+def _get(store: Any, at: Any, size: int, dtype: Any) -> Any:
+    return make_matrix([ti.cast(impl.subscript(None, store, at + j), dtype) for j in range(size)])
 
 
-def _memo(op: str, n: int, dtype: Any) -> Any:
-    """The ``@ti.func`` that decomposes and stores, or loads, ``op``'s results for ``n x n`` matrices."""
-    key = (op, n, dtype)
+_MEMOS: dict[tuple[str, tuple[tuple[int, ...], ...], Any], Any] = {}
+
+
+def _memo(op: str, shapes: list[tuple[int, ...]], dtype: Any) -> Any:
+    """The ``@ti.func`` that decomposes and stores, or loads, ``op``'s results (their entries in one vector)."""
+    key = (op, tuple(shapes), dtype)
     if key not in _MEMOS:
-        _MEMOS[key] = (_memo3 if op == "svd" else _memo2)(getattr(ti, op), _shapes(op, n), dtype)
+        _MEMOS[key] = _memo_func(getattr(ti, op), sum(len(_entries(s)) for s in shapes), dtype)
     return _MEMOS[key]
 
 
-def _memo2(decompose: Any, shapes: list[tuple[int, ...]], dtype: Any) -> Any:
-    s0, s1 = shapes
-    o1 = len(_entries(s0))
-    size = o1 + len(_entries(s1))
-
+def _memo_func(decompose: Any, size: int, dtype: Any) -> Any:
     @ti.func
-    def kept2(store: ti.template(), e: ti.template(), count: ti.template(), record: ti.template(),  # type: ignore[valid-type]
-              width: ti.template(), A):  # type: ignore[valid-type]
-        r0 = _zero(s0, dtype)
-        r1 = _zero(s1, dtype)
+    def kept(store: ti.template(), e: ti.template(), count: ti.template(), record: ti.template(),  # type: ignore[valid-type]
+             width: ti.template(), A):  # type: ignore[valid-type]
+        flat = ti.Vector.zero(dtype, size)
         at = e * width + count
         if record or count + size > width:
-            r0, r1 = decompose(A, dtype)
+            flat = _flat(decompose(A, dtype), dtype)
             if record and count + size <= width:
-                _put(store, at, r0)
-                _put(store, at + o1, r1)
+                _put(store, at, flat, size)
         else:
-            r0 = _get(store, at, s0, dtype)
-            r1 = _get(store, at + o1, s1, dtype)
+            flat = _get(store, at, size, dtype)
         count += size
-        return r0, r1
-    return kept2
-
-
-def _memo3(decompose: Any, shapes: list[tuple[int, ...]], dtype: Any) -> Any:
-    s0, s1, s2 = shapes
-    o1 = len(_entries(s0))
-    o2 = o1 + len(_entries(s1))
-    size = o2 + len(_entries(s2))
-
-    @ti.func
-    def kept3(store: ti.template(), e: ti.template(), count: ti.template(), record: ti.template(),  # type: ignore[valid-type]
-              width: ti.template(), A):  # type: ignore[valid-type]
-        r0 = _zero(s0, dtype)
-        r1 = _zero(s1, dtype)
-        r2 = _zero(s2, dtype)
-        at = e * width + count
-        if record or count + size > width:
-            r0, r1, r2 = decompose(A, dtype)
-            if record and count + size <= width:
-                _put(store, at, r0)
-                _put(store, at + o1, r1)
-                _put(store, at + o2, r2)
-        else:
-            r0 = _get(store, at, s0, dtype)
-            r1 = _get(store, at + o1, s1, dtype)
-            r2 = _get(store, at + o2, s2, dtype)
-        count += size
-        return r0, r1, r2
-    return kept3
+        return flat
+    return kept
